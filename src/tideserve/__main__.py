@@ -1,0 +1,3 @@
+from tideserve.cli.main import app
+
+app()

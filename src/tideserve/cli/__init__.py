@@ -1,0 +1,1 @@
+"""The ``tideserve`` command: the composition root (nothing imports it)."""

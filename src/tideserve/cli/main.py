@@ -1,0 +1,166 @@
+"""``tideserve`` commands: up, validate, invoke, status."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import ssl
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tideserve.errors import SpecError
+from tideserve.spec import InferenceEndpoint, load_endpoint, load_local_config
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="tideserve: one declarative inference endpoint.")
+err = Console(stderr=True)
+out = Console()
+
+
+def _load(file: Path) -> InferenceEndpoint:
+    try:
+        return load_endpoint(file)
+    except SpecError as exc:
+        err.print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
+        raise typer.Exit(2)
+
+
+@app.command()
+def validate(file: Path = typer.Argument(..., help="InferenceEndpoint YAML file")) -> None:
+    """Check an endpoint file; print each problem with its field path, line and a hint."""
+    ep = _load(file)
+    pools = ", ".join(f"{p.name} ({p.accelerator}, {p.target}, {p.replicas.min}-{p.replicas.max} replicas)" for p in ep.spec.pools)
+    out.print(f"{file}: valid InferenceEndpoint '{ep.metadata.name}' serving '{ep.spec.model.name}'; pools: {pools}", highlight=False)
+
+
+@app.command()
+def up(
+    file: Path = typer.Argument(..., help="InferenceEndpoint YAML file"),
+    config: Optional[Path] = typer.Option(None, help="local config YAML (API keys, TLS, replica slots...)"),
+    port: Optional[int] = typer.Option(None, help="override spec.gateway.port (0 = any free port)"),
+    host: Optional[str] = typer.Option(None, help="override spec.gateway.host"),
+    port_file: Optional[Path] = typer.Option(None, help="write the bound gateway port to this file"),
+    log_format: str = typer.Option("json", help="json (one object a line) or text"),
+) -> None:
+    """Serve an endpoint in the foreground: gateway plus local replicas. Ctrl-C stops all."""
+    from tideserve.cli.serve import run_endpoint
+    from tideserve.logs import setup_logging
+
+    if log_format not in ("json", "text"):
+        err.print("--log-format must be json or text")
+        raise typer.Exit(2)
+    ep = _load(file)
+    try:
+        cfg = load_local_config(config)
+    except SpecError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(2)
+    if port is not None or host is not None:
+        gw = ep.spec.gateway.model_copy(update={k: v for k, v in (("port", port), ("host", host)) if v is not None})
+        ep = ep.model_copy(update={"spec": ep.spec.model_copy(update={"gateway": gw})})
+    setup_logging("gateway", log_format)
+    raise typer.Exit(asyncio.run(run_endpoint(file, ep, cfg, config, log_format, port_file)))
+
+
+def _base_url(file: Optional[Path], url: Optional[str]) -> str:
+    if url:
+        return url.rstrip("/")
+    if file is None:
+        return "http://127.0.0.1:8080"
+    gw = _load(file).spec.gateway
+    cfg = load_local_config(None)
+    scheme = "https" if cfg.tls_cert_file else "http"
+    host = "127.0.0.1" if gw.host in ("0.0.0.0", "::") else gw.host
+    return f"{scheme}://{host}:{gw.port}"
+
+
+def _request(url: str, data: bytes | None, api_key: Optional[str], cacert: Optional[Path], timeout: float) -> dict:
+    req = urllib.request.Request(url, data=data, method="POST" if data is not None else "GET")
+    req.add_header("Content-Type", "application/json")
+    if api_key:
+        req.add_header("Authorization", f"Bearer {api_key}")
+    ctx = ssl.create_default_context(cafile=str(cacert)) if cacert else None
+    try:
+        with urllib.request.urlopen(req, timeout=timeout, context=ctx) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        body = exc.read().decode(errors="replace")
+        try:
+            msg = json.loads(body).get("message", body)
+        except json.JSONDecodeError:
+            msg = body
+        err.print(f"[red]error {exc.code}:[/red] {msg}", highlight=False)
+        raise typer.Exit(1)
+    except urllib.error.URLError as exc:
+        err.print(f"[red]error:[/red] cannot reach {url}: {exc.reason}; is `tideserve up` running?", highlight=False)
+        raise typer.Exit(1)
+
+
+@app.command()
+def invoke(
+    file: Path = typer.Argument(..., help="InferenceEndpoint YAML file (gives the address)"),
+    audio: List[Path] = typer.Argument(..., help="audio files to transcribe"),
+    prompt: str = typer.Option("", help="Whisper initial prompt"),
+    url: Optional[str] = typer.Option(None, help="gateway URL (default: from the endpoint file)"),
+    api_key: Optional[str] = typer.Option(None, envvar="TIDESERVE_API_KEY", help="API key (or $TIDESERVE_API_KEY)"),
+    cacert: Optional[Path] = typer.Option(None, help="CA bundle to trust for TLS"),
+    timeout: float = typer.Option(600.0, help="seconds to wait for each answer"),
+) -> None:
+    """Transcribe audio files through the endpoint; print one line of text per file."""
+    base = _base_url(file, url)
+    for path in audio:
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            err.print(f"[red]error:[/red] cannot read {path}: {exc.strerror}")
+            raise typer.Exit(1)
+        body = json.dumps({"audio_data": base64.b64encode(data).decode(), "whisper_prompt": prompt}).encode()
+        result = _request(base + "/invocations", body, api_key, cacert, timeout)
+        text = result.get("transcribe_text", "")
+        print(f"{path}: {text}" if len(audio) > 1 else text)
+
+
+@app.command()
+def status(
+    file: Optional[Path] = typer.Argument(None, help="InferenceEndpoint YAML file (gives the address)"),
+    url: Optional[str] = typer.Option(None, help="gateway URL"),
+    api_key: Optional[str] = typer.Option(None, envvar="TIDESERVE_API_KEY"),
+    cacert: Optional[Path] = typer.Option(None),
+    as_json: bool = typer.Option(False, "--json", help="print the raw admin status"),
+) -> None:
+    """Pools, replicas and their state, in-flight and pending requests."""
+    st = _request(_base_url(file, url) + "/admin/status", None, api_key, cacert, 10)
+    if as_json:
+        print(json.dumps(st, indent=2))
+        return
+    g = st["gateway"]
+    out.print(f"endpoint [bold]{st['endpoint']}[/bold]  model {st['model']}  in-flight {g['in_flight']}  pending {g['pending']}")
+    t = Table("pool", "target", "state", "ready/desired", "replica", "replica state", "outstanding", "restarts", "pid", "reason")
+    for p in st["pools"]:
+        first = True
+        for r in p["replicas"] or [None]:
+            t.add_row(
+                p["name"] if first else "", p["target"] if first else "", p["state"] if first else "",
+                f"{p['ready']}/{p['desired']}" if first else "",
+                r["id"] if r else "-", r["state"] if r else "-", str(r.get("outstanding", 0)) if r else "-",
+                str(r["restarts"]) if r else "-", str(r["pid"] or "-") if r else "-",
+                p["reason"] if first else "",
+            )
+            first = False
+    out.print(t)
+
+
+def main() -> None:  # pragma: no cover
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(app())

@@ -1,0 +1,85 @@
+"""``tideserve up``: the gateway and the local runtime in one process (the embedded mode)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import signal
+import ssl
+import sys
+from pathlib import Path
+
+from aiohttp import web
+
+from tideserve.gateway.app import build_gateway_app
+from tideserve.runtime.local import LocalRuntime
+from tideserve.spec import InferenceEndpoint, LocalConfig
+
+log = logging.getLogger("tideserve.up")
+
+
+def _ssl_context(cfg: LocalConfig) -> ssl.SSLContext | None:
+    if cfg.tls_cert_file is None or cfg.tls_key_file is None:
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(str(cfg.tls_cert_file), str(cfg.tls_key_file))
+    return ctx
+
+
+async def run_endpoint(
+    endpoint_file: Path,
+    endpoint: InferenceEndpoint,
+    cfg: LocalConfig,
+    config_file: Path | None,
+    log_format: str,
+    port_file: Path | None = None,
+) -> int:
+    gw = endpoint.spec.gateway
+    ctx = _ssl_context(cfg)
+    token = secrets.token_urlsafe(24)
+    runtime = LocalRuntime(endpoint_file, endpoint, cfg, config_file, worker_token=token, log_format=log_format)
+    app = build_gateway_app(endpoint, runtime, cfg.all_api_keys(), token)
+    runtime.add_listener(lambda: app["dispatcher"].notify())
+
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=gw.request_timeout_s)
+    await runner.setup()
+    site = web.TCPSite(runner, gw.host, gw.port, ssl_context=ctx)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        print(f"tideserve: cannot listen on {gw.host}:{gw.port}: {exc.strerror}; "
+              "stop what uses that port or set spec.gateway.port", file=sys.stderr)
+        return 1
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    scheme = "https" if ctx else "http"
+    url = f"{scheme}://{gw.host}:{port}"
+    if port_file:
+        tmp = Path(str(port_file) + ".tmp")
+        tmp.write_text(str(port))
+        tmp.replace(port_file)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+    await runtime.start()
+    auth = ' -H "Authorization: Bearer $TIDESERVE_API_KEY"' if cfg.all_api_keys() else ""
+    print(
+        f"tideserve: endpoint '{endpoint.metadata.name}' serves model '{endpoint.spec.model.name}' at {url}\n"
+        f"  replicas start in the background; `tideserve status --url {url}` shows them.\n"
+        f"  try:  curl -X POST {url}/invocations{auth} -H 'Content-Type: application/json' "
+        "-d \"{\\\"audio_data\\\": \\\"$(base64 -w0 clip.wav)\\\"}\"\n"
+        f"  or:   tideserve invoke {endpoint_file} clip.wav\n"
+        "  Ctrl-C stops the endpoint and every replica.",
+        file=sys.stderr, flush=True,
+    )
+    log.info("gateway listening", extra={"url": url, "endpoint": endpoint.metadata.name, "run_dir": str(runtime.run_dir)})
+    await stop.wait()
+    log.info("stopping: draining requests and replicas")
+    await runner.cleanup()
+    await runtime.stop()
+    log.info("stopped")
+    return 0

@@ -1,0 +1,1 @@
+"""The single entry point: routing, holding while no replica can take work, limits, admin API."""

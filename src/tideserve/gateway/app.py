@@ -1,0 +1,275 @@
+"""The gateway's HTTP application: the single entry in front of every replica.
+
+Inference requests (``/invocations``, ``/v2/models/{name}/infer``,
+``/v1/audio/transcriptions``) are forwarded unchanged to a replica chosen by the routing
+policy, within ``request_timeout_s``; health, metadata, metrics and the admin API are
+answered here. If the client disconnects, the handler is cancelled and so is the
+forwarded request, which makes the worker drop the work before computing it.
+
+A replica that fails at the connection level (refused, reset: it crashed) is reported to the
+runtime and the request is re-sent to another replica, at most ``MAX_ATTEMPTS`` times in
+all: transcription is idempotent, so a retry cannot do harm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+from typing import Callable, Protocol
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import generate_latest
+
+from tideserve import __version__
+from tideserve.errors import (
+    PayloadTooLargeError,
+    RequestTimeoutError,
+    TideserveError,
+    UnauthorizedError,
+    UnknownModelError,
+    UpstreamError,
+)
+from tideserve.gateway.dispatch import Dispatcher, ReplicaSource
+from tideserve.gateway.metrics import GatewayMetrics
+from tideserve.httpcommon import REQUEST_ID, error_response, request_id_and_errors
+from tideserve.protocol import kserve
+from tideserve.protocol.errors import api_family
+from tideserve.spec import InferenceEndpoint
+
+log = logging.getLogger("tideserve.gateway")
+MAX_ATTEMPTS = 3
+TOKEN_HEADER = "X-Tideserve-Token"
+_FORWARD_REQUEST_HEADERS = ("Content-Type", kserve.HEADER_LENGTH, "Accept")
+_FORWARD_RESPONSE_HEADERS = ("Content-Type", kserve.HEADER_LENGTH, "Retry-After")
+OPEN_PATHS = frozenset({"/ping", "/v2/health/live", "/v2/health/ready"})
+
+
+class Runtime(ReplicaSource, Protocol):
+    """What the gateway needs of a runtime beyond routing: status and failure reports."""
+
+    def status(self) -> dict: ...
+    def report_unreachable(self, replica_id: str) -> None: ...
+    def scrape_targets(self) -> list[dict]: ...
+
+
+def build_gateway_app(
+    endpoint: InferenceEndpoint,
+    runtime: Runtime,
+    api_keys: list[str] | None = None,
+    worker_token: str | None = None,
+) -> web.Application:
+    spec = endpoint.spec
+    gw = spec.gateway
+    model = spec.model.name
+    ep_name = endpoint.metadata.name
+    keys = [k.encode() for k in (api_keys or [])]
+    metrics = GatewayMetrics()
+    dispatcher = Dispatcher(runtime, gw.max_pending, gw.hold_timeout_s)
+    pool_of: Callable[[str], str] = lambda rid: next((e.pool for e in runtime.endpoints() if e.id == rid), "unknown")
+
+    @web.middleware
+    async def auth(request: web.Request, handler):
+        if keys and request.path not in OPEN_PATHS:
+            header = request.headers.get("Authorization", "")
+            scheme, _, key = header.partition(" ")
+            if scheme.lower() != "bearer" or not key:
+                raise UnauthorizedError("missing API key: send 'Authorization: Bearer <key>'")
+            if not any(hmac.compare_digest(key.strip().encode(), k) for k in keys):
+                raise UnauthorizedError("invalid API key")
+        return await handler(request)
+
+    @web.middleware
+    async def count(request: web.Request, handler):
+        started = time.monotonic()
+        resp = await handler(request)
+        if request.get("inference"):
+            api = api_family(request.path)
+            metrics.requests.labels(ep_name, request.get("pool", "none"), api, str(resp.status)).inc()
+            metrics.latency.labels(ep_name, api).observe(time.monotonic() - started)
+            log.info(
+                "request",
+                extra={"endpoint": ep_name, "api": api, "status": resp.status, "pool": request.get("pool"),
+                       "replica": request.get("replica"), "duration_ms": round((time.monotonic() - started) * 1000, 1),
+                       "hold_ms": request.get("hold_ms")},
+            )
+        return resp
+
+    # Error responses from inner middlewares and handlers become Responses in
+    # request_id_and_errors; `count` sits inside it so it sees only handler results, so the
+    # inference handlers below turn their own errors into responses via this wrapper.
+    def inference(handler):
+        async def wrapped(request: web.Request) -> web.StreamResponse:
+            request["inference"] = True
+            try:
+                return await handler(request)
+            except TideserveError as err:
+                return error_response(request, err)
+
+        return wrapped
+
+    app = web.Application(client_max_size=gw.max_body_bytes, middlewares=[request_id_and_errors, auth, count])
+
+    async def on_startup(app: web.Application) -> None:
+        app["session"] = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=None, connect=5),
+            connector=aiohttp.TCPConnector(limit=0, force_close=False),
+            auto_decompress=False,
+        )
+
+    async def on_cleanup(app: web.Application) -> None:
+        await app["session"].close()
+
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+    app["dispatcher"] = dispatcher
+    app["metrics"] = metrics
+
+    async def read_body(request: web.Request) -> bytes:
+        if request.content_length is not None and request.content_length > gw.max_body_bytes:
+            raise PayloadTooLargeError(
+                f"request body of {request.content_length} bytes is larger than max_body_bytes={gw.max_body_bytes}"
+            )
+        try:
+            return await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise PayloadTooLargeError(f"request body is larger than max_body_bytes={gw.max_body_bytes}") from None
+
+    async def forward(request: web.Request) -> web.Response:
+        body = await read_body(request)
+        headers = {h: request.headers[h] for h in _FORWARD_REQUEST_HEADERS if h in request.headers}
+        headers[REQUEST_ID] = request["request_id"]
+        if worker_token:
+            headers[TOKEN_HEADER] = worker_token
+        session: aiohttp.ClientSession = request.app["session"]
+        failed: set[str] = set()
+        try:
+            async with asyncio.timeout(gw.request_timeout_s):
+                for attempt in range(1, MAX_ATTEMPTS + 1):
+                    held = time.monotonic()
+                    metrics.pending.labels(ep_name).set(dispatcher.pending + 1)
+                    try:
+                        replica = await dispatcher.acquire(frozenset(failed))
+                    finally:
+                        metrics.pending.labels(ep_name).set(dispatcher.pending)
+                    metrics.hold.labels(ep_name).observe(time.monotonic() - held)
+                    request["hold_ms"] = round((time.monotonic() - held) * 1000, 1)
+                    request["pool"], request["replica"] = replica.pool, replica.id
+                    metrics.routed.labels(ep_name, replica.pool).inc()
+                    metrics.in_flight.labels(ep_name).set(dispatcher.in_flight())
+                    try:
+                        async with session.request(
+                            request.method, replica.url + request.path_qs, data=body, headers=headers
+                        ) as resp:
+                            data = await resp.read()
+                            if resp.status == 503 and attempt < MAX_ATTEMPTS:
+                                failed.add(replica.id)  # draining or not ready yet: try another
+                                continue
+                            out = {h: resp.headers[h] for h in _FORWARD_RESPONSE_HEADERS if h in resp.headers}
+                            return web.Response(status=resp.status, body=data, headers=out)
+                    except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+                        log.warning("replica %s failed: %s", replica.id, exc, extra={"replica": replica.id, "attempt": attempt})
+                        failed.add(replica.id)
+                        runtime.report_unreachable(replica.id)
+                        metrics.retries.labels(ep_name, replica.pool).inc()
+                    finally:
+                        dispatcher.release(replica.id)
+                        metrics.in_flight.labels(ep_name).set(dispatcher.in_flight())
+                raise UpstreamError(f"the request failed on {len(failed)} replica(s): {', '.join(sorted(failed))}")
+        except TimeoutError:
+            raise RequestTimeoutError(
+                f"the request did not finish within request_timeout_s={gw.request_timeout_s:g}", retry_after_s=None
+            ) from None
+
+    def check_model(name: str) -> None:
+        if name != model:
+            raise UnknownModelError(f"model '{name}' is not served here; this endpoint serves '{model}'")
+
+    def any_ready() -> bool:
+        return any(e.ready for e in runtime.endpoints())
+
+    # --- inference -----------------------------------------------------------------------
+    @inference
+    async def invocations(request: web.Request) -> web.Response:
+        return await forward(request)
+
+    @inference
+    async def infer(request: web.Request) -> web.Response:
+        check_model(request.match_info["name"])
+        return await forward(request)
+
+    @inference
+    async def transcriptions(request: web.Request) -> web.Response:
+        return await forward(request)
+
+    # --- health and metadata ---------------------------------------------------------------
+    async def ping(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def live(request: web.Request) -> web.Response:
+        return web.json_response({"live": True})
+
+    async def ready(request: web.Request) -> web.Response:
+        ok = runtime.accepting()
+        return web.json_response({"ready": ok}, status=200 if ok else 503)
+
+    async def server_meta(request: web.Request) -> web.Response:
+        return web.json_response(kserve.server_metadata(__version__))
+
+    async def model_meta(request: web.Request) -> web.Response:
+        check_model(request.match_info["name"])
+        return web.json_response(kserve.model_metadata(model, spec.model.backend))
+
+    async def model_ready(request: web.Request) -> web.Response:
+        check_model(request.match_info["name"])
+        ok = any_ready()
+        return web.json_response({"name": model, "ready": ok}, status=200 if ok else 503)
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": model, "object": "model", "owned_by": "tideserve"}]})
+
+    # --- operations -------------------------------------------------------------------------
+    async def metrics_h(request: web.Request) -> web.Response:
+        status = runtime.status()
+        metrics.replicas.clear()
+        for pool in status["pools"]:
+            counts: dict[str, int] = {}
+            for rep in pool["replicas"]:
+                counts[rep["state"]] = counts.get(rep["state"], 0) + 1
+            for state in ("starting", "ready", "draining", "restarting", "failed"):
+                metrics.replicas.labels(ep_name, pool["name"], state).set(counts.get(state, 0))
+        return web.Response(body=generate_latest(metrics.registry), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+    async def admin_status(request: web.Request) -> web.Response:
+        status = runtime.status()
+        for pool in status["pools"]:
+            for rep in pool["replicas"]:
+                rep["outstanding"] = dispatcher.outstanding.get(rep["id"], 0)
+        return web.json_response({
+            "endpoint": ep_name, "model": model, "version": __version__,
+            "gateway": {"pending": dispatcher.pending, "in_flight": dispatcher.in_flight(),
+                        "max_pending": gw.max_pending, "request_timeout_s": gw.request_timeout_s},
+            **status,
+        })
+
+    async def admin_sd(request: web.Request) -> web.Response:
+        return web.json_response(runtime.scrape_targets())
+
+    r = app.router
+    r.add_get("/ping", ping)
+    r.add_post("/invocations", invocations)
+    r.add_get("/v2/health/live", live)
+    r.add_get("/v2/health/ready", ready)
+    r.add_get("/v2", server_meta)
+    for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
+        r.add_get(prefix, model_meta)
+        r.add_get(prefix + "/ready", model_ready)
+        r.add_post(prefix + "/infer", infer)
+    r.add_post("/v1/audio/transcriptions", transcriptions)
+    r.add_get("/v1/models", models)
+    r.add_get("/metrics", metrics_h)
+    r.add_get("/admin/status", admin_status)
+    r.add_get("/admin/sd", admin_sd)
+    return app

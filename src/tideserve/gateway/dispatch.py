@@ -1,0 +1,119 @@
+"""Hold requests until a replica can take them, then hand one out (least outstanding).
+
+``acquire`` waits while no ready replica has free capacity, up to ``hold_timeout_s``; at most
+``max_pending`` requests wait at once (then 503 with Retry-After). Every change of replica
+state or of outstanding counts wakes the waiters, which re-run the routing policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from tideserve.errors import CapacityError
+from tideserve.gateway.router import ReplicaView, choose_replica
+
+
+@dataclass(frozen=True)
+class ReplicaEndpoint:
+    """A replica as the gateway sees it (from the runtime)."""
+
+    id: str
+    pool: str
+    url: str
+    ready: bool
+    max_concurrency: int
+
+
+class ReplicaSource(Protocol):
+    """Where replicas come from (the local runtime, later Kubernetes endpoints)."""
+
+    def endpoints(self) -> Sequence[ReplicaEndpoint]: ...
+    def accepting(self) -> bool:
+        """False when no replica can ever come (every pool failed): fail fast instead of holding."""
+        ...
+    def failure_reason(self) -> str: ...
+
+
+class Dispatcher:
+    def __init__(self, source: ReplicaSource, max_pending: int, hold_timeout_s: float) -> None:
+        self.source = source
+        self.max_pending = max_pending
+        self.hold_timeout_s = hold_timeout_s
+        self.outstanding: dict[str, int] = {}
+        self.pending = 0
+        self._last_chosen: dict[str, float] = {}
+        self._changed = asyncio.Event()
+
+    def notify(self) -> None:
+        """Something changed (replica state, a request finished): waiters re-check."""
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def in_flight(self) -> int:
+        return sum(self.outstanding.values())
+
+    def _try_pick(self, exclude: frozenset[str] = frozenset()) -> ReplicaEndpoint | None:
+        eps = {e.id: e for e in self.source.endpoints() if e.id not in exclude}
+        views = [
+            ReplicaView(e.id, e.ready, self.outstanding.get(e.id, 0), e.max_concurrency, self._last_chosen.get(e.id, 0.0))
+            for e in eps.values()
+        ]
+        rid = choose_replica(views)
+        if rid is None:
+            return None
+        self.outstanding[rid] = self.outstanding.get(rid, 0) + 1
+        self._last_chosen[rid] = time.monotonic()
+        return eps[rid]
+
+    async def acquire(self, exclude: frozenset[str] = frozenset()) -> ReplicaEndpoint:
+        """A replica with a slot reserved for this request; call ``release`` after.
+
+        ``exclude`` names replicas not to use (one that just failed this request), unless
+        no other replica exists. Raises CapacityError (503, Retry-After) when the pending queue
+        is full, when every pool has failed, or when no slot frees up within ``hold_timeout_s``.
+        """
+        if exclude and not any(e.id not in exclude for e in self.source.endpoints()):
+            exclude = frozenset()
+        picked = self._try_pick(exclude)
+        if picked is not None:
+            return picked
+        if not self.source.accepting():
+            raise CapacityError(f"no replica can serve this endpoint: {self.source.failure_reason()}", retry_after_s=30)
+        if self.pending >= self.max_pending:
+            raise CapacityError(
+                f"too many requests waiting ({self.pending} >= max_pending {self.max_pending}); retry later",
+                retry_after_s=1,
+            )
+        self.pending += 1
+        deadline = time.monotonic() + self.hold_timeout_s
+        try:
+            while True:
+                changed = self._changed
+                picked = self._try_pick(exclude)
+                if picked is not None:
+                    return picked
+                if not self.source.accepting():
+                    raise CapacityError(f"no replica can serve this endpoint: {self.source.failure_reason()}", retry_after_s=30)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise CapacityError(
+                        f"no replica could take the request within hold_timeout_s={self.hold_timeout_s:g}", retry_after_s=5
+                    )
+                try:
+                    # Also wake periodically: replica readiness may change without a notify.
+                    await asyncio.wait_for(changed.wait(), min(remaining, 0.5))
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            self.pending -= 1
+
+    def release(self, replica_id: str) -> None:
+        n = self.outstanding.get(replica_id, 0) - 1
+        if n <= 0:
+            self.outstanding.pop(replica_id, None)
+        else:
+            self.outstanding[replica_id] = n
+        self.notify()

@@ -1,0 +1,73 @@
+"""aiohttp pieces shared by the gateway and the worker: request ids and JSON errors.
+
+Both servers answer every error as JSON (see :mod:`tideserve.protocol.errors`) with the
+right status, and echo or create ``X-Request-Id`` on every response.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Awaitable, Callable
+
+from aiohttp import web
+
+from tideserve.errors import BadInputError, PayloadTooLargeError, TideserveError, UnknownModelError
+from tideserve.logs import request_id_var
+from tideserve.protocol.errors import api_family, error_response_parts
+
+REQUEST_ID = "X-Request-Id"
+log = logging.getLogger("tideserve.http")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def error_response(request: web.Request, err: TideserveError) -> web.Response:
+    rid = request.get("request_id")
+    status, headers, body = error_response_parts(api_family(request.path), err, rid)
+    if rid:
+        headers[REQUEST_ID] = rid
+    return web.Response(status=status, body=body, headers=headers, content_type="application/json")
+
+
+def _valid_request_id(value: str | None) -> bool:
+    return bool(value) and len(value) <= 128 and value.isprintable() and value.isascii()
+
+
+@web.middleware
+async def request_id_and_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Set the request id (kept when the client sends a sane one), turn every error into
+    JSON, and put ``X-Request-Id`` on every response."""
+    incoming = request.headers.get(REQUEST_ID)
+    rid = incoming if _valid_request_id(incoming) else uuid.uuid4().hex
+    request["request_id"] = rid
+    token = request_id_var.set(rid)
+    try:
+        try:
+            resp = await handler(request)
+        except TideserveError as err:
+            return error_response(request, err)
+        except web.HTTPRequestEntityTooLarge as exc:
+            return error_response(request, PayloadTooLargeError(
+                f"request body is larger than the limit of {exc.max_size} bytes; send a smaller file"))
+        except web.HTTPNotFound:
+            return error_response(request, UnknownModelError(f"no route for {request.method} {request.path}"))
+        except web.HTTPMethodNotAllowed as exc:
+            err = BadInputError(f"{request.method} is not allowed on {request.path}; use {', '.join(sorted(exc.allowed_methods))}")
+            err.http_status = 405
+            return error_response(request, err)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            err = TideserveError(exc.reason or "error")
+            err.http_status, err.code = exc.status, "http_error"
+            return error_response(request, err)
+        except ConnectionResetError:
+            raise
+        except Exception:
+            log.exception("unhandled error on %s %s", request.method, request.path)
+            return error_response(request, TideserveError("internal error; the server log has the details"))
+        resp.headers[REQUEST_ID] = rid
+        return resp
+    finally:
+        request_id_var.reset(token)

@@ -1,0 +1,119 @@
+"""Worker metrics with Triton Inference Server's names and labels (``model``, ``version``),
+so that existing Triton dashboards work. Names and meanings: Triton's metrics doc
+(docs/user_guide/metrics.md). Durations are cumulative microseconds, as in Triton.
+
+- ``nv_inference_request_success`` / ``_failure``: requests (failure labelled by ``reason``)
+- ``nv_inference_count``: inferences performed (one per 30 s window of audio)
+- ``nv_inference_exec_count``: model executions (batches); exec < count shows batching
+- ``nv_inference_pending_request_count``: windows queued, updated on enqueue and dequeue
+- ``nv_inference_request_duration_us``, ``nv_inference_queue_duration_us``,
+  ``nv_inference_compute_{input,infer,output}_duration_us``
+
+prometheus-client appends ``_total`` to every counter it renders, which would rename
+Triton's counters; so this family is rendered here, in the text format (version 0.0.4),
+and histograms come from a prometheus-client registry.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Sequence
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+#: Latency buckets in seconds, reaching long audio (a 10 min file on CPU can take minutes).
+LATENCY_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
+
+_FAMILIES: dict[str, tuple[str, str]] = {
+    "nv_inference_request_success": ("counter", "Number of successful inference requests, all batch sizes"),
+    "nv_inference_request_failure": ("counter", "Number of failed inference requests, all batch sizes"),
+    "nv_inference_count": ("counter", "Number of inferences performed (one per 30 s audio window)"),
+    "nv_inference_exec_count": ("counter", "Number of model executions performed (batches)"),
+    "nv_inference_pending_request_count": ("gauge", "Instantaneous number of pending windows awaiting execution"),
+    "nv_inference_request_duration_us": ("counter", "Cumulative inference request duration in microseconds"),
+    "nv_inference_queue_duration_us": ("counter", "Cumulative inference queuing duration in microseconds"),
+    "nv_inference_compute_input_duration_us": ("counter", "Cumulative compute input duration in microseconds"),
+    "nv_inference_compute_infer_duration_us": ("counter", "Cumulative compute inference duration in microseconds"),
+    "nv_inference_compute_output_duration_us": ("counter", "Cumulative inference compute output duration in microseconds"),
+    "tideserve_worker_dropped": ("counter", "Queued windows dropped unexecuted because their client went away"),
+}
+
+
+def _fmt_labels(labels: dict[str, str]) -> str:
+    esc = (v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") for v in labels.values())
+    return "{" + ",".join(f'{k}="{v}"' for k, v in zip(labels, esc)) + "}"
+
+
+class TritonMetrics:
+    """The Triton metric family for one model. Also a batcher observer."""
+
+    def __init__(self, model: str, version: str = "1") -> None:
+        self.labels = {"model": model, "version": version}
+        self._lock = threading.Lock()
+        self._values: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        for name in _FAMILIES:
+            if name != "nv_inference_request_failure":
+                self._values[(name, ())] = 0.0
+        self.registry = CollectorRegistry()
+        lbl = list(self.labels)
+        self._latency = Histogram(
+            "nv_inference_request_duration_seconds", "Request latency in seconds", lbl,
+            buckets=LATENCY_BUCKETS_S, registry=self.registry,
+        )
+        self._batch = Histogram(
+            "tideserve_worker_batch_size", "Windows per model execution", lbl,
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=self.registry,
+        )
+
+    def add(self, name: str, value: float, **extra: str) -> None:
+        key = (name, tuple(sorted(extra.items())))
+        with self._lock:
+            self._values[key] = self._values.get(key, 0.0) + value
+
+    def value(self, name: str, **extra: str) -> float:
+        with self._lock:
+            return self._values.get((name, tuple(sorted(extra.items()))), 0.0)
+
+    def render(self) -> bytes:
+        """Prometheus text exposition of every metric of this worker."""
+        lines = []
+        with self._lock:
+            items = sorted(self._values.items())
+        seen: set[str] = set()
+        for (name, extra), v in items:
+            if name not in seen:
+                kind, help_ = _FAMILIES[name]
+                lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}"]
+                seen.add(name)
+            lines.append(f"{name}{_fmt_labels({**self.labels, **dict(extra)})} {v!r}")
+        return ("\n".join(lines) + "\n").encode() + generate_latest(self.registry)
+
+    # BatcherObserver
+    def on_enqueue(self, n: int) -> None:
+        self.add("nv_inference_pending_request_count", n)
+
+    def on_dequeue(self, n: int) -> None:
+        self.add("nv_inference_pending_request_count", -n)
+
+    def on_dropped(self, n: int) -> None:
+        self.add("tideserve_worker_dropped", n)
+
+    def on_execution(self, batch_size: int, queue_s: Sequence[float], timings) -> None:
+        self.add("nv_inference_exec_count", 1)
+        self.add("nv_inference_count", batch_size)
+        self.add("nv_inference_queue_duration_us", sum(queue_s) * 1e6)
+        # As Triton does, each window of a batch is charged the whole execution's compute time.
+        self.add("nv_inference_compute_input_duration_us", timings.input_s * batch_size * 1e6)
+        self.add("nv_inference_compute_infer_duration_us", timings.infer_s * batch_size * 1e6)
+        self.add("nv_inference_compute_output_duration_us", timings.output_s * batch_size * 1e6)
+        self._batch.labels(**self.labels).observe(batch_size)
+
+    def on_request(self, ok: bool, duration_s: float, reason: str = "") -> None:
+        """Count one finished request. ``reason`` labels failures: REJECTED (bad input),
+        CANCELED (client went away), BACKEND (model error)."""
+        if ok:
+            self.add("nv_inference_request_success", 1)
+        else:
+            self.add("nv_inference_request_failure", 1, reason=reason or "OTHER")
+        self.add("nv_inference_request_duration_us", duration_s * 1e6)
+        self._latency.labels(**self.labels).observe(duration_s)

@@ -1,0 +1,165 @@
+"""KServe v2 / Open Inference Protocol (Triton's HTTP API) for a transcription model.
+
+Tensors: input ``AUDIO`` (BYTES, shape [1]: the encoded audio file), optional input
+``PROMPT`` (BYTES, shape [1]: Whisper's initial prompt, UTF-8), output ``TEXT`` (BYTES, [1]).
+
+The binary-tensor extension is supported both ways (tritonclient uses it by default): the
+``Inference-Header-Content-Length`` header gives the size of the JSON header; binary tensor
+data follows it in input order, each BYTES element as a 4-byte little-endian length and the
+bytes. Spec: kserve/open-inference-protocol, and Triton's ``binary_data`` extension doc.
+In the plain-JSON form, BYTES elements are strings; for ``AUDIO`` the string is base64.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+
+from tideserve.errors import BadInputError
+from tideserve.protocol.sagemaker import decode_base64
+from tideserve.protocol.types import TranscriptionRequest, TranscriptionResult
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+INPUT_AUDIO, INPUT_PROMPT, OUTPUT_TEXT = "AUDIO", "PROMPT", "TEXT"
+
+
+def model_metadata(name: str, platform: str) -> dict:
+    return {
+        "name": name,
+        "versions": ["1"],
+        "platform": platform,
+        "inputs": [
+            {"name": INPUT_AUDIO, "datatype": "BYTES", "shape": [1]},
+            {"name": INPUT_PROMPT, "datatype": "BYTES", "shape": [1], "optional": True},
+        ],
+        "outputs": [{"name": OUTPUT_TEXT, "datatype": "BYTES", "shape": [1]}],
+    }
+
+
+def server_metadata(version: str) -> dict:
+    return {"name": "tideserve", "version": version, "extensions": ["binary_tensor_data"]}
+
+
+def _unpack_bytes_elements(raw: bytes, tensor: str) -> list[bytes]:
+    out, i = [], 0
+    while i < len(raw):
+        if i + 4 > len(raw):
+            raise BadInputError(f"binary data of input '{tensor}' is cut inside an element length prefix")
+        (n,) = struct.unpack_from("<I", raw, i)
+        i += 4
+        if i + n > len(raw):
+            raise BadInputError(
+                f"binary data of input '{tensor}' declares an element of {n} bytes but only {len(raw) - i} remain"
+            )
+        out.append(raw[i : i + n])
+        i += n
+    return out
+
+
+def pack_bytes_elements(items: list[bytes]) -> bytes:
+    """Serialise BYTES elements: each a uint32 little-endian length, then the bytes."""
+    return b"".join(struct.pack("<I", len(b)) + b for b in items)
+
+
+@dataclass(frozen=True)
+class InferRequest:
+    request: TranscriptionRequest
+    id: str | None
+    binary_output: bool
+
+
+def parse_infer(body: bytes, header_length: str | None) -> InferRequest:
+    """Parse ``POST /v2/models/{name}/infer``. Raises BadInputError naming the problem."""
+    if header_length is not None:
+        try:
+            hlen = int(header_length)
+        except ValueError:
+            raise BadInputError(f"{HEADER_LENGTH} must be an integer, got {header_length!r}") from None
+        if not 0 < hlen <= len(body):
+            raise BadInputError(f"{HEADER_LENGTH} is {hlen} but the body has {len(body)} bytes")
+        head, binary = body[:hlen], body[hlen:]
+    else:
+        head, binary = body, b""
+    if not head:
+        raise BadInputError("empty inference request; send the KServe v2 JSON with an AUDIO input")
+    try:
+        data = json.loads(head)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadInputError(f"inference request header is not valid JSON ({exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("inputs"), list):
+        raise BadInputError("inference request must be a JSON object with an 'inputs' list")
+
+    values: dict[str, bytes] = {}
+    offset = 0
+    for i, tensor in enumerate(data["inputs"]):
+        if not isinstance(tensor, dict) or not isinstance(tensor.get("name"), str):
+            raise BadInputError(f"inputs[{i}] must be an object with a 'name'")
+        name = tensor["name"]
+        if tensor.get("datatype") != "BYTES":
+            raise BadInputError(f"input '{name}' must have datatype BYTES, got {tensor.get('datatype')!r}")
+        params = tensor.get("parameters") or {}
+        size = params.get("binary_data_size")
+        if size is not None:
+            if not isinstance(size, int) or size < 0 or offset + size > len(binary):
+                raise BadInputError(
+                    f"input '{name}' declares binary_data_size {size} but {len(binary) - offset} binary bytes remain"
+                )
+            elements = _unpack_bytes_elements(binary[offset : offset + size], name)
+            offset += size
+        else:
+            raw = tensor.get("data")
+            if not isinstance(raw, list):
+                raise BadInputError(f"input '{name}' has neither 'data' nor parameters.binary_data_size")
+            flat = _flatten(raw)
+            if not all(isinstance(x, str) for x in flat):
+                raise BadInputError(f"input '{name}' data must hold strings (BYTES)")
+            elements = [decode_base64(x, name) if name == INPUT_AUDIO else x.encode() for x in flat]
+        if len(elements) != 1:
+            raise BadInputError(f"input '{name}' must hold exactly 1 element (shape [1]), got {len(elements)}")
+        if name not in (INPUT_AUDIO, INPUT_PROMPT):
+            raise BadInputError(f"unknown input '{name}'; this model takes {INPUT_AUDIO} and optional {INPUT_PROMPT}")
+        values[name] = elements[0]
+    if INPUT_AUDIO not in values:
+        raise BadInputError(f"missing input '{INPUT_AUDIO}' (BYTES, shape [1]: the encoded audio file)")
+    try:
+        prompt = values[INPUT_PROMPT].decode() if INPUT_PROMPT in values else None
+    except UnicodeDecodeError:
+        raise BadInputError(f"input '{INPUT_PROMPT}' must be UTF-8 text") from None
+
+    binary_output = bool((data.get("parameters") or {}).get("binary_data_output", False))
+    for out in data.get("outputs") or []:
+        if isinstance(out, dict):
+            if out.get("name") != OUTPUT_TEXT:
+                raise BadInputError(f"unknown output '{out.get('name')}'; this model has output {OUTPUT_TEXT}")
+            if "binary_data" in (out.get("parameters") or {}):
+                binary_output = bool(out["parameters"]["binary_data"])
+    req_id = data.get("id") if isinstance(data.get("id"), str) else None
+    return InferRequest(TranscriptionRequest(audio=values[INPUT_AUDIO], prompt=prompt or None), req_id, binary_output)
+
+
+def _flatten(x: list) -> list:
+    out = []
+    for v in x:
+        out.extend(_flatten(v) if isinstance(v, list) else [v])
+    return out
+
+
+def format_infer(
+    model_name: str, req: InferRequest, result: TranscriptionResult
+) -> tuple[bytes, dict[str, str], str]:
+    """(body, extra headers, content type) of the inference response."""
+    text = result.text.encode()
+    head: dict = {"model_name": model_name, "model_version": "1", "outputs": []}
+    if req.id is not None:
+        head["id"] = req.id
+    out: dict = {"name": OUTPUT_TEXT, "datatype": "BYTES", "shape": [1]}
+    if req.binary_output:
+        payload = pack_bytes_elements([text])
+        out["parameters"] = {"binary_data_size": len(payload)}
+        head["outputs"].append(out)
+        js = json.dumps(head).encode()
+        return js + payload, {HEADER_LENGTH: str(len(js))}, "application/octet-stream"
+    out["data"] = [result.text]
+    head["outputs"].append(out)
+    return json.dumps(head).encode(), {}, "application/json"

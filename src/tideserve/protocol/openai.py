@@ -1,0 +1,107 @@
+"""OpenAI-style ``POST /v1/audio/transcriptions`` (multipart form).
+
+Fields: ``file`` (required), ``model`` (required, must be the endpoint's model name),
+``prompt``, ``language``, ``response_format`` (json, text, verbose_json, srt, vtt),
+``temperature`` (only 0 is supported: decoding is deterministic).
+Formats follow the OpenAI API reference (audio/createTranscription).
+"""
+
+from __future__ import annotations
+
+import json
+
+from tideserve.errors import BadInputError, UnknownModelError
+from tideserve.protocol.types import TranscriptionRequest, TranscriptionResult
+
+RESPONSE_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
+_TIMESTAMP_FORMATS = {"verbose_json", "srt", "vtt"}
+
+
+def parse_form(fields: dict[str, str], file_bytes: bytes | None, served_model: str) -> tuple[TranscriptionRequest, str]:
+    """(request, response_format) from the form. Raises BadInputError / UnknownModelError."""
+    if file_bytes is None:
+        raise BadInputError("missing form field 'file': attach the audio file (multipart/form-data)")
+    model = fields.get("model")
+    if not model:
+        raise BadInputError(f"missing form field 'model'; this endpoint serves '{served_model}'")
+    if model != served_model:
+        raise UnknownModelError(f"model '{model}' is not served here; use '{served_model}'")
+    fmt = fields.get("response_format") or "json"
+    if fmt not in RESPONSE_FORMATS:
+        raise BadInputError(f"response_format '{fmt}' is not supported; use one of {', '.join(RESPONSE_FORMATS)}")
+    temp = fields.get("temperature")
+    if temp not in (None, ""):
+        try:
+            t = float(temp)
+        except ValueError:
+            raise BadInputError(f"temperature must be a number, got {temp!r}") from None
+        if t != 0.0:
+            raise BadInputError("only temperature 0 is supported (deterministic decoding)")
+    language = fields.get("language") or None
+    if language is not None and not (2 <= len(language) <= 8 and language.replace("-", "").isalpha()):
+        raise BadInputError(f"language must be an ISO-639-1 code such as 'en', got {language!r}")
+    req = TranscriptionRequest(
+        audio=file_bytes,
+        prompt=fields.get("prompt") or None,
+        language=language,
+        timestamps=fmt in _TIMESTAMP_FORMATS,
+    )
+    return req, fmt
+
+
+def _clock(t: float, sep: str) -> str:
+    ms = max(0, int(round(t * 1000)))
+    h, rem = divmod(ms, 3_600_000)
+    m, rem = divmod(rem, 60_000)
+    s, ms = divmod(rem, 1000)
+    return f"{h:02d}:{m:02d}:{s:02d}{sep}{ms:03d}"
+
+
+def to_srt(result: TranscriptionResult) -> str:
+    """SubRip: numbered cues, ``HH:MM:SS,mmm --> HH:MM:SS,mmm``, blank line between cues."""
+    cues = []
+    for i, seg in enumerate(result.segments, 1):
+        cues.append(f"{i}\n{_clock(seg.start_s, ',')} --> {_clock(seg.end_s, ',')}\n{seg.text.strip()}\n")
+    return "\n".join(cues)
+
+
+def to_vtt(result: TranscriptionResult) -> str:
+    """WebVTT: ``WEBVTT`` header, cues ``HH:MM:SS.mmm --> HH:MM:SS.mmm``."""
+    cues = ["WEBVTT\n"]
+    for seg in result.segments:
+        cues.append(f"{_clock(seg.start_s, '.')} --> {_clock(seg.end_s, '.')}\n{seg.text.strip()}\n")
+    return "\n".join(cues)
+
+
+def format_response(result: TranscriptionResult, fmt: str) -> tuple[bytes, str]:
+    """(body, content type) for ``response_format`` ``fmt``."""
+    if fmt == "json":
+        return json.dumps({"text": result.text}).encode(), "application/json"
+    if fmt == "text":
+        return (result.text + "\n").encode(), "text/plain; charset=utf-8"
+    if fmt == "srt":
+        return to_srt(result).encode(), "text/plain; charset=utf-8"
+    if fmt == "vtt":
+        return to_vtt(result).encode(), "text/vtt; charset=utf-8"
+    body = {
+        "task": "transcribe",
+        "language": result.language,
+        "duration": round(result.duration_s, 3),
+        "text": result.text,
+        "segments": [
+            {
+                "id": i,
+                "seek": 0,
+                "start": round(s.start_s, 3),
+                "end": round(s.end_s, 3),
+                "text": s.text,
+                "tokens": list(s.tokens),
+                "temperature": 0.0,
+                "avg_logprob": s.avg_logprob,
+                "compression_ratio": s.compression_ratio,
+                "no_speech_prob": s.no_speech_prob,
+            }
+            for i, s in enumerate(result.segments)
+        ],
+    }
+    return json.dumps(body).encode(), "application/json"

@@ -1,0 +1,52 @@
+"""SageMaker-style API: ``POST /invocations`` and ``GET /ping``.
+
+Request: ``{"audio_data": "<base64 audio file>", "whisper_prompt": ""}`` (``whisper_prompt``
+optional, used as Whisper's initial prompt). Response:
+``{"code": 0, "message": "Success", "transcribe_text": "..."}``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+
+from tideserve.errors import BadInputError
+from tideserve.protocol.types import TranscriptionRequest, TranscriptionResult
+
+
+def parse_invocation(body: bytes) -> TranscriptionRequest:
+    """Parse an /invocations body. Raises BadInputError naming the problem."""
+    if not body:
+        raise BadInputError('empty request body; send JSON {"audio_data": "<base64 audio>"}')
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadInputError(f"request body is not valid JSON ({exc}); send {{\"audio_data\": \"<base64 audio>\"}}") from None
+    if not isinstance(data, dict):
+        raise BadInputError(f"request body must be a JSON object, got {type(data).__name__}")
+    if "audio_data" not in data:
+        raise BadInputError("missing field 'audio_data': put the base64-encoded audio file there")
+    audio_b64 = data["audio_data"]
+    if not isinstance(audio_b64, str):
+        raise BadInputError(f"'audio_data' must be a base64 string, got {type(audio_b64).__name__}")
+    prompt = data.get("whisper_prompt")
+    if prompt is not None and not isinstance(prompt, str):
+        raise BadInputError(f"'whisper_prompt' must be a string, got {type(prompt).__name__}")
+    return TranscriptionRequest(audio=decode_base64(audio_b64, "audio_data"), prompt=prompt or None)
+
+
+def decode_base64(text: str, field: str) -> bytes:
+    """Strict base64 (standard or URL-safe alphabet, padding optional). Raises BadInputError."""
+    s = "".join(text.split())
+    if "-" in s or "_" in s:
+        s = s.replace("-", "+").replace("_", "/")
+    s += "=" * (-len(s) % 4)
+    try:
+        return base64.b64decode(s, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise BadInputError(f"'{field}' is not valid base64 ({exc}); encode the audio file with base64") from None
+
+
+def format_invocation(result: TranscriptionResult) -> dict:
+    return {"code": 0, "message": "Success", "transcribe_text": result.text}

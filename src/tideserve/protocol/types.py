@@ -1,0 +1,43 @@
+"""Request and result types that every API is translated to and from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class TranscriptionRequest:
+    """One transcription request, whatever API it came through.
+
+    ``audio`` is the encoded audio file (wav, flac, mp3, ogg, webm...), not samples.
+    ``prompt`` is Whisper's initial prompt (previous-context text); ``language`` an ISO code
+    or None to use the endpoint's setting; ``timestamps`` asks for segment timestamps.
+    """
+
+    audio: bytes
+    prompt: str | None = None
+    language: str | None = None
+    timestamps: bool = False
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A stretch of speech, times in seconds from the start of the audio."""
+
+    start_s: float
+    end_s: float
+    text: str
+    tokens: tuple[int, ...] = ()
+    avg_logprob: float | None = None
+    no_speech_prob: float | None = None
+    compression_ratio: float | None = None
+
+
+@dataclass(frozen=True)
+class TranscriptionResult:
+    """The text of a whole file; ``segments`` are filled when timestamps were asked for."""
+
+    text: str
+    language: str
+    duration_s: float
+    segments: list[Segment] = field(default_factory=list)

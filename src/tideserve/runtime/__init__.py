@@ -1,0 +1,1 @@
+"""Where replicas live. ``local``: processes on this machine (the embedded default)."""

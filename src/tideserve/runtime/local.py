@@ -1,0 +1,361 @@
+"""The embedded runtime: each replica is a ``python -m tideserve.worker`` process.
+
+Life of a replica: ``starting`` (process up, model loading) -> ``ready`` (its
+``/v2/health/ready`` answered 200) -> ``draining`` -> gone. A replica that exits on its own,
+fails 3 health checks in a row, or is not ready within ``ready_timeout_s`` is restarted after
+a backoff that doubles from ``restart.backoff_initial_s`` up to ``restart.backoff_max_s``;
+after ``restart.max_restarts`` restarts within ``restart.window_s`` its pool is marked
+``failed`` with the reason (exit code and last log line) and nothing restarts any more.
+A worker that exits with code 78 (engine target or model source can never work here) marks
+its pool ``unschedulable`` at once, without restarts.
+
+Workers inherit a parent-death signal (Linux ``PR_SET_PDEATHSIG``) and watch their parent
+pid, so no worker outlives the runtime, even if the runtime is killed with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import ctypes
+import logging
+import os
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import aiohttp
+
+from tideserve.gateway.dispatch import ReplicaEndpoint
+from tideserve.spec import InferenceEndpoint, LocalConfig, Pool
+
+log = logging.getLogger("tideserve.runtime")
+EX_CONFIG = 78
+HEALTH_FAILURES_BEFORE_RESTART = 3
+
+
+def _set_pdeathsig() -> None:  # runs in the child between fork and exec
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+@dataclass
+class Replica:
+    id: str
+    pool: str
+    state: str = "starting"  # starting | ready | draining | restarting | stopped
+    proc: asyncio.subprocess.Process | None = None
+    port: int | None = None
+    started_at: float = 0.0
+    ready_at: float | None = None
+    next_start_at: float = 0.0
+    last_health_at: float = 0.0
+    health_failures: int = 0
+    restarts: list[float] = field(default_factory=list)
+    last_exit: int | None = None
+    log_tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=20))
+    port_file: Path | None = None
+    intentional_stop: bool = False
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@dataclass
+class PoolState:
+    spec: Pool
+    state: str = "running"  # running | failed | unschedulable
+    reason: str = ""
+    desired: int = 0
+    replicas: list[Replica] = field(default_factory=list)
+    next_index: int = 0
+
+
+class LocalRuntime:
+    """Runs an endpoint's pools as local worker processes and keeps them healthy.
+
+    ``endpoint_file`` is passed to each worker; ``worker_token`` (if any) is handed to workers
+    in ``TIDESERVE_WORKER_TOKEN`` so they only accept requests from this gateway.
+    """
+
+    def __init__(
+        self,
+        endpoint_file: Path,
+        endpoint: InferenceEndpoint,
+        config: LocalConfig,
+        config_file: Path | None = None,
+        worker_token: str | None = None,
+        log_format: str = "json",
+        tick_s: float = 0.1,
+    ) -> None:
+        self.endpoint_file = Path(endpoint_file).resolve()
+        self.endpoint = endpoint
+        self.config = config
+        self.config_file = config_file
+        self.worker_token = worker_token
+        self.log_format = log_format
+        self.tick_s = tick_s
+        self.run_dir = Path(config.run_dir) if config.run_dir else Path(tempfile.mkdtemp(prefix="tideserve-"))
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.pools = {p.name: PoolState(spec=p) for p in endpoint.spec.pools}
+        self._listeners: list[Callable[[], None]] = []
+        self._task: asyncio.Task | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._stopping = False
+
+    # --- public API used by the gateway and the CLI ---------------------------------------
+    def add_listener(self, cb: Callable[[], None]) -> None:
+        self._listeners.append(cb)
+
+    def endpoints(self) -> list[ReplicaEndpoint]:
+        out = []
+        for ps in self.pools.values():
+            for r in ps.replicas:
+                if r.port is not None and r.state in ("starting", "ready"):
+                    out.append(ReplicaEndpoint(r.id, ps.spec.name, r.url, r.state == "ready", ps.spec.max_concurrency))
+        return out
+
+    def accepting(self) -> bool:
+        return not self._stopping and any(ps.state == "running" for ps in self.pools.values())
+
+    def failure_reason(self) -> str:
+        return "; ".join(f"pool {n} {ps.state}: {ps.reason}" for n, ps in self.pools.items() if ps.state != "running") or "stopping"
+
+    def report_unreachable(self, replica_id: str) -> None:
+        """The gateway could not reach this replica: check it at the next tick."""
+        for ps in self.pools.values():
+            for r in ps.replicas:
+                if r.id == replica_id and r.state == "ready":
+                    r.last_health_at = 0.0
+
+    def status(self) -> dict:
+        now = time.monotonic()
+        pools = []
+        for ps in self.pools.values():
+            pools.append({
+                "name": ps.spec.name,
+                "accelerator": ps.spec.accelerator,
+                "target": ps.spec.target,
+                "state": ps.state,
+                "reason": ps.reason,
+                "desired": ps.desired,
+                "ready": sum(r.state == "ready" for r in ps.replicas),
+                "min": ps.spec.replicas.min,
+                "max": ps.spec.replicas.max,
+                "max_concurrency": ps.spec.max_concurrency,
+                "replicas": [
+                    {
+                        "id": r.id, "state": r.state, "url": r.url if r.port else None,
+                        "pid": r.proc.pid if r.proc else None, "restarts": len(r.restarts),
+                        "last_exit": r.last_exit,
+                        "uptime_s": round(now - r.started_at, 1) if r.started_at else None,
+                        "log": str(self.run_dir / f"{r.id}.log"),
+                    }
+                    for r in ps.replicas
+                ],
+            })
+        return {"runtime": "local", "run_dir": str(self.run_dir), "pools": pools}
+
+    def scrape_targets(self) -> list[dict]:
+        """Prometheus HTTP service discovery: one target group per ready or starting replica."""
+        ep = self.endpoint.metadata.name
+        return [
+            {"targets": [e.url.removeprefix("http://")], "labels": {"endpoint": ep, "pool": e.pool, "replica": e.id}}
+            for e in self.endpoints()
+        ]
+
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2))
+        slots = self.config.replica_slots
+        for ps in self.pools.values():
+            want = ps.spec.replicas.min
+            ps.desired = min(want, slots)
+            slots -= ps.desired
+            if ps.desired < want:
+                ps.reason = f"only {ps.desired} of min {want} replicas fit in replica_slots={self.config.replica_slots}"
+            for _ in range(ps.desired):
+                await self._spawn(ps, self._new_replica(ps))
+        self._task = asyncio.get_running_loop().create_task(self._supervise(), name="runtime-supervisor")
+
+    async def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop every replica: SIGTERM (they drain), then SIGKILL after ``timeout_s``."""
+        self._stopping = True
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        procs = []
+        for ps in self.pools.values():
+            for r in ps.replicas:
+                r.intentional_stop = True
+                r.state = "stopped"
+                if r.proc and r.proc.returncode is None:
+                    try:
+                        r.proc.send_signal(signal.SIGTERM)
+                    except ProcessLookupError:
+                        pass
+                    procs.append(r.proc)
+        if procs:
+            done, pending = await asyncio.wait([asyncio.ensure_future(p.wait()) for p in procs], timeout=timeout_s)
+            for p in procs:
+                if p.returncode is None:
+                    p.kill()
+                    await p.wait()
+        if self._session:
+            await self._session.close()
+        self._notify()
+
+    # --- internals --------------------------------------------------------------------------
+    def _notify(self) -> None:
+        for cb in self._listeners:
+            cb()
+
+    def _new_replica(self, ps: PoolState) -> Replica:
+        r = Replica(id=f"{ps.spec.name}-{ps.next_index}", pool=ps.spec.name)
+        ps.next_index += 1
+        ps.replicas.append(r)
+        return r
+
+    async def _spawn(self, ps: PoolState, r: Replica) -> None:
+        r.port_file = self.run_dir / f"{r.id}.port"
+        r.port_file.unlink(missing_ok=True)
+        r.port, r.state, r.ready_at, r.health_failures = None, "starting", None, 0
+        cmd = [
+            sys.executable, "-m", "tideserve.worker", "--endpoint", str(self.endpoint_file), "--pool", ps.spec.name,
+            "--replica-id", r.id, "--port", "0", "--port-file", str(r.port_file), "--log-format", self.log_format,
+            "--drain-timeout-s", str(self.endpoint.spec.gateway.request_timeout_s),
+        ]
+        if self.config_file:
+            cmd += ["--config", str(self.config_file)]
+        env = dict(os.environ)
+        if self.worker_token:
+            env["TIDESERVE_WORKER_TOKEN"] = self.worker_token
+        r.proc = await asyncio.create_subprocess_exec(
+            *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            env=env, preexec_fn=_set_pdeathsig if sys.platform == "linux" else None,
+        )
+        r.started_at = time.monotonic()
+        r.intentional_stop = False
+        asyncio.get_running_loop().create_task(self._pump_logs(r, r.proc))
+        log.info("replica starting", extra={"replica": r.id, "pool": ps.spec.name, "pid": r.proc.pid})
+
+    async def _pump_logs(self, r: Replica, proc: asyncio.subprocess.Process) -> None:
+        """Copy a worker's output to its log file and to our stderr; keep the last lines."""
+        assert proc.stdout is not None
+        with open(self.run_dir / f"{r.id}.log", "ab") as f:
+            async for line in proc.stdout:
+                f.write(line)
+                f.flush()
+                text = line.decode(errors="replace").rstrip()
+                r.log_tail.append(text)
+                sys.stderr.write(text + "\n")
+
+    def _backoff(self, n_recent: int) -> float:
+        rp = self.config.restart
+        return min(rp.backoff_max_s, rp.backoff_initial_s * (2 ** max(0, n_recent - 1)))
+
+    def _last_reason_line(self, r: Replica) -> str:
+        for line in reversed(r.log_tail):
+            if "cannot start" in line or "Error" in line or "error" in line:
+                return line[-400:]
+        return r.log_tail[-1][-400:] if r.log_tail else "(no output)"
+
+    def _on_exit(self, ps: PoolState, r: Replica, code: int) -> None:
+        r.last_exit = code
+        r.port = None
+        if r.intentional_stop or r.state == "draining":
+            r.state = "stopped"
+            ps.replicas.remove(r)
+            self._notify()
+            return
+        now = time.monotonic()
+        if code == EX_CONFIG:
+            ps.state, ps.reason = "unschedulable", self._last_reason_line(r)
+            r.state = "stopped"
+            log.error("pool %s is unschedulable: %s", ps.spec.name, ps.reason, extra={"pool": ps.spec.name})
+            self._notify()
+            return
+        rp = self.config.restart
+        r.restarts = [t for t in r.restarts if now - t <= rp.window_s]
+        if len(r.restarts) >= rp.max_restarts:
+            ps.state = "failed"
+            ps.reason = (
+                f"replica {r.id} exited with code {code} and was restarted {len(r.restarts)} times within "
+                f"{rp.window_s:g} s; giving up. Last log line: {self._last_reason_line(r)}"
+            )
+            r.state = "stopped"
+            log.error("pool %s failed: %s", ps.spec.name, ps.reason, extra={"pool": ps.spec.name})
+            self._notify()
+            return
+        r.restarts.append(now)
+        delay = self._backoff(len(r.restarts))
+        r.state, r.next_start_at = "restarting", now + delay
+        log.warning(
+            "replica %s exited with code %s; restarting in %.1f s", r.id, code, delay,
+            extra={"replica": r.id, "pool": ps.spec.name, "exit_code": code},
+        )
+        self._notify()
+
+    async def _probe(self, r: Replica) -> bool:
+        assert self._session is not None
+        try:
+            async with self._session.get(r.url + "/v2/health/ready") as resp:
+                return resp.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            return False
+
+    async def _check(self, ps: PoolState, r: Replica, now: float) -> None:
+        if r.state == "starting":
+            if r.port is None and r.port_file and r.port_file.exists():
+                r.port = int(r.port_file.read_text())
+            if r.port is not None and await self._probe(r):
+                r.state, r.ready_at, r.last_health_at = "ready", time.monotonic(), time.monotonic()
+                log.info("replica ready", extra={"replica": r.id, "pool": ps.spec.name,
+                                                  "startup_s": round(r.ready_at - r.started_at, 3)})
+                self._notify()
+            elif now - r.started_at > self.config.ready_timeout_s:
+                log.error("replica %s not ready after %.0f s; killing it", r.id, self.config.ready_timeout_s)
+                self._kill(r)
+        elif r.state == "ready" and now - r.last_health_at >= self.config.health_interval_s:
+            r.last_health_at = now
+            if await self._probe(r):
+                r.health_failures = 0
+            else:
+                r.health_failures += 1
+                if r.health_failures >= HEALTH_FAILURES_BEFORE_RESTART:
+                    log.error("replica %s failed %d health checks; killing it", r.id, r.health_failures)
+                    self._kill(r)
+                else:
+                    r.last_health_at = now - self.config.health_interval_s + 0.2  # re-check soon
+
+    def _kill(self, r: Replica) -> None:
+        if r.proc and r.proc.returncode is None:
+            r.proc.kill()
+
+    async def _supervise(self) -> None:
+        while True:
+            now = time.monotonic()
+            checks = []
+            for ps in self.pools.values():
+                for r in list(ps.replicas):
+                    if r.proc is not None and r.proc.returncode is not None and r.state not in ("restarting", "stopped"):
+                        self._on_exit(ps, r, r.proc.returncode)
+                        continue
+                    if r.state == "restarting" and now >= r.next_start_at and ps.state == "running":
+                        await self._spawn(ps, r)
+                        self._notify()
+                    elif r.state in ("starting", "ready"):
+                        checks.append(self._check(ps, r, now))
+            if checks:
+                await asyncio.gather(*checks)
+            await asyncio.sleep(self.tick_s)

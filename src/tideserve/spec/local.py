@@ -1,0 +1,64 @@
+"""Settings of the embedded runtime that are not part of an endpoint.
+
+Loaded from ``--config FILE`` (YAML), else ``$TIDESERVE_CONFIG``, else
+``~/.config/tideserve/config.yaml`` when it exists, else the defaults below.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import Field, model_validator
+
+from tideserve.spec.models import _Strict
+
+
+class RestartPolicy(_Strict):
+    """Crash restarts of a replica: backoff doubles from ``backoff_initial_s`` up to
+    ``backoff_max_s``; after ``max_restarts`` restarts within ``window_s`` the pool is failed."""
+
+    backoff_initial_s: float = Field(1.0, gt=0)
+    backoff_max_s: float = Field(30.0, gt=0)
+    max_restarts: int = Field(5, ge=0)
+    window_s: float = Field(300.0, gt=0)
+
+
+class LocalConfig(_Strict):
+    replica_slots: int = Field(4, ge=1, description="Most replica processes on this machine.")
+    cache_dir: Path = Field(
+        default_factory=lambda: Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tideserve",
+        description="Where fetched models and engines are kept.",
+    )
+    run_dir: Path | None = Field(
+        None, description="Where replica logs and port files go; default a fresh temporary directory."
+    )
+    allowed_file_roots: list[Path] = Field(
+        default_factory=list, description="file:// model sources must lie under one of these directories."
+    )
+    api_keys: list[str] = Field(default_factory=list, description="Accepted 'Authorization: Bearer' keys; empty = no auth.")
+    api_keys_file: Path | None = Field(None, description="A file with one API key a line (added to api_keys).")
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    cpu_threads_per_replica: int = Field(
+        0, ge=0, description="Intra-op threads per CPU replica; 0 = the backend's default (all cores)."
+    )
+    health_interval_s: float = Field(2.0, gt=0, description="Seconds between health checks of a ready replica.")
+    ready_timeout_s: float = Field(300.0, gt=0, description="Longest a replica may take to become ready.")
+    restart: RestartPolicy = Field(default_factory=RestartPolicy)
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> "LocalConfig":
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("set both tls_cert_file and tls_key_file, or neither")
+        return self
+
+    def all_api_keys(self) -> list[str]:
+        """The configured keys plus those in ``api_keys_file`` (blank lines and # comments skipped)."""
+        keys = list(self.api_keys)
+        if self.api_keys_file is not None:
+            for line in Path(self.api_keys_file).read_text().splitlines():
+                line = line.strip()
+                if line and not line.startswith("#"):
+                    keys.append(line)
+        return keys

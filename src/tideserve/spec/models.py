@@ -1,0 +1,256 @@
+"""Pydantic models of the ``InferenceEndpoint`` resource (apiVersion ``tideserve.io/v1alpha1``).
+
+Units are in field names (``_s``, ``_ms``, ``_bytes``, ``_usd_per_h``). Every model forbids
+unknown fields so that a typo fails at load time instead of being silently ignored.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+#: Compute capability of each GPU model a pool may name (NVIDIA datasheets; ../shared/FACTS.md).
+GPU_COMPUTE_CAPABILITY: dict[str, str] = {
+    "a10g": "sm86",
+    "l4": "sm89",
+    "l40s": "sm89",
+    "a100": "sm80",
+    "h100": "sm90",
+    "h200": "sm90",
+}
+
+Accelerator = Literal["cpu", "a10g", "l4", "l40s", "a100", "h100", "h200"]
+
+#: Compute types an engine target may name, per device kind, and the CTranslate2 /
+#: PyTorch name each stands for. Short forms (fp16, bf16, fp32) follow the target naming of
+#: DESIGN.md (``cuda-sm90-bf16``); long forms are CTranslate2's own names.
+COMPUTE_TYPES: dict[str, dict[str, str]] = {
+    "cpu": {
+        "int8": "int8",
+        "int8_float32": "int8_float32",
+        "int16": "int16",
+        "fp32": "float32",
+        "float32": "float32",
+    },
+    "cuda": {
+        "fp16": "float16",
+        "float16": "float16",
+        "bf16": "bfloat16",
+        "bfloat16": "bfloat16",
+        "int8_float16": "int8_float16",
+        "int8_bfloat16": "int8_bfloat16",
+        "fp32": "float32",
+        "float32": "float32",
+    },
+}
+
+CPU_ISAS = ("x86_64", "aarch64")
+_TARGET_RE = re.compile(r"^(?P<device>cpu|cuda)-(?P<arch>[a-z0-9_]+)-(?P<compute>[a-z0-9_]+)$")
+_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+_SOURCE_SCHEMES = ("pkg", "file", "s3", "hf")
+
+
+class Target(BaseModel):
+    """An engine target ``<cpu|cuda>-<isa|smXY>-<compute type>``, e.g. ``cuda-sm90-bf16``.
+
+    ``device`` is ``cpu`` or ``cuda``; ``arch`` a CPU ISA (``x86_64``, ``aarch64``) or a CUDA
+    compute capability (``sm86``); ``compute_type`` the name in the target and
+    ``backend_compute_type`` the name the backend library uses (``bf16`` -> ``bfloat16``).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    device: Literal["cpu", "cuda"]
+    arch: str
+    compute_type: str
+
+    @property
+    def backend_compute_type(self) -> str:
+        return COMPUTE_TYPES[self.device][self.compute_type]
+
+    @property
+    def name(self) -> str:
+        return f"{self.device}-{self.arch}-{self.compute_type}"
+
+    @classmethod
+    def parse(cls, text: str) -> "Target":
+        """Parse a target name. Raises ValueError naming the part that is wrong."""
+        m = _TARGET_RE.match(text)
+        if not m:
+            raise ValueError(
+                f"'{text}' is not a target; write <cpu|cuda>-<isa|smXY>-<compute type>, "
+                "e.g. cpu-x86_64-int8 or cuda-sm90-bf16"
+            )
+        device, arch, compute = m["device"], m["arch"], m["compute"]
+        if device == "cpu" and arch not in CPU_ISAS:
+            raise ValueError(f"CPU ISA '{arch}' is unknown; use one of {', '.join(CPU_ISAS)}")
+        if device == "cuda" and not re.fullmatch(r"sm\d{2,3}", arch):
+            raise ValueError(f"CUDA architecture '{arch}' must look like sm86, sm89 or sm90")
+        if compute not in COMPUTE_TYPES[device]:
+            raise ValueError(
+                f"compute type '{compute}' is not available on {device}; "
+                f"use one of {', '.join(COMPUTE_TYPES[device])}"
+            )
+        return cls(device=device, arch=arch, compute_type=compute)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class Decoding(_Strict):
+    """Decoding settings applied to every request of the endpoint."""
+
+    beam_size: int = Field(5, ge=1, le=16, description="Beam width; 1 is greedy decoding.")
+    without_timestamps: bool = Field(
+        True,
+        description="Decode without timestamp tokens unless a response format needs them "
+        "(verbose_json, srt, vtt ask for timestamps per request).",
+    )
+    language: str | None = Field(
+        None, description="Force a language code (multilingual models); None detects it."
+    )
+    max_new_tokens: int | None = Field(
+        None, ge=1, le=440, description="Cap on generated tokens per 30 s window (Whisper's limit is 448 with the prompt)."
+    )
+
+
+class ModelSpec(_Strict):
+    name: str = Field(
+        description="The name clients use: /v2/models/{name}, the OpenAI 'model' field.",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
+    )
+    task: Literal["transcription"] = "transcription"
+    backend: Literal["faster-whisper"] = Field(
+        "faster-whisper", description="Model backend; faster-whisper (CTranslate2) on CPU."
+    )
+    source: str = Field(
+        description="pkg://<import package>/<subpath>, file:///path, s3://bucket/prefix or hf://org/name@revision."
+    )
+    decoding: Decoding = Field(default_factory=Decoding)
+
+    @field_validator("source")
+    @classmethod
+    def _source_scheme(cls, v: str) -> str:
+        scheme, sep, rest = v.partition("://")
+        if not sep or scheme not in _SOURCE_SCHEMES or not rest.strip("/"):
+            raise ValueError(
+                f"'{v}' is not a model source; write one of pkg://package/subpath, "
+                "file:///absolute/path, s3://bucket/prefix, hf://org/name@revision"
+            )
+        return v
+
+
+class Batching(_Strict):
+    max_batch_size: int = Field(
+        8, ge=1, le=256, description="Most 30 s audio windows run through the model in one execution."
+    )
+    max_queue_delay_ms: float = Field(
+        20, ge=0, le=10_000, description="Longest a queued window waits for a batch to fill, in ms."
+    )
+
+
+class Replicas(_Strict):
+    min: int = Field(1, ge=0, le=1000)
+    max: int = Field(1, ge=1, le=1000)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "Replicas":
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) is larger than max ({self.max}); raise max or lower min")
+        return self
+
+
+class Pool(_Strict):
+    name: str = Field(pattern=_DNS_LABEL, description="Pool name, a DNS label (lower case, digits, '-').")
+    accelerator: Accelerator = "cpu"
+    target: str = Field(description="Engine target, e.g. cpu-x86_64-int8 or cuda-sm90-bf16.")
+    replicas: Replicas = Field(default_factory=Replicas)
+    max_concurrency: int = Field(8, ge=1, le=10_000, description="Requests one replica takes at once.")
+    capacity_types: list[Literal["on-demand", "spot"]] = Field(
+        default_factory=lambda: ["on-demand"], min_length=1
+    )
+    cost_usd_per_h: float = Field(0.0, ge=0, description="Price of one replica's share of its machine, $/h.")
+
+    @field_validator("target")
+    @classmethod
+    def _target_format(cls, v: str) -> str:
+        Target.parse(v)
+        return v
+
+    @model_validator(mode="after")
+    def _target_fits_accelerator(self) -> "Pool":
+        t = Target.parse(self.target)
+        if self.accelerator == "cpu":
+            if t.device != "cpu":
+                raise ValueError(
+                    f"target {self.target} is a CUDA engine but accelerator is cpu; "
+                    "use a cpu-<isa>-<compute type> target or name the GPU model"
+                )
+        else:
+            sm = GPU_COMPUTE_CAPABILITY[self.accelerator]
+            if t.device != "cuda" or t.arch != sm:
+                raise ValueError(
+                    f"target {self.target} does not run on {self.accelerator} ({sm}); "
+                    f"build an engine for cuda-{sm}-{t.compute_type if t.device == 'cuda' else 'fp16'}"
+                )
+        return self
+
+    @property
+    def parsed_target(self) -> Target:
+        return Target.parse(self.target)
+
+
+class Autoscaling(_Strict):
+    metric: Literal["requests_per_replica"] = "requests_per_replica"
+    target: float = Field(4, gt=0, description="Pending + in-flight requests per ready replica.")
+    scale_to_zero_after_s: float = Field(60, ge=0)
+    scale_down_stabilization_s: float = Field(30, ge=0)
+
+
+class GatewaySpec(_Strict):
+    host: str = Field("127.0.0.1", description="Address to bind; 127.0.0.1 keeps the endpoint local.")
+    port: int = Field(8080, ge=0, le=65535, description="0 picks a free port.")
+    hold_timeout_s: float = Field(
+        120, gt=0, description="Longest a request waits for a ready replica with free capacity."
+    )
+    request_timeout_s: float = Field(300, gt=0, description="Longest one request may take end to end.")
+    max_pending: int = Field(1000, ge=0, description="Requests held waiting for capacity before 503.")
+    max_body_bytes: int = Field(26_214_400, ge=1024, le=1 << 31, description="Largest request body (413 past it).")
+
+
+class Metadata(_Strict):
+    name: str = Field(pattern=_DNS_LABEL)
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class EndpointSpec(_Strict):
+    model: ModelSpec
+    batching: Batching = Field(default_factory=Batching)
+    pools: list[Pool] = Field(min_length=1)
+    autoscaling: Autoscaling = Field(default_factory=Autoscaling)
+    gateway: GatewaySpec = Field(default_factory=GatewaySpec)
+
+    @field_validator("pools")
+    @classmethod
+    def _unique_pool_names(cls, pools: list[Pool]) -> list[Pool]:
+        names = [p.name for p in pools]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"pool names must be unique; repeated: {', '.join(dupes)}")
+        return pools
+
+    def pool(self, name: str) -> Pool:
+        for p in self.pools:
+            if p.name == name:
+                return p
+        raise KeyError(f"no pool named '{name}'; pools: {', '.join(p.name for p in self.pools)}")
+
+
+class InferenceEndpoint(_Strict):
+    api_version: Literal["tideserve.io/v1alpha1"] = Field(alias="apiVersion")
+    kind: Literal["InferenceEndpoint"]
+    metadata: Metadata
+    spec: EndpointSpec

@@ -1,0 +1,1 @@
+"""The model server: one process serving one replica (``python -m tideserve.worker``)."""

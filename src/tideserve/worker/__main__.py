@@ -1,0 +1,3 @@
+from tideserve.worker.server import main
+
+raise SystemExit(main())

@@ -1,0 +1,203 @@
+"""The worker's HTTP server: one replica serving the three APIs over one model.
+
+Routes (same as the gateway's, so a client can talk to either):
+``GET /ping``, ``POST /invocations``; KServe v2 ``/v2/health/{live,ready}``, ``/v2``,
+``/v2/models/{name}[/versions/{v}][/ready]``, ``POST .../infer``; OpenAI
+``POST /v1/audio/transcriptions``, ``GET /v1/models``; ``GET /metrics``; ``GET /admin/worker``.
+
+A request is decoded (PyAV), cut into <= 30 s windows, and its windows go through the
+dynamic batcher. If the client disconnects, aiohttp cancels the handler and the request's
+queued windows are dropped before execution.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from tideserve import __version__
+from tideserve.errors import BadInputError, CapacityError, TideserveError, UnauthorizedError, UnknownModelError
+from tideserve.httpcommon import request_id_and_errors
+from tideserve.metrics.triton import TritonMetrics
+from tideserve.protocol import TranscriptionRequest, TranscriptionResult, kserve, openai, sagemaker
+from tideserve.worker.audio import SAMPLE_RATE, decode_audio
+from tideserve.worker.backends.base import Backend, WindowResult, WindowTask
+from tideserve.worker.batcher import DynamicBatcher
+from tideserve.worker.windows import split_windows
+
+log = logging.getLogger("tideserve.worker")
+TOKEN_HEADER = "X-Tideserve-Token"
+
+
+@dataclass
+class WorkerState:
+    ready: bool = False
+    draining: bool = False
+    in_flight: int = 0
+
+
+class WorkerService:
+    """Transcription on top of a backend and a batcher; no HTTP here."""
+
+    def __init__(self, model_name: str, backend: Backend, batcher: DynamicBatcher, metrics: TritonMetrics) -> None:
+        self.model_name = model_name
+        self.backend = backend
+        self.batcher = batcher
+        self.metrics = metrics
+        self.state = WorkerState()
+
+    async def transcribe(self, req: TranscriptionRequest) -> TranscriptionResult:
+        samples = await asyncio.get_running_loop().run_in_executor(None, decode_audio, req.audio)
+        windows = split_windows(samples, SAMPLE_RATE)
+        tasks = [WindowTask(w.samples, w.offset_s, req.prompt, req.language, req.timestamps) for w in windows]
+        results: list[WindowResult] = await self.batcher.submit_many(tasks)
+        return TranscriptionResult(
+            text=" ".join(r.text for r in results if r.text),
+            language=results[0].language,
+            duration_s=len(samples) / SAMPLE_RATE,
+            segments=[s for r in results for s in r.segments],
+        )
+
+
+def build_app(service: WorkerService, max_body_bytes: int, token: str | None = None) -> web.Application:
+    """The aiohttp application of one worker. ``token``, when set, must be sent by callers in
+    the ``X-Tideserve-Token`` header (the gateway does); health and metrics stay open."""
+    open_paths = ("/ping", "/v2/health/live", "/v2/health/ready", "/metrics")
+
+    @web.middleware
+    async def internal_token(request: web.Request, handler):
+        if token and request.path not in open_paths:
+            sent = request.headers.get(TOKEN_HEADER, "")
+            if not hmac.compare_digest(sent.encode(), token.encode()):
+                raise UnauthorizedError("this worker only takes requests from its gateway")
+        return await handler(request)
+
+    app = web.Application(client_max_size=max_body_bytes, middlewares=[request_id_and_errors, internal_token])
+    name = service.model_name
+    st = service.state
+
+    def ready() -> bool:
+        return st.ready and not st.draining
+
+    def check_model(model: str) -> None:
+        if model != name:
+            raise UnknownModelError(f"model '{model}' is not served here; this endpoint serves '{name}'")
+
+    def check_accepting() -> None:
+        if not ready():
+            raise CapacityError("replica is not ready (loading or draining); retry on another replica", retry_after_s=1)
+
+    async def run(request: web.Request, req: TranscriptionRequest) -> TranscriptionResult:
+        st.in_flight += 1
+        started = time.monotonic()
+        try:
+            result = await service.transcribe(req)
+        except BadInputError:
+            service.metrics.on_request(False, time.monotonic() - started, "REJECTED")
+            raise
+        except asyncio.CancelledError:
+            service.metrics.on_request(False, time.monotonic() - started, "CANCELED")
+            log.info("client went away; request dropped")
+            raise
+        except TideserveError:
+            service.metrics.on_request(False, time.monotonic() - started, "OTHER")
+            raise
+        except Exception:
+            service.metrics.on_request(False, time.monotonic() - started, "BACKEND")
+            raise
+        finally:
+            st.in_flight -= 1
+        elapsed = time.monotonic() - started
+        service.metrics.on_request(True, elapsed)
+        log.info("transcribed", extra={"audio_s": round(result.duration_s, 3), "duration_ms": round(elapsed * 1000, 1)})
+        return result
+
+    # --- SageMaker style -------------------------------------------------------------
+    async def ping(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ready" if ready() else "not ready"}, status=200 if ready() else 503)
+
+    async def invocations(request: web.Request) -> web.Response:
+        check_accepting()
+        req = sagemaker.parse_invocation(await request.read())
+        return web.json_response(sagemaker.format_invocation(await run(request, req)))
+
+    # --- KServe v2 ---------------------------------------------------------------------
+    async def live(request: web.Request) -> web.Response:
+        return web.json_response({"live": True})
+
+    async def ready_h(request: web.Request) -> web.Response:
+        return web.json_response({"ready": ready()}, status=200 if ready() else 503)
+
+    async def server_meta(request: web.Request) -> web.Response:
+        return web.json_response(kserve.server_metadata(__version__))
+
+    async def model_meta(request: web.Request) -> web.Response:
+        check_model(request.match_info["name"])
+        return web.json_response(kserve.model_metadata(name, service.backend.platform))
+
+    async def model_ready(request: web.Request) -> web.Response:
+        check_model(request.match_info["name"])
+        return web.json_response({"name": name, "ready": ready()}, status=200 if ready() else 503)
+
+    async def infer(request: web.Request) -> web.Response:
+        check_model(request.match_info["name"])
+        check_accepting()
+        parsed = kserve.parse_infer(await request.read(), request.headers.get(kserve.HEADER_LENGTH))
+        result = await run(request, parsed.request)
+        body, headers, ctype = kserve.format_infer(name, parsed, result)
+        return web.Response(body=body, headers=headers, content_type=ctype)
+
+    # --- OpenAI style ------------------------------------------------------------------
+    async def transcriptions(request: web.Request) -> web.Response:
+        check_accepting()
+        if not request.content_type.startswith("multipart/form-data"):
+            raise BadInputError("send multipart/form-data with fields 'file' and 'model'")
+        try:
+            form = await request.post()
+        except ValueError as exc:
+            raise BadInputError(f"malformed multipart body: {exc}") from None
+        fields: dict[str, str] = {}
+        file_bytes = None
+        for key, value in form.items():
+            if isinstance(value, web.FileField):
+                if key == "file":
+                    file_bytes = value.file.read()
+            else:
+                fields[key] = str(value)
+        req, fmt = openai.parse_form(fields, file_bytes, name)
+        body, ctype = openai.format_response(await run(request, req), fmt)
+        return web.Response(body=body, headers={"Content-Type": ctype})
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": name, "object": "model", "owned_by": "tideserve"}]})
+
+    # --- operations ----------------------------------------------------------------------
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(body=service.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+    async def admin(request: web.Request) -> web.Response:
+        return web.json_response({
+            "model": name, "ready": st.ready, "draining": st.draining, "in_flight": st.in_flight,
+            "queued_windows": service.batcher.queued, "executions": service.batcher.executions,
+        })
+
+    r = app.router
+    r.add_get("/ping", ping)
+    r.add_post("/invocations", invocations)
+    r.add_get("/v2/health/live", live)
+    r.add_get("/v2/health/ready", ready_h)
+    r.add_get("/v2", server_meta)
+    for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
+        r.add_get(prefix, model_meta)
+        r.add_get(prefix + "/ready", model_ready)
+        r.add_post(prefix + "/infer", infer)
+    r.add_post("/v1/audio/transcriptions", transcriptions)
+    r.add_get("/v1/models", models)
+    r.add_get("/metrics", metrics)
+    r.add_get("/admin/worker", admin)
+    return app

@@ -1,0 +1,181 @@
+"""faster-whisper (CTranslate2) backend: Whisper on CPU, windows of many requests in one batch.
+
+One execution = feature extraction for every window, one batched encoder pass, and one
+batched ``generate`` call (beam search) over all windows with a prompt per window, so
+requests with different prompts, languages and timestamp wishes share the batch. This is
+the only module that imports faster_whisper / ctranslate2.
+
+Decoding follows Whisper's reference rules as faster-whisper applies them: non-speech tokens
+suppressed, blank suppressed at the start, first timestamp at most 1.0 s, and a window whose
+no-speech probability exceeds 0.6 while its average log-probability is below -1.0 is taken
+as silence (Whisper's ``no_speech_threshold`` / ``logprob_threshold`` defaults). Temperature
+fallback is not applied (deterministic decoding at temperature 0).
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from pathlib import Path
+
+import ctranslate2
+import numpy as np
+from faster_whisper import WhisperModel
+from faster_whisper.audio import pad_or_trim
+from faster_whisper.tokenizer import Tokenizer
+from faster_whisper.transcribe import get_suppressed_tokens
+
+from tideserve.errors import EngineMismatchError
+from tideserve.protocol.types import Segment
+from tideserve.spec.models import Decoding, Target
+from tideserve.worker.backends.base import WindowResult, WindowTask
+from tideserve.worker.batcher import ExecutionTimings
+
+_TIME_PRECISION_S = 0.02  # one timestamp token = 20 ms (Whisper)
+_MAX_LENGTH = 448  # Whisper decoder context
+_NO_SPEECH_THRESHOLD = 0.6
+_LOGPROB_THRESHOLD = -1.0
+
+
+def _compression_ratio(text: str) -> float:
+    b = text.encode()
+    return len(b) / len(zlib.compress(b)) if b else 0.0
+
+
+class FasterWhisperBackend:
+    """Load a CTranslate2 Whisper model from ``model_dir`` for ``target`` (CPU only here).
+
+    Raises EngineMismatchError when the target is not a CPU target or its compute type is not
+    supported by this CPU.
+    """
+
+    platform = "ctranslate2"
+
+    def __init__(self, model_dir: Path, target: Target, decoding: Decoding, cpu_threads: int = 0) -> None:
+        if target.device != "cpu":
+            raise EngineMismatchError(
+                f"the faster-whisper backend runs CPU targets here; {target.name} needs a CUDA backend"
+            )
+        try:
+            self._model = WhisperModel(
+                str(model_dir), device="cpu", compute_type=target.backend_compute_type,
+                cpu_threads=cpu_threads, num_workers=1,
+            )
+        except ValueError as exc:  # e.g. "Requested int8 compute type, but the target device ... does not support"
+            raise EngineMismatchError(f"cannot load {model_dir} for {target.name}: {exc}") from None
+        self._decoding = decoding
+        self._multilingual = bool(self._model.model.is_multilingual)
+        self._tokenizers: dict[str | None, Tokenizer] = {}
+        base = self._tokenizer(decoding.language or "en")
+        self._suppress = list(get_suppressed_tokens(base, [-1]))
+
+    def _tokenizer(self, language: str | None) -> Tokenizer:
+        key = language if self._multilingual else None
+        tok = self._tokenizers.get(key)
+        if tok is None:
+            tok = Tokenizer(self._model.hf_tokenizer, self._multilingual, task="transcribe", language=key or "en")
+            self._tokenizers[key] = tok
+        return tok
+
+    def transcribe_batch(self, tasks: list[WindowTask]) -> tuple[list[WindowResult], ExecutionTimings]:
+        """Run all ``tasks`` as one execution; results in the order of ``tasks``.
+
+        Features of all windows are computed and encoded as one batch. CTranslate2's
+        ``generate`` needs <|startoftranscript|> at the same position and the same number of
+        task tokens after it across a batch, so windows are decoded in groups of equal prompt
+        shape (prompt length, timestamps or not): one group in the common case of requests
+        without a prompt.
+        """
+        t0 = time.perf_counter()
+        fe = self._model.feature_extractor
+        feats = np.stack([pad_or_trim(fe(t.samples)[..., :-1]) for t in tasks]).astype(np.float32)
+        t1 = time.perf_counter()
+
+        encoded = self._model.encode(feats)
+        languages = [t.language or self._decoding.language for t in tasks]
+        if self._multilingual and any(lang is None for lang in languages):
+            detected = self._model.model.detect_language(encoded)
+            languages = [lang or det[0][0].strip("<|>") for lang, det in zip(languages, detected)]
+        if not self._multilingual:
+            languages = ["en"] * len(tasks)
+        prompts, toks = [], []
+        for task, lang in zip(tasks, languages):
+            tok = self._tokenizer(lang)
+            previous = tok.encode(" " + task.prompt.strip()) if task.prompt and task.prompt.strip() else []
+            with_timestamps = task.timestamps or not self._decoding.without_timestamps
+            prompts.append(self._model.get_prompt(tok, previous, without_timestamps=not with_timestamps))
+            toks.append(tok)
+        groups: dict[tuple[int, int], list[int]] = {}
+        for i, (prompt, tok) in enumerate(zip(prompts, toks)):
+            sot = prompt.index(tok.sot)
+            groups.setdefault((sot, len(prompt) - sot), []).append(i)
+        decoded: list = [None] * len(tasks)
+        for idx in groups.values():
+            enc = encoded if len(groups) == 1 else ctranslate2.StorageView.from_array(np.asarray(encoded)[idx])
+            group_prompts = [prompts[i] for i in idx]
+            max_length = _MAX_LENGTH
+            if self._decoding.max_new_tokens is not None:
+                max_length = min(_MAX_LENGTH, len(group_prompts[0]) + self._decoding.max_new_tokens)
+            res = self._model.model.generate(
+                enc,
+                group_prompts,
+                beam_size=self._decoding.beam_size,
+                max_length=max_length,
+                return_scores=True,
+                return_no_speech_prob=True,
+                suppress_blank=True,
+                suppress_tokens=self._suppress,
+                max_initial_timestamp_index=int(round(1.0 / _TIME_PRECISION_S)),
+            )
+            for i, r in zip(idx, res):
+                decoded[i] = r
+        t2 = time.perf_counter()
+        out = [self._window_result(task, tok, lang, r) for task, tok, lang, r in zip(tasks, toks, languages, decoded)]
+        t3 = time.perf_counter()
+        return out, ExecutionTimings(input_s=t1 - t0, infer_s=t2 - t1, output_s=t3 - t2)
+
+    def _window_result(self, task: WindowTask, tok: Tokenizer, language: str, res) -> WindowResult:
+        tokens = list(res.sequences_ids[0])
+        avg_logprob = res.scores[0] * len(tokens) / (len(tokens) + 1)  # length_penalty 1 (faster-whisper)
+        text_tokens = [t for t in tokens if t < tok.eot]
+        text = tok.decode(text_tokens).strip()
+        if res.no_speech_prob > _NO_SPEECH_THRESHOLD and avg_logprob < _LOGPROB_THRESHOLD:
+            return WindowResult(text="", language=language)
+        segments = []
+        if task.timestamps:
+            duration = len(task.samples) / 16_000
+            for start, end, seg_tokens in _split_by_timestamps(tokens, tok.timestamp_begin, duration):
+                seg_text = tok.decode(seg_tokens).strip()
+                if seg_text:
+                    segments.append(Segment(
+                        start_s=task.offset_s + start, end_s=task.offset_s + end, text=seg_text,
+                        tokens=tuple(seg_tokens), avg_logprob=float(avg_logprob),
+                        no_speech_prob=float(res.no_speech_prob), compression_ratio=_compression_ratio(seg_text),
+                    ))
+        return WindowResult(text=text, language=language, segments=segments)
+
+
+def _split_by_timestamps(
+    tokens: list[int], timestamp_begin: int, duration_s: float
+) -> list[tuple[float, float, list[int]]]:
+    """Segments ``(start_s, end_s, text tokens)`` from Whisper's ``<|t0|> text <|t1|>`` output.
+
+    A segment is closed by the first timestamp after some text; text left open at the end
+    runs to ``duration_s``. Times are relative to the window.
+    """
+    segments: list[tuple[float, float, list[int]]] = []
+    start: float | None = None
+    text: list[int] = []
+    for t in tokens:
+        if t >= timestamp_begin:
+            ts = (t - timestamp_begin) * _TIME_PRECISION_S
+            if text:
+                segments.append((start if start is not None else 0.0, min(ts, duration_s), text))
+                text, start = [], None
+            else:
+                start = ts
+        else:
+            text.append(t)
+    if text:
+        segments.append((start if start is not None else 0.0, duration_s, text))
+    return segments

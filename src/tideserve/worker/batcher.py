@@ -1,0 +1,190 @@
+"""Dynamic batcher: queued work items run through the model together, as one execution.
+
+Policy (Triton's dynamic batcher, ``max_queue_delay_microseconds``): a batch starts as soon
+as ``max_batch_size`` items are queued, or when the oldest queued item has waited
+``max_queue_delay_s``, whichever comes first. Executions run one at a time on a dedicated
+thread (the model is not re-entrant); while one runs, new items queue and form the next
+batch. Items whose caller went away (their future was cancelled, e.g. the client
+disconnected) are dropped before execution, never computed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Generic, Protocol, Sequence, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+@dataclass
+class ExecutionTimings:
+    """Seconds one execution spent in each phase (Triton's compute input/infer/output split)."""
+
+    input_s: float = 0.0
+    infer_s: float = 0.0
+    output_s: float = 0.0
+
+    @property
+    def total_s(self) -> float:
+        return self.input_s + self.infer_s + self.output_s
+
+
+class BatcherObserver(Protocol):
+    def on_enqueue(self, n: int) -> None: ...
+    def on_dequeue(self, n: int) -> None: ...
+    def on_dropped(self, n: int) -> None: ...
+    def on_execution(self, batch_size: int, queue_s: Sequence[float], timings: ExecutionTimings) -> None: ...
+
+
+class NullObserver:
+    def on_enqueue(self, n: int) -> None: ...
+    def on_dequeue(self, n: int) -> None: ...
+    def on_dropped(self, n: int) -> None: ...
+    def on_execution(self, batch_size: int, queue_s: Sequence[float], timings: ExecutionTimings) -> None: ...
+
+
+@dataclass
+class _Item(Generic[T]):
+    payload: T
+    future: asyncio.Future
+    enqueued: float = field(default_factory=time.monotonic)
+
+
+ExecuteFn = Callable[[list[T]], tuple[list[R], ExecutionTimings]]
+
+
+class DynamicBatcher(Generic[T, R]):
+    """Collect items from concurrent callers and run them through ``execute`` in batches.
+
+    ``execute(payloads) -> (results, timings)`` must return one result per payload, in
+    order; it runs on a single worker thread. An exception from it fails every item of that
+    batch. ``max_batch_size`` >= 1; ``max_queue_delay_s`` >= 0.
+    """
+
+    def __init__(
+        self,
+        execute: ExecuteFn,
+        max_batch_size: int,
+        max_queue_delay_s: float,
+        observer: BatcherObserver | None = None,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError("max_batch_size must be >= 1")
+        self._execute = execute
+        self.max_batch_size = max_batch_size
+        self.max_queue_delay_s = max_queue_delay_s
+        self._observer = observer or NullObserver()
+        self._queue: collections.deque[_Item[T]] = collections.deque()
+        self._wakeup = asyncio.Event()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
+        self._task: asyncio.Task | None = None
+        self.executions = 0
+        self.busy = False
+
+    @property
+    def queued(self) -> int:
+        """Items waiting (cancelled ones not yet swept included)."""
+        return len(self._queue)
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="batcher")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        for item in self._queue:
+            if not item.future.done():
+                item.future.cancel()
+        self._queue.clear()
+        self._executor.shutdown(wait=True)
+
+    async def submit_many(self, payloads: Sequence[T]) -> list[R]:
+        """Queue ``payloads`` (e.g. the 30 s windows of one file); return their results in order.
+
+        If the caller is cancelled while the items wait, they are dropped unexecuted.
+        """
+        loop = asyncio.get_running_loop()
+        items = [_Item(p, loop.create_future()) for p in payloads]
+        self._queue.extend(items)
+        self._observer.on_enqueue(len(items))
+        self._wakeup.set()
+        try:
+            return list(await asyncio.gather(*(i.future for i in items)))
+        except asyncio.CancelledError:
+            for i in items:
+                i.future.cancel()
+            raise
+
+    def _take_live(self) -> list[_Item[T]]:
+        batch: list[_Item[T]] = []
+        dropped = 0
+        while self._queue and len(batch) < self.max_batch_size:
+            item = self._queue.popleft()
+            if item.future.done():  # cancelled by its caller
+                dropped += 1
+                continue
+            batch.append(item)
+        if dropped:
+            self._observer.on_dequeue(dropped)
+            self._observer.on_dropped(dropped)
+        return batch
+
+    def _live_count(self) -> int:
+        return sum(1 for i in self._queue if not i.future.done())
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._queue:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            oldest = next((i for i in self._queue if not i.future.done()), None)
+            if oldest is None:
+                self._take_live()  # sweep cancelled items
+                continue
+            deadline = oldest.enqueued + self.max_queue_delay_s
+            while self._live_count() < self.max_batch_size:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._wakeup.clear()
+                try:
+                    await asyncio.wait_for(self._wakeup.wait(), remaining)
+                except asyncio.TimeoutError:
+                    break
+            batch = self._take_live()
+            if not batch:
+                continue
+            started = time.monotonic()
+            self._observer.on_dequeue(len(batch))
+            self.busy = True
+            try:
+                results, timings = await loop.run_in_executor(
+                    self._executor, self._execute, [i.payload for i in batch]
+                )
+                if len(results) != len(batch):
+                    raise RuntimeError(f"backend returned {len(results)} results for {len(batch)} inputs")
+            except Exception as exc:  # noqa: BLE001 - every waiter must learn of the failure
+                for i in batch:
+                    if not i.future.done():
+                        i.future.set_exception(exc)
+                continue
+            finally:
+                self.busy = False
+                self.executions += 1
+            self._observer.on_execution(len(batch), [started - i.enqueued for i in batch], timings)
+            for i, r in zip(batch, results):
+                if not i.future.done():
+                    i.future.set_result(r)
