@@ -21,8 +21,8 @@ from tideserve.errors import SpecError
 from tideserve.spec import InferenceEndpoint, load_endpoint, load_local_config
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="tideserve: one declarative inference endpoint.")
-err = Console(stderr=True)
-out = Console()
+err = Console(stderr=True, soft_wrap=True)
+out = Console(soft_wrap=True)
 
 
 def _load(file: Path) -> InferenceEndpoint:

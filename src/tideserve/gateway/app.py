@@ -32,7 +32,8 @@ from tideserve.errors import (
     UnknownModelError,
     UpstreamError,
 )
-from tideserve.gateway.dispatch import Dispatcher, ReplicaSource
+from tideserve.gateway.dispatch import Dispatcher
+from tideserve.replicas import ReplicaSource
 from tideserve.gateway.metrics import GatewayMetrics
 from tideserve.httpcommon import REQUEST_ID, error_response, request_id_and_errors
 from tideserve.protocol import kserve

@@ -9,32 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
-from typing import Protocol, Sequence
-
 from tideserve.errors import CapacityError
 from tideserve.gateway.router import ReplicaView, choose_replica
-
-
-@dataclass(frozen=True)
-class ReplicaEndpoint:
-    """A replica as the gateway sees it (from the runtime)."""
-
-    id: str
-    pool: str
-    url: str
-    ready: bool
-    max_concurrency: int
-
-
-class ReplicaSource(Protocol):
-    """Where replicas come from (the local runtime, later Kubernetes endpoints)."""
-
-    def endpoints(self) -> Sequence[ReplicaEndpoint]: ...
-    def accepting(self) -> bool:
-        """False when no replica can ever come (every pool failed): fail fast instead of holding."""
-        ...
-    def failure_reason(self) -> str: ...
+from tideserve.replicas import ReplicaEndpoint, ReplicaSource
 
 
 class Dispatcher:

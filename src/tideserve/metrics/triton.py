@@ -36,6 +36,7 @@ _FAMILIES: dict[str, tuple[str, str]] = {
     "nv_inference_compute_infer_duration_us": ("counter", "Cumulative compute inference duration in microseconds"),
     "nv_inference_compute_output_duration_us": ("counter", "Cumulative inference compute output duration in microseconds"),
     "tideserve_worker_dropped": ("counter", "Queued windows dropped unexecuted because their client went away"),
+    "tideserve_worker_requests_in_batcher": ("gauge", "Requests whose audio windows are queued or executing"),
 }
 
 

@@ -30,7 +30,7 @@ from typing import Callable
 
 import aiohttp
 
-from tideserve.gateway.dispatch import ReplicaEndpoint
+from tideserve.replicas import ReplicaEndpoint
 from tideserve.spec import InferenceEndpoint, LocalConfig, Pool
 
 log = logging.getLogger("tideserve.runtime")

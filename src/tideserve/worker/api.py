@@ -55,7 +55,11 @@ class WorkerService:
         samples = await asyncio.get_running_loop().run_in_executor(None, decode_audio, req.audio)
         windows = split_windows(samples, SAMPLE_RATE)
         tasks = [WindowTask(w.samples, w.offset_s, req.prompt, req.language, req.timestamps) for w in windows]
-        results: list[WindowResult] = await self.batcher.submit_many(tasks)
+        self.metrics.add("tideserve_worker_requests_in_batcher", 1)
+        try:
+            results: list[WindowResult] = await self.batcher.submit_many(tasks)
+        finally:
+            self.metrics.add("tideserve_worker_requests_in_batcher", -1)
         return TranscriptionResult(
             text=" ".join(r.text for r in results if r.text),
             language=results[0].language,

@@ -124,6 +124,15 @@ class DynamicBatcher(Generic[T, R]):
         except asyncio.CancelledError:
             for i in items:
                 i.future.cancel()
+            # Take the caller's still-queued items out now, so that the pending count is exact.
+            # Items already handed to an execution are not in the queue and run to the end.
+            ids = {id(i) for i in items}
+            before = len(self._queue)
+            self._queue = collections.deque(i for i in self._queue if id(i) not in ids)
+            removed = before - len(self._queue)
+            if removed:
+                self._observer.on_dequeue(removed)
+                self._observer.on_dropped(removed)
             raise
 
     def _take_live(self) -> list[_Item[T]]:

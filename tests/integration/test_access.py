@@ -1,0 +1,79 @@
+"""API keys, TLS, and the per-request timeout."""
+
+from __future__ import annotations
+
+import base64
+import ssl
+
+import httpx
+import numpy as np
+import pytest
+import trustme
+from conftest import encode, wer
+from endpoint import EndpointProcess, write_endpoint
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory):
+    """An endpoint with API keys, TLS, and a 1 s request timeout."""
+    tmp = tmp_path_factory.mktemp("secured")
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    cert.private_key_and_cert_chain_pem.write_to_path(str(tmp / "server.pem"))
+    ca.cert_pem.write_to_path(str(tmp / "ca.pem"))
+    (tmp / "keys.txt").write_text("# one key a line\nkey-from-file\n")
+    config = {
+        "api_keys": ["secret-key-1"],
+        "api_keys_file": str(tmp / "keys.txt"),
+        "tls_cert_file": str(tmp / "server.pem"),
+        "tls_key_file": str(tmp / "server.pem"),
+    }
+    path = write_endpoint(tmp, gateway={"request_timeout_s": 1.0})
+    ctx = ssl.create_default_context(cafile=str(tmp / "ca.pem"))
+    with EndpointProcess(path, tmp, config=config, scheme="https", verify=ctx, api_key="secret-key-1") as ep:
+        yield ep
+
+
+def test_no_key_is_401(secured):
+    r = httpx.post(secured.url + "/invocations", json={"audio_data": ""}, verify=secured.verify)
+    assert r.status_code == 401
+    assert r.json()["code"] == "unauthorized" and "Authorization: Bearer" in r.json()["message"]
+
+
+def test_wrong_key_is_401(secured):
+    r = httpx.get(secured.url + "/admin/status", headers={"Authorization": "Bearer nope"}, verify=secured.verify)
+    assert r.status_code == 401 and r.json()["message"] == "invalid API key"
+
+
+def test_right_keys_pass(secured, en_clips):
+    hello = next(c for c in en_clips if c.name == "hello_world")
+    for key in ("secret-key-1", "key-from-file"):
+        r = httpx.post(secured.url + "/invocations", json={"audio_data": base64.b64encode(hello.wav).decode()},
+                       headers={"Authorization": f"Bearer {key}"}, verify=secured.verify, timeout=60)
+        assert r.status_code == 200, r.text
+        assert wer(hello.reference, r.json()["transcribe_text"]) <= 0.15
+
+
+def test_health_is_open_without_key(secured):
+    assert httpx.get(secured.url + "/v2/health/live", verify=secured.verify).status_code == 200
+
+
+def test_plain_http_refused_on_tls_port(secured):
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"http://127.0.0.1:{secured.port}/ping", timeout=5)
+
+
+def test_request_timeout_is_504(secured, en_clips):
+    # About 5 minutes of speech: 10+ windows, several seconds of compute on this CPU, against a 1 s timeout.
+    speech = np.concatenate([np.concatenate([c.samples, np.zeros(16000, np.float32)]) for c in en_clips] * 30)
+    assert len(speech) / 16000 > 200
+    with secured.client() as c:
+        r = c.post("/invocations", json={"audio_data": base64.b64encode(encode(speech, "flac")).decode()})
+    assert r.status_code == 504, r.text
+    assert r.json()["code"] == "timeout" and "request_timeout_s=1" in r.json()["message"]
+
+
+def test_gateway_binds_loopback_by_default():
+    from tideserve.spec import GatewaySpec
+
+    assert GatewaySpec().host == "127.0.0.1"

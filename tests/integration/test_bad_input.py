@@ -1,0 +1,121 @@
+"""Each kind of bad input gets a JSON error with the right 4xx status and a message naming
+the problem, and the replica serves the next request."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+from conftest import wer
+
+
+@pytest.fixture
+def served_after(endpoint, en_clips):
+    """After the test: a good request through the gateway still succeeds."""
+    yield
+    hello = next(c for c in en_clips if c.name == "hello_world")
+    with endpoint.client() as c:
+        r = c.post("/invocations", json={"audio_data": base64.b64encode(hello.wav).decode()})
+    assert r.status_code == 200, r.text
+    assert wer(hello.reference, r.json()["transcribe_text"]) <= 0.15
+
+
+def _error(r, status: int, code: str, *words: str) -> dict:
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"].startswith("application/json")
+    body = r.json()
+    assert body["code"] == code
+    for w in words:
+        assert w in body["message"], body["message"]
+    assert body["request_id"] == r.headers["X-Request-Id"]
+    return body
+
+
+def test_malformed_json(endpoint, served_after):
+    with endpoint.client() as c:
+        r = c.post("/invocations", content=b'{"audio_data": ', headers={"Content-Type": "application/json"})
+    _error(r, 400, "bad_input", "not valid JSON")
+
+
+def test_missing_audio_data(endpoint, served_after):
+    with endpoint.client() as c:
+        r = c.post("/invocations", json={"whisper_prompt": "hi"})
+    _error(r, 400, "bad_input", "audio_data")
+
+
+def test_bad_base64(endpoint, served_after):
+    with endpoint.client() as c:
+        r = c.post("/invocations", json={"audio_data": "this is not base64!!"})
+    _error(r, 400, "bad_input", "base64")
+
+
+def test_empty_audio(endpoint, served_after):
+    with endpoint.client() as c:
+        r = c.post("/invocations", json={"audio_data": ""})
+    _error(r, 400, "bad_input", "empty")
+
+
+def test_bytes_that_are_not_audio(endpoint, served_after):
+    junk = base64.b64encode(b"PK\x03\x04 this is a zip file, not audio " * 50).decode()
+    with endpoint.client() as c:
+        r = c.post("/invocations", json={"audio_data": junk})
+    _error(r, 400, "bad_input", "decode")
+
+
+def test_truncated_wav(endpoint, en_clips, served_after):
+    wav = en_clips[0].wav
+    with endpoint.client() as c:
+        r = c.post("/invocations", json={"audio_data": base64.b64encode(wav[: len(wav) // 2]).decode()})
+    _error(r, 400, "bad_input", "truncated WAV")
+
+
+def test_body_over_max_body_bytes(endpoint, served_after):
+    # The test endpoint sets gateway.max_body_bytes to 8 MiB.
+    big = b"x" * (8 * 1024 * 1024 + 1)
+    with endpoint.client() as c:
+        r = c.post("/invocations", content=big, headers={"Content-Type": "application/json"})
+    _error(r, 413, "too_large", "max_body_bytes")
+
+
+def test_unknown_model_kserve(endpoint, en_clips, served_after):
+    with endpoint.client() as c:
+        r = c.post("/v2/models/whisper-large/infer", json={"inputs": []})
+        meta = c.get("/v2/models/whisper-large")
+    _error(r, 404, "unknown_model", "whisper-large", "whisper-tiny.en")
+    assert r.json()["error"].startswith("model 'whisper-large'")  # tritonclient reads 'error'
+    _error(meta, 404, "unknown_model")
+
+
+def test_unknown_model_openai(endpoint, en_clips, served_after):
+    with endpoint.client() as c:
+        r = c.post("/v1/audio/transcriptions", data={"model": "whisper-1"},
+                   files={"file": ("a.wav", en_clips[0].wav, "audio/wav")})
+    body = _error(r, 404, "unknown_model", "whisper-1")
+    assert body["error"]["code"] == "unknown_model"  # the openai client reads error.message
+
+
+def test_openai_missing_file(endpoint, served_after):
+    with endpoint.client() as c:
+        r = c.post("/v1/audio/transcriptions", data={"model": "whisper-tiny.en"}, files={"other": ("x", b"1")})
+    _error(r, 400, "bad_input", "'file'")
+
+
+def test_openai_bad_response_format(endpoint, en_clips, served_after):
+    with endpoint.client() as c:
+        r = c.post("/v1/audio/transcriptions", data={"model": "whisper-tiny.en", "response_format": "xml"},
+                   files={"file": ("a.wav", en_clips[0].wav, "audio/wav")})
+    _error(r, 400, "bad_input", "response_format")
+
+
+def test_kserve_missing_audio_tensor(endpoint, served_after):
+    with endpoint.client() as c:
+        r = c.post("/v2/models/whisper-tiny.en/infer",
+                   json={"inputs": [{"name": "PROMPT", "datatype": "BYTES", "shape": [1], "data": ["hi"]}]})
+    _error(r, 400, "bad_input", "AUDIO")
+
+
+def test_unknown_route_and_wrong_method(endpoint):
+    with endpoint.client() as c:
+        assert c.get("/nope").status_code == 404
+        r = c.get("/invocations")
+    _error(r, 405, "bad_input", "POST")

@@ -1,0 +1,157 @@
+"""The local runtime: replica processes, crash restarts with backoff, giving up, refusing
+engines built for another target, and leaving no process behind."""
+
+from __future__ import annotations
+
+import base64
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from conftest import wer
+from endpoint import EndpointProcess, write_endpoint
+
+FAST_RESTARTS = {"restart": {"backoff_initial_s": 0.2, "backoff_max_s": 1.0, "max_restarts": 2, "window_s": 60}}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); count it as gone.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _wait_gone(pids: list[int], timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not any(_alive(p) for p in pids):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"processes still alive: {[p for p in pids if _alive(p)]}")
+
+
+def test_killed_replica_is_restarted_and_serves(tmp_path, en_clips):
+    path = write_endpoint(tmp_path)
+    hello = next(c for c in en_clips if c.name == "hello_world")
+    with EndpointProcess(path, tmp_path, config=FAST_RESTARTS) as ep:
+        (pid,) = ep.worker_pids()
+        os.kill(pid, signal.SIGKILL)
+        st = ep.wait_for(lambda s: s["pools"][0]["replicas"][0]["restarts"] == 1
+                         and s["pools"][0]["replicas"][0]["state"] == "ready", 60, "the replica to come back")
+        rep = st["pools"][0]["replicas"][0]
+        assert rep["pid"] != pid and rep["last_exit"] == -signal.SIGKILL
+        assert st["pools"][0]["state"] == "running"
+        with ep.client() as c:
+            r = c.post("/invocations", json={"audio_data": base64.b64encode(hello.wav).decode()})
+        assert r.status_code == 200 and wer(hello.reference, r.json()["transcribe_text"]) <= 0.15
+
+
+def test_crash_loop_gives_up_and_pool_shows_failed(tmp_path):
+    broken = tmp_path / "models" / "broken"
+    broken.mkdir(parents=True)
+    (broken / "config.json").write_text("{}")  # a model directory without model.bin
+    path = write_endpoint(tmp_path, model={"source": f"file://{broken}"})
+    config = {**FAST_RESTARTS, "allowed_file_roots": [str(tmp_path / "models")]}
+    with EndpointProcess(path, tmp_path, config=config, wait_ready=False) as ep:
+        st = ep.wait_for(lambda s: s["pools"][0]["state"] == "failed", 60, "the pool to fail")
+        pool = st["pools"][0]
+        assert "restarted 2 times" in pool["reason"] and "exited with code 1" in pool["reason"], pool["reason"]
+        assert pool["replicas"][0]["restarts"] == 2
+        with ep.client() as c:
+            r = c.post("/invocations", json={"audio_data": "AAAA"})
+            ready = c.get("/v2/health/ready")
+        assert r.status_code == 503 and "Retry-After" in r.headers
+        assert "pool cpu failed" in r.json()["message"]
+        assert ready.status_code == 503
+        assert ep.status()["pools"][0]["replicas"][0]["restarts"] == 2
+
+
+def test_engine_for_another_isa_is_refused_without_restarts(tmp_path):
+    import platform
+
+    other = "aarch64" if platform.machine() in ("x86_64", "AMD64") else "x86_64"
+    path = write_endpoint(tmp_path, pools=[{
+        "name": "cpu", "accelerator": "cpu", "target": f"cpu-{other}-int8", "replicas": {"min": 1, "max": 1},
+    }])
+    with EndpointProcess(path, tmp_path, config=FAST_RESTARTS, wait_ready=False) as ep:
+        st = ep.wait_for(lambda s: s["pools"][0]["state"] == "unschedulable", 60, "the pool to be unschedulable")
+        pool = st["pools"][0]
+        assert f"cpu-{other}-int8" in pool["reason"] and "this machine is" in pool["reason"], pool["reason"]
+        assert pool["replicas"][0]["restarts"] == 0
+        with ep.client() as c:
+            r = c.post("/invocations", json={"audio_data": "AAAA"})
+        assert r.status_code == 503 and "unschedulable" in r.json()["message"]
+
+
+def test_sigterm_stops_everything(tmp_path):
+    path = write_endpoint(tmp_path)
+    ep = EndpointProcess(path, tmp_path).__enter__()
+    pids = ep.worker_pids()
+    assert pids
+    assert ep.stop(signal.SIGTERM) == 0
+    _wait_gone(pids, 5)
+
+
+def test_sigint_stops_everything(tmp_path):
+    path = write_endpoint(tmp_path)
+    ep = EndpointProcess(path, tmp_path).__enter__()
+    pids = ep.worker_pids()
+    assert ep.stop(signal.SIGINT) == 0
+    _wait_gone(pids, 5)
+
+
+def test_workers_die_with_a_killed_gateway(tmp_path):
+    path = write_endpoint(tmp_path)
+    ep = EndpointProcess(path, tmp_path).__enter__()
+    pids = ep.worker_pids()
+    ep.stop(signal.SIGKILL)
+    _wait_gone(pids, 30)
+
+
+def test_cli_status_and_invoke(endpoint, en_clips, tmp_path):
+    fox = next(c for c in en_clips if c.name == "quick_brown_fox")
+    clip = tmp_path / "fox.wav"
+    clip.write_bytes(fox.wav)
+    env = dict(os.environ)
+    inv = subprocess.run([sys.executable, "-m", "tideserve", "invoke", str(endpoint.file), str(clip), "--url", endpoint.url],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert inv.returncode == 0, inv.stderr
+    assert wer(fox.reference, inv.stdout) <= 0.15
+    st = subprocess.run([sys.executable, "-m", "tideserve", "status", "--url", endpoint.url, "--json"],
+                        capture_output=True, text=True, timeout=60)
+    assert st.returncode == 0, st.stderr
+    assert '"state": "ready"' in st.stdout and '"in_flight"' in st.stdout
+    table = subprocess.run([sys.executable, "-m", "tideserve", "status", "--url", endpoint.url],
+                           capture_output=True, text=True, timeout=60, env={**env, "COLUMNS": "200"})
+    assert table.returncode == 0 and "cpu-0" in table.stdout and "ready" in table.stdout
+
+
+def test_cli_invoke_unreachable_says_so(tmp_path):
+    clip = tmp_path / "a.wav"
+    clip.write_bytes(b"RIFF")
+    r = subprocess.run([sys.executable, "-m", "tideserve", "invoke", "x.yaml", str(clip), "--url", "http://127.0.0.1:9"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "cannot reach" in r.stderr
+
+
+def test_gateway_port_in_use_is_a_clear_error(tmp_path):
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    port = s.getsockname()[1]
+    path = write_endpoint(tmp_path, gateway={"port": port})
+    r = subprocess.run([sys.executable, "-m", "tideserve", "up", str(path)], capture_output=True, text=True, timeout=60)
+    s.close()
+    assert r.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in r.stderr

@@ -1,0 +1,100 @@
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tideserve.errors import CapacityError
+from tideserve.gateway.dispatch import Dispatcher
+from tideserve.replicas import ReplicaEndpoint
+
+
+class Source:
+    def __init__(self, eps, accepting=True):
+        self.eps = eps
+        self.ok = accepting
+
+    def endpoints(self):
+        return self.eps
+
+    def accepting(self):
+        return self.ok
+
+    def failure_reason(self):
+        return "pool cpu failed: boom"
+
+
+def ep(i, ready=True, mc=1):
+    return ReplicaEndpoint(f"r{i}", "cpu", f"http://127.0.0.1:{9000 + i}", ready, mc)
+
+
+def test_slots_are_reserved_and_released():
+    async def main():
+        d = Dispatcher(Source([ep(0, mc=2)]), max_pending=10, hold_timeout_s=5)
+        a = await d.acquire()
+        b = await d.acquire()
+        assert (a.id, b.id) == ("r0", "r0") and d.in_flight() == 2
+        waiter = asyncio.ensure_future(d.acquire())
+        await asyncio.sleep(0.01)
+        assert not waiter.done() and d.pending == 1
+        d.release("r0")
+        got = await asyncio.wait_for(waiter, 2)
+        assert got.id == "r0" and d.pending == 0 and d.in_flight() == 2
+
+    asyncio.run(main())
+
+
+def test_requests_held_until_a_replica_is_ready():
+    async def main():
+        src = Source([ep(0, ready=False)])
+        d = Dispatcher(src, max_pending=10, hold_timeout_s=5)
+        waiter = asyncio.ensure_future(d.acquire())
+        await asyncio.sleep(0.01)
+        assert not waiter.done()
+        src.eps = [ep(0, ready=True)]
+        d.notify()
+        assert (await asyncio.wait_for(waiter, 2)).id == "r0"
+
+    asyncio.run(main())
+
+
+def test_max_pending_gives_503_with_retry_after():
+    async def main():
+        d = Dispatcher(Source([ep(0, ready=False)]), max_pending=1, hold_timeout_s=5)
+        first = asyncio.ensure_future(d.acquire())
+        await asyncio.sleep(0.01)
+        with pytest.raises(CapacityError, match="max_pending 1") as ei:
+            await d.acquire()
+        assert ei.value.http_status == 503 and ei.value.retry_after_s == 1
+        first.cancel()
+
+    asyncio.run(main())
+
+
+def test_hold_timeout():
+    async def main():
+        d = Dispatcher(Source([]), max_pending=5, hold_timeout_s=0.05)
+        with pytest.raises(CapacityError, match="hold_timeout_s=0.05"):
+            await d.acquire()
+        assert d.pending == 0
+
+    asyncio.run(main())
+
+
+def test_failed_endpoint_fails_fast_with_reason():
+    async def main():
+        d = Dispatcher(Source([], accepting=False), max_pending=5, hold_timeout_s=60)
+        with pytest.raises(CapacityError, match="pool cpu failed: boom"):
+            await asyncio.wait_for(d.acquire(), 1)
+
+    asyncio.run(main())
+
+
+def test_exclude_avoids_the_replica_that_failed_unless_it_is_the_only_one():
+    async def main():
+        d = Dispatcher(Source([ep(0, mc=4), ep(1, mc=4)]), max_pending=5, hold_timeout_s=1)
+        assert (await d.acquire(frozenset({"r0"}))).id == "r1"
+        d2 = Dispatcher(Source([ep(0, mc=4)]), max_pending=5, hold_timeout_s=1)
+        assert (await d2.acquire(frozenset({"r0"}))).id == "r0"
+
+    asyncio.run(main())

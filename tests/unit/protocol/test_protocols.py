@@ -1,0 +1,170 @@
+from __future__ import annotations
+
+import base64
+import json
+import struct
+
+import pytest
+
+from tideserve.errors import BadInputError, UnknownModelError
+from tideserve.protocol import Segment, TranscriptionResult, kserve, openai, sagemaker
+from tideserve.protocol.errors import api_family, error_body
+
+
+# --- SageMaker ------------------------------------------------------------------------------
+def test_invocation_parses_audio_and_prompt():
+    req = sagemaker.parse_invocation(json.dumps({"audio_data": base64.b64encode(b"RIFFxx").decode(),
+                                                 "whisper_prompt": "Hi"}).encode())
+    assert req.audio == b"RIFFxx" and req.prompt == "Hi" and not req.timestamps
+
+
+def test_invocation_empty_prompt_is_no_prompt_and_urlsafe_base64_works():
+    raw = bytes(range(250, 256)) * 3
+    req = sagemaker.parse_invocation(json.dumps({"audio_data": base64.urlsafe_b64encode(raw).decode().rstrip("="),
+                                                 "whisper_prompt": ""}).encode())
+    assert req.audio == raw and req.prompt is None
+
+
+@pytest.mark.parametrize("body,words", [
+    (b"", "empty request body"),
+    (b"{nope", "not valid JSON"),
+    (b"[1]", "must be a JSON object"),
+    (b'{"x": 1}', "missing field 'audio_data'"),
+    (b'{"audio_data": 5}', "must be a base64 string"),
+    (b'{"audio_data": "@@@@"}', "not valid base64"),
+    (b'{"audio_data": "AAAA", "whisper_prompt": 3}', "'whisper_prompt' must be a string"),
+])
+def test_invocation_errors(body, words):
+    with pytest.raises(BadInputError, match=words):
+        sagemaker.parse_invocation(body)
+
+
+def test_invocation_response_shape():
+    assert sagemaker.format_invocation(TranscriptionResult("hi", "en", 1.0)) == {
+        "code": 0, "message": "Success", "transcribe_text": "hi"}
+
+
+# --- KServe v2 --------------------------------------------------------------------------------
+def _binary_request(audio: bytes, prompt: bytes | None = None, binary_out: bool = True) -> tuple[bytes, str]:
+    inputs, blobs = [], b""
+    for name, value in (("AUDIO", audio), ("PROMPT", prompt)):
+        if value is None:
+            continue
+        blob = kserve.pack_bytes_elements([value])
+        inputs.append({"name": name, "datatype": "BYTES", "shape": [1], "parameters": {"binary_data_size": len(blob)}})
+        blobs += blob
+    head = json.dumps({"id": "7", "inputs": inputs,
+                       "outputs": [{"name": "TEXT", "parameters": {"binary_data": binary_out}}]}).encode()
+    return head + blobs, str(len(head))
+
+
+def test_kserve_binary_request_and_response_round_trip():
+    body, hlen = _binary_request(b"\x00\x01audio", b"a prompt")
+    parsed = kserve.parse_infer(body, hlen)
+    assert parsed.request.audio == b"\x00\x01audio" and parsed.request.prompt == "a prompt"
+    assert parsed.id == "7" and parsed.binary_output
+    out, headers, ctype = kserve.format_infer("m", parsed, TranscriptionResult("héllo", "en", 1.0))
+    n = int(headers[kserve.HEADER_LENGTH])
+    head = json.loads(out[:n])
+    assert head["outputs"][0]["parameters"]["binary_data_size"] == len(out) - n
+    assert struct.unpack_from("<I", out, n)[0] == len("héllo".encode()) and out[n + 4:] == "héllo".encode()
+    assert head["id"] == "7" and ctype == "application/octet-stream"
+
+
+def test_kserve_json_request_audio_is_base64_and_json_output():
+    body = json.dumps({"inputs": [{"name": "AUDIO", "datatype": "BYTES", "shape": [1],
+                                   "data": [base64.b64encode(b"wav").decode()]}]}).encode()
+    parsed = kserve.parse_infer(body, None)
+    assert parsed.request.audio == b"wav" and not parsed.binary_output
+    out, headers, ctype = kserve.format_infer("m", parsed, TranscriptionResult("t", "en", 1.0))
+    assert json.loads(out)["outputs"][0]["data"] == ["t"] and headers == {}
+
+
+@pytest.mark.parametrize("mutate,words", [
+    (lambda b, h: (b, "abc"), "must be an integer"),
+    (lambda b, h: (b, str(len(b) + 5)), "but the body has"),
+    (lambda b, h: (b[:-3], h), "declares binary_data_size"),
+    (lambda b, h: (b"{}", None), "'inputs' list"),
+])
+def test_kserve_malformed(mutate, words):
+    body, hlen = _binary_request(b"audio-bytes")
+    with pytest.raises(BadInputError, match=words):
+        kserve.parse_infer(*mutate(body, hlen))
+
+
+def test_kserve_element_longer_than_its_tensor():
+    blob = struct.pack("<I", 100) + b"short"
+    head = json.dumps({"inputs": [{"name": "AUDIO", "datatype": "BYTES", "shape": [1],
+                                   "parameters": {"binary_data_size": len(blob)}}]}).encode()
+    with pytest.raises(BadInputError, match="declares an element of 100 bytes but only 5 remain"):
+        kserve.parse_infer(head + blob, str(len(head)))
+
+
+def test_kserve_tensor_errors():
+    def req(inputs):
+        return json.dumps({"inputs": inputs}).encode()
+    with pytest.raises(BadInputError, match="datatype BYTES"):
+        kserve.parse_infer(req([{"name": "AUDIO", "datatype": "FP32", "shape": [1], "data": [1.0]}]), None)
+    with pytest.raises(BadInputError, match="exactly 1 element"):
+        kserve.parse_infer(req([{"name": "AUDIO", "datatype": "BYTES", "shape": [2], "data": ["AAAA", "AAAA"]}]), None)
+    with pytest.raises(BadInputError, match="unknown input 'X'"):
+        kserve.parse_infer(req([{"name": "X", "datatype": "BYTES", "shape": [1], "data": ["a"]}]), None)
+    with pytest.raises(BadInputError, match="missing input 'AUDIO'"):
+        kserve.parse_infer(req([]), None)
+
+
+# --- OpenAI ----------------------------------------------------------------------------------
+def test_openai_form():
+    req, fmt = openai.parse_form({"model": "m", "language": "en", "prompt": "p", "response_format": "srt"}, b"wav", "m")
+    assert (req.audio, req.language, req.prompt, req.timestamps, fmt) == (b"wav", "en", "p", True, "srt")
+    req, fmt = openai.parse_form({"model": "m"}, b"wav", "m")
+    assert fmt == "json" and not req.timestamps
+
+
+@pytest.mark.parametrize("fields,file,exc,words", [
+    ({"model": "m"}, None, BadInputError, "'file'"),
+    ({}, b"x", BadInputError, "'model'"),
+    ({"model": "other"}, b"x", UnknownModelError, "'other' is not served"),
+    ({"model": "m", "response_format": "xml"}, b"x", BadInputError, "response_format 'xml'"),
+    ({"model": "m", "temperature": "0.7"}, b"x", BadInputError, "temperature 0"),
+    ({"model": "m", "temperature": "hot"}, b"x", BadInputError, "must be a number"),
+    ({"model": "m", "language": "english!"}, b"x", BadInputError, "ISO-639-1"),
+])
+def test_openai_form_errors(fields, file, exc, words):
+    with pytest.raises(exc, match=words):
+        openai.parse_form(fields, file, "m")
+
+
+RESULT = TranscriptionResult("Hello world. Bye.", "en", 3661.5, [
+    Segment(0.0, 1.25, " Hello world."), Segment(3600.5, 3661.5, " Bye."),
+])
+
+
+def test_srt():
+    assert openai.to_srt(RESULT) == (
+        "1\n00:00:00,000 --> 00:00:01,250\nHello world.\n\n"
+        "2\n01:00:00,500 --> 01:01:01,500\nBye.\n"
+    )
+
+
+def test_vtt():
+    assert openai.to_vtt(RESULT) == (
+        "WEBVTT\n\n00:00:00.000 --> 00:00:01.250\nHello world.\n\n01:00:00.500 --> 01:01:01.500\nBye.\n"
+    )
+
+
+def test_verbose_json_and_text():
+    body, ctype = openai.format_response(RESULT, "verbose_json")
+    data = json.loads(body)
+    assert ctype == "application/json" and data["duration"] == 3661.5 and data["language"] == "en"
+    assert [(s["id"], s["start"], s["end"]) for s in data["segments"]] == [(0, 0.0, 1.25), (1, 3600.5, 3661.5)]
+    assert openai.format_response(RESULT, "text") == (b"Hello world. Bye.\n", "text/plain; charset=utf-8")
+
+
+# --- errors ------------------------------------------------------------------------------------
+def test_error_bodies_per_api():
+    assert api_family("/v2/models/x/infer") == "kserve" and api_family("/v1/audio/transcriptions") == "openai"
+    assert api_family("/invocations") == "sagemaker"
+    assert error_body("kserve", "bad_input", "m", "r")["error"] == "m"
+    assert error_body("openai", "bad_input", "m", "r")["error"]["message"] == "m"
+    assert error_body("sagemaker", "bad_input", "m", "r") == {"code": "bad_input", "message": "m", "request_id": "r"}
