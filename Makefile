@@ -9,6 +9,8 @@ PY     := $(VENV)/bin/python
 UV     := $(VENV)/bin/uv
 UV_VERSION := 0.13.8
 ENDPOINT ?= examples/whisper-tiny-en.yaml
+# Extra arguments for `tideserve up`, e.g. make run UP_ARGS="--port 8081 --config local.yaml"
+UP_ARGS ?=
 
 .PHONY: run test lint bench lock clean
 
@@ -26,7 +28,7 @@ $(VENV)/.test-installed: $(VENV)/.run-installed requirements/test.lock
 	touch $@
 
 run: $(VENV)/.run-installed
-	$(VENV)/bin/tideserve up $(ENDPOINT) --log-format text
+	$(VENV)/bin/tideserve up $(ENDPOINT) --log-format text $(UP_ARGS)
 
 test: $(VENV)/.test-installed
 	$(VENV)/bin/lint-imports --config pyproject.toml

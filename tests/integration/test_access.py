@@ -73,6 +73,26 @@ def test_request_timeout_is_504(secured, en_clips):
     assert r.json()["code"] == "timeout" and "request_timeout_s=1" in r.json()["message"]
 
 
+def test_cli_status_over_tls_with_config_and_cacert(secured):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TIDESERVE_API_KEY": "secret-key-1", "COLUMNS": "200"}
+    # The endpoint file's port is 0 (picked at start), so the URL is given; the scheme comes from it.
+    ok = subprocess.run([sys.executable, "-m", "tideserve", "status", "--url", secured.url,
+                         "--cacert", str(secured.tmp / "ca.pem")], capture_output=True, text=True, timeout=60, env=env)
+    assert ok.returncode == 0, ok.stderr
+    assert "cpu-0" in ok.stdout and "ready" in ok.stdout
+    plain = subprocess.run([sys.executable, "-m", "tideserve", "status", "--url", f"http://127.0.0.1:{secured.port}"],
+                           capture_output=True, text=True, timeout=60, env=env)
+    assert plain.returncode == 1 and "Traceback" not in plain.stderr
+    assert "the server may speak HTTPS" in plain.stderr
+    untrusted = subprocess.run([sys.executable, "-m", "tideserve", "status", "--url", secured.url],
+                               capture_output=True, text=True, timeout=60, env=env)
+    assert untrusted.returncode == 1 and "pass --cacert" in untrusted.stderr
+
+
 def test_gateway_binds_loopback_by_default():
     from tideserve.spec import GatewaySpec
 

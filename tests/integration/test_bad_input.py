@@ -119,3 +119,10 @@ def test_unknown_route_and_wrong_method(endpoint):
         assert c.get("/nope").status_code == 404
         r = c.get("/invocations")
     _error(r, 405, "bad_input", "POST")
+
+
+def test_language_the_model_does_not_know(endpoint, en_clips, served_after):
+    with endpoint.client() as c:
+        r = c.post("/v1/audio/transcriptions", data={"model": "whisper-tiny.en", "language": "fr"},
+                   files={"file": ("a.wav", en_clips[0].wav, "audio/wav")})
+    _error(r, 400, "bad_input", "language 'fr' is not supported", "use one of en")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import http.client
 import json
-import os
 import ssl
 import sys
 import urllib.error
@@ -22,7 +22,8 @@ from tideserve.spec import InferenceEndpoint, load_endpoint, load_local_config
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="tideserve: one declarative inference endpoint.")
 err = Console(stderr=True, soft_wrap=True)
-out = Console(soft_wrap=True)
+# Piped output is not cut to 80 columns: tables keep every column readable in logs and scripts.
+out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 
 
 def _load(file: Path) -> InferenceEndpoint:
@@ -70,13 +71,19 @@ def up(
     raise typer.Exit(asyncio.run(run_endpoint(file, ep, cfg, config, log_format, port_file)))
 
 
-def _base_url(file: Optional[Path], url: Optional[str]) -> str:
+def _base_url(file: Optional[Path], url: Optional[str], config: Optional[Path]) -> str:
+    """The gateway URL: ``--url``, else the endpoint file's host and port, https when the
+    local config (``--config``, $TIDESERVE_CONFIG or the user's) enables TLS."""
     if url:
         return url.rstrip("/")
     if file is None:
         return "http://127.0.0.1:8080"
     gw = _load(file).spec.gateway
-    cfg = load_local_config(None)
+    try:
+        cfg = load_local_config(config)
+    except SpecError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(2)
     scheme = "https" if cfg.tls_cert_file else "http"
     host = "127.0.0.1" if gw.host in ("0.0.0.0", "::") else gw.host
     return f"{scheme}://{host}:{gw.port}"
@@ -87,7 +94,11 @@ def _request(url: str, data: bytes | None, api_key: Optional[str], cacert: Optio
     req.add_header("Content-Type", "application/json")
     if api_key:
         req.add_header("Authorization", f"Bearer {api_key}")
-    ctx = ssl.create_default_context(cafile=str(cacert)) if cacert else None
+    try:
+        ctx = ssl.create_default_context(cafile=str(cacert)) if cacert else None
+    except (OSError, ssl.SSLError) as exc:
+        err.print(f"[red]error:[/red] cannot use --cacert {cacert}: {exc}", highlight=False)
+        raise typer.Exit(2)
     try:
         with urllib.request.urlopen(req, timeout=timeout, context=ctx) as resp:
             return json.loads(resp.read())
@@ -97,10 +108,19 @@ def _request(url: str, data: bytes | None, api_key: Optional[str], cacert: Optio
             msg = json.loads(body).get("message", body)
         except json.JSONDecodeError:
             msg = body
-        err.print(f"[red]error {exc.code}:[/red] {msg}", highlight=False)
+        hint = " (set --api-key or $TIDESERVE_API_KEY)" if exc.code == 401 else ""
+        err.print(f"[red]error {exc.code}:[/red] {msg}{hint}", highlight=False)
         raise typer.Exit(1)
     except urllib.error.URLError as exc:
-        err.print(f"[red]error:[/red] cannot reach {url}: {exc.reason}; is `tideserve up` running?", highlight=False)
+        hint = "; is `tideserve up` running?"
+        if isinstance(exc.reason, ssl.SSLError):
+            hint = "; pass --cacert with the CA that signed the server's certificate"
+        err.print(f"[red]error:[/red] cannot reach {url}: {exc.reason}{hint}", highlight=False)
+        raise typer.Exit(1)
+    except (http.client.HTTPException, ConnectionError, TimeoutError) as exc:
+        hint = " (the server may speak HTTPS: use --url https://... or --config with its TLS settings)" \
+            if url.startswith("http://") else ""
+        err.print(f"[red]error:[/red] {url}: the connection failed: {exc!r}{hint}", highlight=False)
         raise typer.Exit(1)
 
 
@@ -110,12 +130,13 @@ def invoke(
     audio: List[Path] = typer.Argument(..., help="audio files to transcribe"),
     prompt: str = typer.Option("", help="Whisper initial prompt"),
     url: Optional[str] = typer.Option(None, help="gateway URL (default: from the endpoint file)"),
+    config: Optional[Path] = typer.Option(None, help="local config (tells whether the gateway uses TLS)"),
     api_key: Optional[str] = typer.Option(None, envvar="TIDESERVE_API_KEY", help="API key (or $TIDESERVE_API_KEY)"),
     cacert: Optional[Path] = typer.Option(None, help="CA bundle to trust for TLS"),
     timeout: float = typer.Option(600.0, help="seconds to wait for each answer"),
 ) -> None:
     """Transcribe audio files through the endpoint; print one line of text per file."""
-    base = _base_url(file, url)
+    base = _base_url(file, url, config)
     for path in audio:
         try:
             data = path.read_bytes()
@@ -132,12 +153,13 @@ def invoke(
 def status(
     file: Optional[Path] = typer.Argument(None, help="InferenceEndpoint YAML file (gives the address)"),
     url: Optional[str] = typer.Option(None, help="gateway URL"),
-    api_key: Optional[str] = typer.Option(None, envvar="TIDESERVE_API_KEY"),
-    cacert: Optional[Path] = typer.Option(None),
+    config: Optional[Path] = typer.Option(None, help="local config (tells whether the gateway uses TLS)"),
+    api_key: Optional[str] = typer.Option(None, envvar="TIDESERVE_API_KEY", help="API key (or $TIDESERVE_API_KEY)"),
+    cacert: Optional[Path] = typer.Option(None, help="CA bundle to trust for TLS"),
     as_json: bool = typer.Option(False, "--json", help="print the raw admin status"),
 ) -> None:
     """Pools, replicas and their state, in-flight and pending requests."""
-    st = _request(_base_url(file, url) + "/admin/status", None, api_key, cacert, 10)
+    st = _request(_base_url(file, url, config) + "/admin/status", None, api_key, cacert, 10)
     if as_json:
         print(json.dumps(st, indent=2))
         return

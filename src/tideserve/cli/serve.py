@@ -67,12 +67,17 @@ async def run_endpoint(
 
     await runtime.start()
     auth = ' -H "Authorization: Bearer $TIDESERVE_API_KEY"' if cfg.all_api_keys() else ""
+    cli_opts = f" --url {url}"
+    if ctx:
+        cli_opts += " --cacert <CA file that signed the certificate>"
+    if cfg.all_api_keys():
+        cli_opts += "  (with $TIDESERVE_API_KEY set)"
     print(
         f"tideserve: endpoint '{endpoint.metadata.name}' serves model '{endpoint.spec.model.name}' at {url}\n"
-        f"  replicas start in the background; `tideserve status --url {url}` shows them.\n"
+        f"  replicas start in the background; `tideserve status{cli_opts}` shows them.\n"
         f"  try:  curl -X POST {url}/invocations{auth} -H 'Content-Type: application/json' "
         "-d \"{\\\"audio_data\\\": \\\"$(base64 -w0 clip.wav)\\\"}\"\n"
-        f"  or:   tideserve invoke {endpoint_file} clip.wav\n"
+        f"  or:   tideserve invoke {endpoint_file} clip.wav{cli_opts}\n"
         "  Ctrl-C stops the endpoint and every replica.",
         file=sys.stderr, flush=True,
     )

@@ -144,4 +144,26 @@ def load_local_config(path: str | os.PathLike[str] | None = None) -> LocalConfig
         text = p.read_text()
     except OSError as exc:
         raise SpecError(f"cannot read config file {p}: {exc.strerror}") from None
-    return load_model_text(LocalConfig, text, str(p))
+    cfg = load_model_text(LocalConfig, text, str(p))
+    return _resolve_paths(cfg, p.resolve().parent, str(p))
+
+
+def _resolve_paths(cfg: LocalConfig, base: Path, source: str) -> LocalConfig:
+    """Relative paths in a config file mean relative to that file; files it names must exist."""
+
+    def fix(v: Path | None) -> Path | None:
+        return None if v is None else (v if v.is_absolute() else base / v)
+
+    cfg = cfg.model_copy(update={
+        "tls_cert_file": fix(cfg.tls_cert_file), "tls_key_file": fix(cfg.tls_key_file),
+        "api_keys_file": fix(cfg.api_keys_file), "run_dir": fix(cfg.run_dir), "cache_dir": fix(cfg.cache_dir),
+        "allowed_file_roots": [fix(r) for r in cfg.allowed_file_roots],
+    })
+    problems = [
+        (name, f"file {path} does not exist or is not readable (relative paths are relative to the config file)")
+        for name in ("tls_cert_file", "tls_key_file", "api_keys_file")
+        if (path := getattr(cfg, name)) is not None and not (path.is_file() and os.access(path, os.R_OK))
+    ]
+    if problems:
+        raise SpecError(f"{source} is not a valid LocalConfig:", problems)
+    return cfg

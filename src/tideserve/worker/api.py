@@ -52,6 +52,12 @@ class WorkerService:
         self.state = WorkerState()
 
     async def transcribe(self, req: TranscriptionRequest) -> TranscriptionResult:
+        """Decode, window and batch one request. Raises BadInputError for bad audio or a
+        language the model does not know."""
+        if req.language is not None and req.language not in self.backend.languages:
+            known = ", ".join(sorted(self.backend.languages)[:12])
+            more = "..." if len(self.backend.languages) > 12 else ""
+            raise BadInputError(f"language '{req.language}' is not supported by model '{self.model_name}'; use one of {known}{more}")
         samples = await asyncio.get_running_loop().run_in_executor(None, decode_audio, req.audio)
         windows = split_windows(samples, SAMPLE_RATE)
         tasks = [WindowTask(w.samples, w.offset_s, req.prompt, req.language, req.timestamps) for w in windows]

@@ -115,3 +115,24 @@ def test_validate_command_reports_problems(tmp_path):
     res = CliRunner().invoke(app, ["validate", str(bad)])
     assert res.exit_code == 2
     assert "spec.pools[0].max_concurency" in res.output and "did you mean 'max_concurrency'" in res.output
+
+
+def test_local_config_paths_are_relative_to_the_config_file(tmp_path):
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "cert.pem").write_text("x")
+    (tmp_path / "conf" / "keys.txt").write_text("k1\n")
+    p = tmp_path / "conf" / "local.yaml"
+    p.write_text("tls_cert_file: cert.pem\ntls_key_file: cert.pem\napi_keys_file: keys.txt\nallowed_file_roots: [models]\n")
+    cfg = load_local_config(p)
+    assert cfg.tls_cert_file == tmp_path / "conf" / "cert.pem"
+    assert cfg.allowed_file_roots == [tmp_path / "conf" / "models"]
+    assert cfg.all_api_keys() == ["k1"]
+
+
+def test_local_config_names_a_missing_file(tmp_path):
+    p = tmp_path / "local.yaml"
+    p.write_text("api_keys_file: /nonexistent/keys.txt\n")
+    with pytest.raises(SpecError) as ei:
+        load_local_config(p)
+    assert ei.value.problems == [("api_keys_file", "file /nonexistent/keys.txt does not exist or is not readable "
+                                  "(relative paths are relative to the config file)")]

@@ -22,7 +22,7 @@ import ctranslate2
 import numpy as np
 from faster_whisper import WhisperModel
 from faster_whisper.audio import pad_or_trim
-from faster_whisper.tokenizer import Tokenizer
+from faster_whisper.tokenizer import _LANGUAGE_CODES, Tokenizer
 from faster_whisper.transcribe import get_suppressed_tokens
 
 from tideserve.errors import EngineMismatchError
@@ -65,6 +65,7 @@ class FasterWhisperBackend:
             raise EngineMismatchError(f"cannot load {model_dir} for {target.name}: {exc}") from None
         self._decoding = decoding
         self._multilingual = bool(self._model.model.is_multilingual)
+        self.languages = frozenset(_LANGUAGE_CODES) if self._multilingual else frozenset({"en"})
         self._tokenizers: dict[str | None, Tokenizer] = {}
         base = self._tokenizer(decoding.language or "en")
         self._suppress = list(get_suppressed_tokens(base, [-1]))
