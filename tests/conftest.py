@@ -40,6 +40,7 @@ class Clip:
 
 
 def _spell_digits(text: str) -> str:
+    text = re.sub(r"(?<=\d)(?:-|,\s+)(?=\d)", " ", text)  # "1-2-3" and "1, 2, 3" list numbers; "1,500" stays
     return re.sub(r"\d+", lambda m: " " + num2words(int(m.group())) + " ", text)
 
 
@@ -48,9 +49,9 @@ def wer(reference: str, hypothesis: str) -> float:
 
     Whisper's normaliser merges spelled single digits into one number ("one two three" ->
     "123") but keeps "1, 2, 3" or "1-2-3" as separate numbers, so a correct digit rendering
-    would count as ~80% errors. Spelling digits as words (num2words) on both sides before
-    the normaliser compares numbers in one form; a wrong number ("567" for "5 6 7") still
-    counts as an error.
+    would count as ~80% errors. Spelling listed digits as words (num2words) on both sides
+    before the normaliser compares numbers in one form. Note that the normaliser concatenates
+    runs of numbers either way, so it cannot tell "5 6 7" from "567".
     """
     return jiwer.wer(_normalise(_spell_digits(reference)), _normalise(_spell_digits(hypothesis)) or "<empty>")
 

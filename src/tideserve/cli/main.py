@@ -178,6 +178,12 @@ def status(
             )
             first = False
     out.print(t)
+    last = st.get("last_decision")
+    if last:
+        desired = ", ".join(f"{k}={v}" for k, v in last["desired"].items())
+        inputs = ", ".join(f"{k}={v}" for k, v in last["inputs"].items())
+        out.print(f"autoscaler ({last['age_s']:.1f}s ago): desired {desired} because {last['reason']}", highlight=False)
+        out.print(f"  inputs: {inputs}", highlight=False)
 
 
 def main() -> None:  # pragma: no cover

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from tideserve.autoscaler.loop import Autoscaler
 from tideserve.gateway.app import build_gateway_app
 from tideserve.runtime.local import LocalRuntime
 from tideserve.spec import InferenceEndpoint, LocalConfig
@@ -39,8 +40,12 @@ async def run_endpoint(
     ctx = _ssl_context(cfg)
     token = secrets.token_urlsafe(24)
     runtime = LocalRuntime(endpoint_file, endpoint, cfg, config_file, worker_token=token, log_format=log_format)
-    app = build_gateway_app(endpoint, runtime, cfg.all_api_keys(), token)
-    runtime.add_listener(lambda: app["dispatcher"].notify())
+    autoscaler: Autoscaler | None = None
+    app = build_gateway_app(endpoint, runtime, cfg.all_api_keys(), token, extra_status=lambda: autoscaler.status() if autoscaler else {})
+    dispatcher = app["dispatcher"]
+    runtime.add_listener(dispatcher.notify)
+    autoscaler = Autoscaler(endpoint.spec, dispatcher, runtime)
+    dispatcher.on_hold = autoscaler.wake
 
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=gw.request_timeout_s)
     await runner.setup()
@@ -66,6 +71,7 @@ async def run_endpoint(
         loop.add_signal_handler(sig, stop.set)
 
     await runtime.start()
+    autoscaler.start()
     auth = ' -H "Authorization: Bearer $TIDESERVE_API_KEY"' if cfg.all_api_keys() else ""
     cli_opts = f" --url {url}"
     if ctx:
@@ -84,6 +90,7 @@ async def run_endpoint(
     log.info("gateway listening", extra={"url": url, "endpoint": endpoint.metadata.name, "run_dir": str(runtime.run_dir)})
     await stop.wait()
     log.info("stopping: draining requests and replicas")
+    await autoscaler.stop()
     await runner.cleanup()
     await runtime.stop()
     log.info("stopped")

@@ -61,7 +61,10 @@ def build_gateway_app(
     runtime: Runtime,
     api_keys: list[str] | None = None,
     worker_token: str | None = None,
+    extra_status: Callable[[], dict] | None = None,
 ) -> web.Application:
+    """The gateway app. ``extra_status`` adds keys to ``/admin/status`` (the autoscaler's
+    last decision). The app's ``dispatcher`` (``app["dispatcher"]``) is the load view."""
     spec = endpoint.spec
     gw = spec.gateway
     model = spec.model.name
@@ -69,7 +72,6 @@ def build_gateway_app(
     keys = [k.encode() for k in (api_keys or [])]
     metrics = GatewayMetrics()
     dispatcher = Dispatcher(runtime, gw.max_pending, gw.hold_timeout_s)
-    pool_of: Callable[[str], str] = lambda rid: next((e.pool for e in runtime.endpoints() if e.id == rid), "unknown")
 
     @web.middleware
     async def auth(request: web.Request, handler):
@@ -139,6 +141,7 @@ def build_gateway_app(
             raise PayloadTooLargeError(f"request body is larger than max_body_bytes={gw.max_body_bytes}") from None
 
     async def forward(request: web.Request) -> web.Response:
+        dispatcher.arrived()
         body = await read_body(request)
         headers = {h: request.headers[h] for h in _FORWARD_REQUEST_HEADERS if h in request.headers}
         headers[REQUEST_ID] = request["request_id"]
@@ -161,10 +164,13 @@ def build_gateway_app(
                     metrics.routed.labels(ep_name, replica.pool).inc()
                     metrics.in_flight.labels(ep_name).set(dispatcher.in_flight())
                     try:
+                        sent = time.monotonic()
                         async with session.request(
                             request.method, replica.url + request.path_qs, data=body, headers=headers
                         ) as resp:
                             data = await resp.read()
+                            if resp.status == 200:
+                                dispatcher.record_service(replica.pool, time.monotonic() - sent)
                             if resp.status == 503 and attempt < MAX_ATTEMPTS:
                                 failed.add(replica.id)  # draining or not ready yet: try another
                                 continue
@@ -253,6 +259,7 @@ def build_gateway_app(
             "gateway": {"pending": dispatcher.pending, "in_flight": dispatcher.in_flight(),
                         "max_pending": gw.max_pending, "request_timeout_s": gw.request_timeout_s},
             **status,
+            **(extra_status() if extra_status else {}),
         })
 
     async def admin_sd(request: web.Request) -> web.Response:

@@ -9,20 +9,50 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Callable
 from tideserve.errors import CapacityError
 from tideserve.gateway.router import ReplicaView, choose_replica
 from tideserve.replicas import ReplicaEndpoint, ReplicaSource
 
 
+#: Weight of the newest sample in the service-time moving average (about the last 10 requests).
+EWMA_ALPHA = 0.2
+
+
 class Dispatcher:
+    """Also the gateway's load view for the autoscaler: pending, in-flight and outstanding
+    counts, the time of the last arrival, and each pool's measured service rate."""
+
     def __init__(self, source: ReplicaSource, max_pending: int, hold_timeout_s: float) -> None:
         self.source = source
         self.max_pending = max_pending
         self.hold_timeout_s = hold_timeout_s
         self.outstanding: dict[str, int] = {}
         self.pending = 0
+        self.on_hold: Callable[[], None] | None = None
         self._last_chosen: dict[str, float] = {}
+        self._last_arrival: float | None = None
+        self._service_s: dict[str, float] = {}
         self._changed = asyncio.Event()
+
+    def arrived(self) -> None:
+        """A request arrived (resets the autoscaler's idle timer, whatever becomes of it)."""
+        self._last_arrival = time.monotonic()
+
+    def last_arrival(self) -> float | None:
+        return self._last_arrival
+
+    def outstanding_of(self, replica_id: str) -> int:
+        return self.outstanding.get(replica_id, 0)
+
+    def record_service(self, pool: str, seconds: float) -> None:
+        """A request finished on ``pool`` after ``seconds`` at the replica."""
+        old = self._service_s.get(pool)
+        self._service_s[pool] = seconds if old is None else (1 - EWMA_ALPHA) * old + EWMA_ALPHA * seconds
+
+    def service_rates(self) -> dict[str, float]:
+        """Measured requests per second one replica of each pool serves (1 / mean service time)."""
+        return {p: 1.0 / s for p, s in self._service_s.items() if s > 0}
 
     def notify(self) -> None:
         """Something changed (replica state, a request finished): waiters re-check."""
@@ -34,8 +64,10 @@ class Dispatcher:
 
     def _try_pick(self, exclude: frozenset[str] = frozenset()) -> ReplicaEndpoint | None:
         eps = {e.id: e for e in self.source.endpoints() if e.id not in exclude}
+        rates = self.service_rates()
         views = [
-            ReplicaView(e.id, e.ready, self.outstanding.get(e.id, 0), e.max_concurrency, self._last_chosen.get(e.id, 0.0))
+            ReplicaView(e.id, e.ready, self.outstanding.get(e.id, 0), e.max_concurrency,
+                        self._last_chosen.get(e.id, 0.0), rates.get(e.pool, 1.0))
             for e in eps.values()
         ]
         rid = choose_replica(views)
@@ -65,6 +97,8 @@ class Dispatcher:
                 retry_after_s=1,
             )
         self.pending += 1
+        if self.on_hold is not None:
+            self.on_hold()  # activation: the autoscaler decides now, not at its next tick
         deadline = time.monotonic() + self.hold_timeout_s
         try:
             while True:

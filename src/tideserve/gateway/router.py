@@ -1,10 +1,11 @@
-"""Routing policy (pure): pick the replica with the fewest outstanding requests.
+"""Routing policy (pure): least outstanding requests, weighed by measured service rate.
 
 A replica is eligible when it is ready (not starting, draining or failed) and has fewer
 outstanding requests than its pool's ``max_concurrency``. Among eligible replicas the one
-with the lowest outstanding/max_concurrency ratio wins (least outstanding requests, scaled
-so that a replica allowed more concurrency takes proportionally more); ties go to the
-replica that was chosen least recently, so equal replicas share load round-robin.
+that would finish the new request soonest wins: the lowest (outstanding + 1) / service_rate,
+where service_rate is the measured requests per second of the replica's pool (equal rates:
+plain least outstanding requests). Ties go to the replica chosen least recently, so equal
+replicas share load round-robin.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class ReplicaView:
     outstanding: int
     max_concurrency: int
     last_chosen: float = 0.0  # monotonic time this replica was last picked (0 = never)
+    service_rate: float = 1.0  # requests/s; only ratios between replicas matter
 
 
 def choose_replica(replicas: Sequence[ReplicaView]) -> str | None:
@@ -30,8 +32,8 @@ def choose_replica(replicas: Sequence[ReplicaView]) -> str | None:
     for r in replicas:
         if not r.ready or r.outstanding >= r.max_concurrency:
             continue
-        if best is None or (r.outstanding / r.max_concurrency, r.last_chosen, r.id) < (
-            best.outstanding / best.max_concurrency, best.last_chosen, best.id
+        if best is None or ((r.outstanding + 1) / r.service_rate, r.last_chosen, r.id) < (
+            (best.outstanding + 1) / best.service_rate, best.last_chosen, best.id
         ):
             best = r
     return best.id if best else None

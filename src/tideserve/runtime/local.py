@@ -63,6 +63,7 @@ class Replica:
     log_tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=20))
     port_file: Path | None = None
     intentional_stop: bool = False
+    drain_started_at: float | None = None
 
     @property
     def url(self) -> str:
@@ -157,6 +158,7 @@ class LocalRuntime:
                         "pid": r.proc.pid if r.proc else None, "restarts": len(r.restarts),
                         "last_exit": r.last_exit,
                         "uptime_s": round(now - r.started_at, 1) if r.started_at else None,
+                        "draining_for_s": round(now - r.drain_started_at, 1) if r.state == "draining" and r.drain_started_at else None,
                         "log": str(self.run_dir / f"{r.id}.log"),
                     }
                     for r in ps.replicas
@@ -171,6 +173,66 @@ class LocalRuntime:
             {"targets": [e.url.removeprefix("http://")], "labels": {"endpoint": ep, "pool": e.pool, "replica": e.id}}
             for e in self.endpoints()
         ]
+
+    # --- the autoscaler's actuator --------------------------------------------------------
+    def replica_states(self) -> dict[str, list[tuple[str, str]]]:
+        """Per pool, ``(replica id, state)`` of every replica not draining or stopped."""
+        return {
+            n: [(r.id, r.state) for r in ps.replicas if r.state in ("starting", "ready", "restarting")]
+            for n, ps in self.pools.items()
+        }
+
+    def schedulable(self, pool: str) -> bool:
+        return self.pools[pool].state == "running"
+
+    def slots(self) -> int | None:
+        return self.config.replica_slots
+
+    async def apply(self, desired: dict[str, int], drain: list[str] | tuple[str, ...]) -> None:
+        """Drain the named replicas, then start replicas until each pool has ``desired``
+        (within replica_slots). Draining: the gateway stops routing to the replica at once;
+        the worker finishes its in-flight and queued work, then exits."""
+        if self._stopping:
+            return
+        for rid in drain:
+            self._drain(rid)
+        active = sum(
+            1 for ps in self.pools.values() for r in ps.replicas if r.state in ("starting", "ready", "restarting", "draining")
+        )
+        for name, n in desired.items():
+            ps = self.pools[name]
+            ps.desired = n
+            if ps.state != "running":
+                continue
+            have = sum(1 for r in ps.replicas if r.state in ("starting", "ready", "restarting"))
+            for _ in range(n - have):
+                if active >= self.config.replica_slots:
+                    ps.reason = f"waiting for a replica slot ({active} of replica_slots={self.config.replica_slots} in use)"
+                    break
+                await self._spawn(ps, self._new_replica(ps))
+                active += 1
+            else:
+                if ps.reason.startswith("waiting for a replica slot"):
+                    ps.reason = ""
+        self._notify()
+
+    def _drain(self, replica_id: str) -> None:
+        for ps in self.pools.values():
+            for r in ps.replicas:
+                if r.id != replica_id or r.state not in ("starting", "ready", "restarting"):
+                    continue
+                if r.proc is None or r.proc.returncode is not None:  # restarting: nothing runs
+                    r.state = "stopped"
+                    ps.replicas.remove(r)
+                else:
+                    r.state = "draining"
+                    r.drain_started_at = time.monotonic()
+                    try:
+                        r.proc.send_signal(signal.SIGTERM)
+                    except ProcessLookupError:
+                        pass
+                log.info("replica draining", extra={"replica": r.id, "pool": ps.spec.name})
+                return
 
     async def start(self) -> None:
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2))

@@ -204,10 +204,25 @@ class Pool(_Strict):
 
 
 class Autoscaling(_Strict):
+    """Replica autoscaling of the endpoint (the policy is ``tideserve.autoscaler.policy``).
+
+    Defaults follow the engines tideserve mirrors (../shared/FACTS.md): the HPA's 10%
+    tolerance, scale-up without delay, a scale-down stabilization window, and KEDA-style
+    scale to zero after a quiet period with no request arrival.
+    """
+
     metric: Literal["requests_per_replica"] = "requests_per_replica"
-    target: float = Field(4, gt=0, description="Pending + in-flight requests per ready replica.")
-    scale_to_zero_after_s: float = Field(60, ge=0)
-    scale_down_stabilization_s: float = Field(30, ge=0)
+    target: float = Field(4, gt=0, description="Pending + in-flight requests per replica.")
+    tolerance: float = Field(
+        0.1, ge=0, lt=1, description="No change while |load/target ratio - 1| <= tolerance (Kubernetes HPA default 0.1)."
+    )
+    scale_to_zero_after_s: float = Field(
+        60, ge=0, description="Scale to zero only after this long with no request arrival at all."
+    )
+    scale_down_stabilization_s: float = Field(
+        30, ge=0, description="Scale down only to the highest recommendation seen over this window."
+    )
+    interval_s: float = Field(1.0, gt=0, le=60, description="Seconds between two decisions of the control loop.")
 
 
 class GatewaySpec(_Strict):

@@ -32,6 +32,9 @@ from tideserve.worker.windows import split_windows
 
 log = logging.getLogger("tideserve.worker")
 TOKEN_HEADER = "X-Tideserve-Token"
+#: Most extra decoding rounds for window tails that Whisper left unfinished (each round's tails
+#: are shorter than the window they come from, so this only bounds pathological cases).
+MAX_TAIL_ROUNDS = 2
 
 
 @dataclass
@@ -63,7 +66,7 @@ class WorkerService:
         tasks = [WindowTask(w.samples, w.offset_s, req.prompt, req.language, req.timestamps) for w in windows]
         self.metrics.add("tideserve_worker_requests_in_batcher", 1)
         try:
-            results: list[WindowResult] = await self.batcher.submit_many(tasks)
+            results = await self._decode(tasks)
         finally:
             self.metrics.add("tideserve_worker_requests_in_batcher", -1)
         return TranscriptionResult(
@@ -72,6 +75,29 @@ class WorkerService:
             duration_s=len(samples) / SAMPLE_RATE,
             segments=[s for r in results for s in r.segments],
         )
+
+
+    async def _decode(self, tasks: list[WindowTask], rounds_left: int = MAX_TAIL_ROUNDS) -> list[WindowResult]:
+        """Decode windows in one batched round; where a window stopped short of its end
+        (Whisper leaves unfinished speech for the next seek), decode the rest of that window
+        in a further round, batched with the other tails, and splice it in after its window."""
+        results: list[WindowResult] = await self.batcher.submit_many(tasks)
+        tails = [
+            (i, WindowTask(t.samples[int(r.unfinished_from_s * SAMPLE_RATE):], t.offset_s + r.unfinished_from_s,
+                           t.prompt, t.language, t.timestamps))
+            for i, (t, r) in enumerate(zip(tasks, results))
+            if r.unfinished_from_s is not None
+        ]
+        if not tails or rounds_left <= 0:
+            return results
+        tail_results = await self._decode([t for _, t in tails], rounds_left - 1)
+        out: list[WindowResult] = []
+        extra = dict(zip((i for i, _ in tails), tail_results))
+        for i, r in enumerate(results):
+            out.append(r)
+            if i in extra:
+                out.append(extra[i])
+        return out
 
 
 def build_app(service: WorkerService, max_body_bytes: int, token: str | None = None) -> web.Application:

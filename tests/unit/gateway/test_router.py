@@ -15,9 +15,12 @@ def test_never_past_max_concurrency():
     assert choose_replica([ReplicaView("a", True, 7, 8)]) == "a"
 
 
-def test_ratio_to_max_concurrency():
-    # 2 of 4 (50%) is busier than 3 of 16 (19%).
-    assert choose_replica([ReplicaView("small", True, 2, 4), ReplicaView("big", True, 3, 16)]) == "big"
+def test_weighed_by_measured_service_rate():
+    # A replica 4x as fast finishes a 4th request sooner ((3+1)/4 = 1) than a slow one its 2nd ((1+1)/1 = 2).
+    assert choose_replica([ReplicaView("slow", True, 1, 8, service_rate=1.0),
+                           ReplicaView("fast", True, 3, 8, service_rate=4.0)]) == "fast"
+    assert choose_replica([ReplicaView("slow", True, 0, 8, service_rate=1.0),
+                           ReplicaView("fast", True, 4, 8, service_rate=4.0)]) == "slow"
 
 
 def test_ties_go_round_robin_by_least_recently_chosen():

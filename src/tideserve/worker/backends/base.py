@@ -30,6 +30,9 @@ class WindowResult:
     text: str
     language: str
     segments: list[Segment] = field(default_factory=list)
+    #: Seconds from the window's start where decoding stopped short, leaving the rest of the
+    #: window untranscribed for a next window (Whisper's seek); None when the window is done.
+    unfinished_from_s: float | None = None
 
 
 class Backend(Protocol):

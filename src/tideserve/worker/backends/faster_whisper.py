@@ -35,6 +35,7 @@ _TIME_PRECISION_S = 0.02  # one timestamp token = 20 ms (Whisper)
 _MAX_LENGTH = 448  # Whisper decoder context
 _NO_SPEECH_THRESHOLD = 0.6
 _LOGPROB_THRESHOLD = -1.0
+_MIN_TAIL_S = 0.5  # an untranscribed tail shorter than this is not decoded again
 
 
 def _compression_ratio(text: str) -> float:
@@ -142,6 +143,17 @@ class FasterWhisperBackend:
         text = tok.decode(text_tokens).strip()
         if res.no_speech_prob > _NO_SPEECH_THRESHOLD and avg_logprob < _LOGPROB_THRESHOLD:
             return WindowResult(text="", language=language)
+        unfinished = None
+        stamps = [t for t in tokens if t >= tok.timestamp_begin]
+        if stamps:
+            # Whisper's long-form rule: output ending in "text <|t|>" closed its last segment and
+            # the window is done; otherwise (ending in "<|t|><|t|>" or in text) the model left
+            # the speech after its last timestamp for the next window.
+            duration = len(task.samples) / 16_000
+            single_ending = len(tokens) >= 2 and tokens[-2] < tok.timestamp_begin <= tokens[-1]
+            last = (stamps[-1] - tok.timestamp_begin) * _TIME_PRECISION_S
+            if not single_ending and duration - last > _MIN_TAIL_S:
+                unfinished = last
         segments = []
         if task.timestamps:
             duration = len(task.samples) / 16_000
@@ -153,7 +165,7 @@ class FasterWhisperBackend:
                         tokens=tuple(seg_tokens), avg_logprob=float(avg_logprob),
                         no_speech_prob=float(res.no_speech_prob), compression_ratio=_compression_ratio(seg_text),
                     ))
-        return WindowResult(text=text, language=language, segments=segments)
+        return WindowResult(text=text, language=language, segments=segments, unfinished_from_s=unfinished)
 
 
 def _split_by_timestamps(

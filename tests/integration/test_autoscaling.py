@@ -1,0 +1,96 @@
+"""Scale to zero and back with real processes; no request lost."""
+
+from __future__ import annotations
+
+import base64
+import os
+import signal
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from conftest import encode, wer
+from endpoint import EndpointProcess, write_endpoint
+
+
+def _burst(ep: EndpointProcess, clips, n: int, concurrency: int = 20) -> list:
+    bodies = [(c, {"audio_data": base64.b64encode(c.wav).decode()}) for c in clips]
+    with ep.client(timeout=300) as client, ThreadPoolExecutor(concurrency) as pool:
+        def send(i):
+            clip, body = bodies[i % len(bodies)]
+            return clip, client.post("/invocations", json=body)
+
+        return list(pool.map(send, range(n)))
+
+
+def test_burst_scale_up_back_to_zero_second_burst(tmp_path, en_clips):
+    path = write_endpoint(
+        tmp_path,
+        pools=[{"name": "cpu", "accelerator": "cpu", "target": "cpu-x86_64-int8",
+                "replicas": {"min": 0, "max": 2}, "max_concurrency": 4, "cost_usd_per_h": 0.1}],
+        autoscaling={"target": 4, "scale_to_zero_after_s": 2, "scale_down_stabilization_s": 1, "interval_s": 0.2},
+        gateway={"hold_timeout_s": 120},
+    )
+    with EndpointProcess(path, tmp_path, config={"replica_slots": 2}) as ep:
+        assert ep.status()["pools"][0]["replicas"] == []  # min 0: nothing runs before traffic
+        results = _burst(ep, en_clips, 60)
+        peak = max_seen = 0
+        st = ep.status()
+        # back to zero once no request arrived for scale_to_zero_after_s
+        st = ep.wait_for(lambda s: s["pools"][0]["replicas"] == [], 60, "scale to zero")
+        assert st["last_decision"]["total"] == 0 and "no request arrival" in st["last_decision"]["reason"]
+        results += _burst(ep, en_clips, 60)
+        log = ep.log_path.read_text()
+
+    assert len(results) == 120
+    for clip, r in results:
+        assert r.status_code == 200, r.text
+        assert wer(clip.reference, r.json()["transcribe_text"]) <= 0.15
+    # The first burst scaled out to the max (2 replicas): both were started.
+    assert "cpu-1" in log and log.count('"replica starting"') + log.count("replica starting") >= 3
+
+
+def test_killed_replica_requests_are_retried_on_another(tmp_path, en_clips):
+    path = write_endpoint(
+        tmp_path,
+        pools=[{"name": "cpu", "accelerator": "cpu", "target": "cpu-x86_64-int8",
+                "replicas": {"min": 2, "max": 2}, "max_concurrency": 8}],
+        batching={"max_batch_size": 1, "max_queue_delay_ms": 0},
+    )
+    with EndpointProcess(path, tmp_path) as ep:
+        results: list = []
+        t = threading.Thread(target=lambda: results.extend(_burst(ep, en_clips, 16, concurrency=16)))
+        t.start()
+        # Kill the replica holding the most requests once both hold some.
+        st = ep.wait_for(lambda s: all(r["outstanding"] >= 2 for r in s["pools"][0]["replicas"]), 60,
+                         "both replicas busy")
+        victim = max(st["pools"][0]["replicas"], key=lambda r: r["outstanding"])
+        os.kill(victim["pid"], signal.SIGKILL)
+        t.join(300)
+        metrics = ep.client().get("/metrics").text
+    assert len(results) == 16
+    for clip, r in results:
+        assert r.status_code == 200, r.text
+        assert wer(clip.reference, r.json()["transcribe_text"]) <= 0.15
+    retried = sum(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("tideserve_retries_total"))
+    assert retried >= 2, "the killed replica's outstanding requests went to the other replica"
+
+
+def test_scale_down_during_long_requests_cuts_none_off(tmp_path, en_clips):
+    path = write_endpoint(
+        tmp_path,
+        pools=[{"name": "cpu", "accelerator": "cpu", "target": "cpu-x86_64-int8",
+                "replicas": {"min": 0, "max": 2}, "max_concurrency": 1}],
+        autoscaling={"target": 1, "scale_to_zero_after_s": 1, "scale_down_stabilization_s": 0, "interval_s": 0.2},
+    )
+    # About 100 s of speech each: several seconds of compute, longer than the idle timer.
+    speech = np.concatenate([np.concatenate([c.samples, np.zeros(16000, np.float32)]) for c in en_clips] * 10)
+    long_clip = en_clips[0].__class__("long", encode(speech, "flac"), " ".join([c.reference for c in en_clips] * 10), speech)
+    with EndpointProcess(path, tmp_path, config={"replica_slots": 2}) as ep:
+        results = _burst(ep, [long_clip], 2, concurrency=2)
+        st = ep.wait_for(lambda s: s["pools"][0]["replicas"] == [], 60, "scale to zero")
+        log = ep.log_path.read_text()
+    for _, r in results:
+        assert r.status_code == 200, r.text
+        assert wer(long_clip.reference, r.json()["transcribe_text"]) <= 0.15
+    assert "replica draining" in log and "drained; exiting" in log
