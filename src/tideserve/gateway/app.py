@@ -257,7 +257,8 @@ def build_gateway_app(
         return web.json_response({
             "endpoint": ep_name, "model": model, "version": __version__,
             "gateway": {"pending": dispatcher.pending, "in_flight": dispatcher.in_flight(),
-                        "max_pending": gw.max_pending, "request_timeout_s": gw.request_timeout_s},
+                        "max_pending": gw.max_pending, "request_timeout_s": gw.request_timeout_s,
+                        "service_rates": {p: round(r, 4) for p, r in dispatcher.service_rates().items()}},
             **status,
             **(extra_status() if extra_status else {}),
         })

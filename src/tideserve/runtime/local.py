@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+from collections import Counter
 import ctypes
+import json
 import logging
 import os
 import signal
@@ -30,6 +32,7 @@ from typing import Callable
 
 import aiohttp
 
+from tideserve.provisioner import Node, ReplicaRequest, SpotMarket, local_node, plan_launches
 from tideserve.replicas import ReplicaEndpoint
 from tideserve.spec import InferenceEndpoint, LocalConfig, Pool
 
@@ -62,6 +65,9 @@ class Replica:
     last_exit: int | None = None
     log_tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=20))
     port_file: Path | None = None
+    startup_file: Path | None = None
+    spawned_at: float | None = None  # wall clock, for the cold-start phases
+    startup: dict | None = None  # phase name -> seconds since spawn, once ready
     intentional_stop: bool = False
     drain_started_at: float | None = None
 
@@ -111,6 +117,7 @@ class LocalRuntime:
         self._task: asyncio.Task | None = None
         self._session: aiohttp.ClientSession | None = None
         self._stopping = False
+        self._wake = asyncio.Event()
 
     # --- public API used by the gateway and the CLI ---------------------------------------
     def add_listener(self, cb: Callable[[], None]) -> None:
@@ -160,6 +167,7 @@ class LocalRuntime:
                         "uptime_s": round(now - r.started_at, 1) if r.started_at else None,
                         "draining_for_s": round(now - r.drain_started_at, 1) if r.state == "draining" and r.drain_started_at else None,
                         "log": str(self.run_dir / f"{r.id}.log"),
+                        "startup": r.startup,
                     }
                     for r in ps.replicas
                 ],
@@ -196,25 +204,33 @@ class LocalRuntime:
             return
         for rid in drain:
             self._drain(rid)
-        active = sum(
-            1 for ps in self.pools.values() for r in ps.replicas if r.state in ("starting", "ready", "restarting", "draining")
-        )
+        wanted = []
         for name, n in desired.items():
             ps = self.pools[name]
             ps.desired = n
-            if ps.state != "running":
-                continue
             have = sum(1 for r in ps.replicas if r.state in ("starting", "ready", "restarting"))
-            for _ in range(n - have):
-                if active >= self.config.replica_slots:
-                    ps.reason = f"waiting for a replica slot ({active} of replica_slots={self.config.replica_slots} in use)"
-                    break
+            if ps.state == "running" and n > have:
+                wanted.append(ReplicaRequest(pool=name, accelerator="cpu", count=n - have))
+        # This machine is one node with replica_slots slots (draining replicas still hold theirs).
+        plan = plan_launches(wanted, offerings=(), market=SpotMarket(), existing=[self._local_node()])
+        placed = Counter(pool for _, pools in plan.on_existing for pool in pools)
+        for name, ps in self.pools.items():
+            for _ in range(placed.get(name, 0)):
                 await self._spawn(ps, self._new_replica(ps))
-                active += 1
-            else:
-                if ps.reason.startswith("waiting for a replica slot"):
-                    ps.reason = ""
+            short = sum(k for pool, k, _ in plan.unplaceable if pool == name)
+            if short:
+                ps.reason = (f"{short} replica(s) waiting for a free slot: replica_slots={self.config.replica_slots} "
+                             "on this machine are all in use")
+            elif ps.reason.endswith("are all in use"):
+                ps.reason = ""
         self._notify()
+
+    def _local_node(self) -> Node:
+        held = tuple(
+            r.pool for ps in self.pools.values() for r in ps.replicas
+            if r.state in ("starting", "ready", "restarting", "draining")
+        )
+        return Node("local", local_node(self.config.replica_slots), "on-demand", held, launched_at=None)
 
     def _drain(self, replica_id: str) -> None:
         for ps in self.pools.values():
@@ -235,16 +251,9 @@ class LocalRuntime:
                 return
 
     async def start(self) -> None:
+        """Start each pool's minimum replicas (as many as fit the slots) and the supervisor."""
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2))
-        slots = self.config.replica_slots
-        for ps in self.pools.values():
-            want = ps.spec.replicas.min
-            ps.desired = min(want, slots)
-            slots -= ps.desired
-            if ps.desired < want:
-                ps.reason = f"only {ps.desired} of min {want} replicas fit in replica_slots={self.config.replica_slots}"
-            for _ in range(ps.desired):
-                await self._spawn(ps, self._new_replica(ps))
+        await self.apply({name: ps.spec.replicas.min for name, ps in self.pools.items()}, [])
         self._task = asyncio.get_running_loop().create_task(self._supervise(), name="runtime-supervisor")
 
     async def stop(self, timeout_s: float = 30.0) -> None:
@@ -291,10 +300,14 @@ class LocalRuntime:
     async def _spawn(self, ps: PoolState, r: Replica) -> None:
         r.port_file = self.run_dir / f"{r.id}.port"
         r.port_file.unlink(missing_ok=True)
+        r.startup_file = self.run_dir / f"{r.id}.startup.json"
+        r.startup_file.unlink(missing_ok=True)
+        r.startup = None
         r.port, r.state, r.ready_at, r.health_failures = None, "starting", None, 0
         cmd = [
             sys.executable, "-m", "tideserve.worker", "--endpoint", str(self.endpoint_file), "--pool", ps.spec.name,
             "--replica-id", r.id, "--port", "0", "--port-file", str(r.port_file), "--log-format", self.log_format,
+            "--startup-file", str(r.startup_file),
             "--drain-timeout-s", str(self.endpoint.spec.gateway.request_timeout_s),
         ]
         if self.config_file:
@@ -302,6 +315,7 @@ class LocalRuntime:
         env = dict(os.environ)
         if self.worker_token:
             env["TIDESERVE_WORKER_TOKEN"] = self.worker_token
+        r.spawned_at = time.time()
         r.proc = await asyncio.create_subprocess_exec(
             *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
             env=env, preexec_fn=_set_pdeathsig if sys.platform == "linux" else None,
@@ -321,6 +335,8 @@ class LocalRuntime:
                 text = line.decode(errors="replace").rstrip()
                 r.log_tail.append(text)
                 sys.stderr.write(text + "\n")
+                if r.state == "starting" and ('"msg": "ready"' in text or " ready " in text):
+                    self._wake.set()  # check readiness now, not at the next tick
 
     def _backoff(self, n_recent: int) -> float:
         rp = self.config.restart
@@ -382,6 +398,7 @@ class LocalRuntime:
                 r.port = int(r.port_file.read_text())
             if r.port is not None and await self._probe(r):
                 r.state, r.ready_at, r.last_health_at = "ready", time.monotonic(), time.monotonic()
+                r.startup = self._startup_phases(r)
                 log.info("replica ready", extra={"replica": r.id, "pool": ps.spec.name,
                                                   "startup_s": round(r.ready_at - r.started_at, 3)})
                 self._notify()
@@ -399,6 +416,28 @@ class LocalRuntime:
                     self._kill(r)
                 else:
                     r.last_health_at = now - self.config.health_interval_s + 0.2  # re-check soon
+
+    def _startup_phases(self, r: Replica) -> dict | None:
+        """Cold-start phases of a replica that just became ready, in seconds: process start
+        (spawn -> interpreter runs our code), imports (up to the start of the model load),
+        model load and, overlapping it, HTTP imports and bind; readiness detection (worker
+        ready -> runtime saw it)."""
+        try:
+            ph = json.loads(r.startup_file.read_text()) if r.startup_file else None
+        except (OSError, ValueError):
+            return None
+        if not ph or r.spawned_at is None:
+            return None
+        seen = time.time()
+        return {
+            "process_start_s": round(ph["interpreter"] - r.spawned_at, 3),
+            "imports_s": round(ph["imported"] - ph["interpreter"], 3),
+            # The HTTP stack is imported and bound while the model loads: these two overlap.
+            "model_load_s": round(ph["model_loaded"] - ph["imported"], 3),
+            "http_ready_s": round(ph["listening"] - ph["imported"], 3),
+            "readiness_detection_s": round(seen - ph["model_loaded"], 3),
+            "total_s": round(seen - r.spawned_at, 3),
+        }
 
     def _kill(self, r: Replica) -> None:
         if r.proc and r.proc.returncode is None:
@@ -420,4 +459,8 @@ class LocalRuntime:
                         checks.append(self._check(ps, r, now))
             if checks:
                 await asyncio.gather(*checks)
-            await asyncio.sleep(self.tick_s)
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.tick_s)
+            except asyncio.TimeoutError:
+                pass

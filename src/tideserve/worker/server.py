@@ -1,8 +1,9 @@
 """Worker process entry point: ``python -m tideserve.worker --endpoint FILE --pool NAME``.
 
-Start-up order: bind the HTTP port (health answers "not ready"), write the port file,
-check the engine target against this device, resolve the model source, load the model,
-warm it up with one second of silence, then report ready.
+Start-up order: check the engine target against this device, resolve the model source,
+start loading the model on a thread; meanwhile import the HTTP stack, bind the port (health
+answers "not ready") and write the port file; once the model is loaded, report ready
+(``--startup-file`` receives the time of each phase).
 
 Exit codes: 0 after a clean drain; 78 (EX_CONFIG) when the replica can never start here
 (engine target mismatch, missing model source, invalid spec) so the runtime does not restart
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -20,19 +22,15 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-from aiohttp import web
-
 from tideserve.engines import check_target, probe_device
 from tideserve.errors import EngineMismatchError, SourceError, SpecError
 from tideserve.logs import setup_logging
-from tideserve.metrics.triton import TritonMetrics
 from tideserve.sources import resolve_source
 from tideserve.spec import load_endpoint, load_local_config
-from tideserve.worker.api import WorkerService, build_app
 from tideserve.worker.backends import backend_class
-from tideserve.worker.backends.base import WindowTask
-from tideserve.worker.batcher import DynamicBatcher
+
+# The HTTP stack (aiohttp, the API module, prometheus-client) is imported inside serve(), after
+# the model has started loading on another thread, so that the two overlap (cold start).
 
 EX_CONFIG = 78
 log = logging.getLogger("tideserve.worker")
@@ -47,25 +45,45 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0 picks a free port (see --port-file)")
     p.add_argument("--port-file", default=None, help="write the bound port here once listening")
+    p.add_argument("--startup-file", default=None, help="write start-up phase times (JSON) here once ready")
     p.add_argument("--cpu-threads", type=int, default=None, help="intra-op threads (default: local config)")
     p.add_argument("--drain-timeout-s", type=float, default=300.0)
     p.add_argument("--log-format", choices=["json", "text"], default="json")
     return p.parse_args(argv)
 
 
-async def serve(args: argparse.Namespace) -> int:
+def _write_atomic(path: str, text: str) -> None:
+    tmp = Path(path + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+async def serve(args: argparse.Namespace, phases: dict[str, float]) -> int:
     endpoint = load_endpoint(args.endpoint)
     cfg = load_local_config(args.config)
     spec = endpoint.spec
     pool = spec.pool(args.pool)
-    metrics = TritonMetrics(spec.model.name)
-
+    target = pool.parsed_target
+    check_target(target, probe_device())
+    model_dir = resolve_source(spec.model.source, cfg.allowed_file_roots)
+    threads = args.cpu_threads if args.cpu_threads is not None else cfg.cpu_threads_per_replica
     loop = asyncio.get_running_loop()
+    phases["imported"] = time.time()
+    loading = loop.run_in_executor(
+        None, lambda: backend_class(spec.model.backend)(model_dir, target, spec.model.decoding, cpu_threads=threads)
+    )
+
+    from aiohttp import web
+
+    from tideserve.metrics.triton import TritonMetrics
+    from tideserve.worker.api import WorkerService, build_app
+    from tideserve.worker.batcher import DynamicBatcher
+
+    metrics = TritonMetrics(spec.model.name)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
-    # The model is loaded below; until then the batcher has a placeholder executor.
     holder: dict = {}
     batcher: DynamicBatcher = DynamicBatcher(
         lambda tasks: holder["backend"].transcribe_batch(tasks),
@@ -79,26 +97,25 @@ async def serve(args: argparse.Namespace) -> int:
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     if args.port_file:
-        tmp = Path(args.port_file + ".tmp")
-        tmp.write_text(str(port))
-        tmp.replace(args.port_file)
+        _write_atomic(args.port_file, str(port))
+    phases["listening"] = time.time()
     log.info("listening", extra={"port": port, "pool": pool.name, "replica": args.replica_id})
 
-    t0 = time.monotonic()
-    target = pool.parsed_target
-    check_target(target, probe_device())
-    model_dir = resolve_source(spec.model.source, cfg.allowed_file_roots)
-    threads = args.cpu_threads if args.cpu_threads is not None else cfg.cpu_threads_per_replica
-    backend = await loop.run_in_executor(
-        None, lambda: backend_class(spec.model.backend)(model_dir, target, spec.model.decoding, cpu_threads=threads)
-    )
+    try:
+        backend = await loading
+    except BaseException:
+        await runner.cleanup()
+        raise
     holder["backend"] = backend
     service.backend = backend
-    t1 = time.monotonic()
-    await loop.run_in_executor(None, backend.transcribe_batch, [WindowTask(np.zeros(16_000, np.float32))])
+    phases["model_loaded"] = time.time()
+    # No warm-up inference: measured here it cost 0.5-0.6 s of start-up to save ~0.1 s on the
+    # first request (bench/cold_start.py), and loading already validates the model.
     batcher.start()
     service.state.ready = True
-    log.info("ready", extra={"load_s": round(t1 - t0, 3), "warmup_s": round(time.monotonic() - t1, 3)})
+    if args.startup_file:
+        _write_atomic(args.startup_file, json.dumps(phases))
+    log.info("ready", extra={"phases_s": {k: round(v - phases["interpreter"], 3) for k, v in phases.items()}})
 
     parent = os.getppid()
     while not stop.is_set():
@@ -120,11 +137,14 @@ async def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, started_at: float | None = None) -> int:
+    """Run a worker. ``started_at``: wall time the interpreter reached tideserve code (set by
+    ``python -m tideserve.worker`` before its imports), for the cold-start phase split."""
+    phases = {"interpreter": started_at or time.time(), "imported": time.time()}
     args = parse_args(argv)
     setup_logging("worker", args.log_format)
     try:
-        return asyncio.run(serve(args))
+        return asyncio.run(serve(args, phases))
     except (EngineMismatchError, SourceError, SpecError, KeyError) as exc:
         msg = exc.args[0] if isinstance(exc, KeyError) else str(exc)
         log.error("cannot start replica: %s", msg, extra={"reason": type(exc).__name__})
