@@ -7,12 +7,13 @@ right status, and echo or create ``X-Request-Id`` on every response.
 from __future__ import annotations
 
 import logging
+import re
 import uuid
 from typing import Awaitable, Callable
 
 from aiohttp import web
 
-from tideserve.errors import BadInputError, PayloadTooLargeError, TideserveError, UnknownModelError
+from tideserve.errors import PayloadTooLargeError, TideserveError
 from tideserve.logs import request_id_var
 from tideserve.protocol.errors import api_family, error_response_parts
 
@@ -30,8 +31,13 @@ def error_response(request: web.Request, err: TideserveError) -> web.Response:
     return web.Response(status=status, body=body, headers=headers, content_type="application/json")
 
 
+_REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
+
+
 def _valid_request_id(value: str | None) -> bool:
-    return bool(value) and len(value) <= 128 and value.isprintable() and value.isascii()
+    """Kept only if it is 1-128 characters of [A-Za-z0-9._:/+=-] (no spaces or quotes that
+    could forge fields in text logs); otherwise a fresh id is made."""
+    return value is not None and _REQUEST_ID_RE.fullmatch(value) is not None
 
 
 @web.middleware
@@ -47,14 +53,16 @@ async def request_id_and_errors(request: web.Request, handler: Handler) -> web.S
             resp = await handler(request)
         except TideserveError as err:
             return error_response(request, err)
-        except web.HTTPRequestEntityTooLarge as exc:
+        except web.HTTPRequestEntityTooLarge:
             return error_response(request, PayloadTooLargeError(
-                f"request body is larger than the limit of {exc.max_size} bytes; send a smaller file"))
+                f"request body is larger than the limit of {request.app._client_max_size} bytes; send a smaller file"))
         except web.HTTPNotFound:
-            return error_response(request, UnknownModelError(f"no route for {request.method} {request.path}"))
+            err = TideserveError(f"no route for {request.method} {request.path}")
+            err.http_status, err.code = 404, "not_found"
+            return error_response(request, err)
         except web.HTTPMethodNotAllowed as exc:
-            err = BadInputError(f"{request.method} is not allowed on {request.path}; use {', '.join(sorted(exc.allowed_methods))}")
-            err.http_status = 405
+            err = TideserveError(f"{request.method} is not allowed on {request.path}; use {', '.join(sorted(exc.allowed_methods))}")
+            err.http_status, err.code = 405, "method_not_allowed"
             return error_response(request, err)
         except web.HTTPException as exc:
             if exc.status < 400:

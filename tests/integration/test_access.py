@@ -97,3 +97,18 @@ def test_gateway_binds_loopback_by_default():
     from tideserve.spec import GatewaySpec
 
     assert GatewaySpec().host == "127.0.0.1"
+
+
+def test_unicode_whitespace_bearer_is_refused(secured):
+    import socket
+    import ssl as _ssl
+
+    ctx = _ssl.create_default_context(cafile=str(secured.tmp / "ca.pem"))
+    for token in (b"\xc2\xa0", b"\xe3\x80\x80", b"secret-key-1\xc2\xa0"):
+        with socket.create_connection(("127.0.0.1", secured.port)) as raw, \
+                ctx.wrap_socket(raw, server_hostname="127.0.0.1") as s:
+            s.sendall(b"GET /admin/status HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + token + b"\r\nConnection: close\r\n\r\n")
+            reply = b""
+            while chunk := s.recv(65536):
+                reply += chunk
+        assert reply.startswith(b"HTTP/1.1 401"), reply[:100]

@@ -59,7 +59,7 @@ def test_bytes_that_are_not_audio(endpoint, served_after):
     junk = base64.b64encode(b"PK\x03\x04 this is a zip file, not audio " * 50).decode()
     with endpoint.client() as c:
         r = c.post("/invocations", json={"audio_data": junk})
-    _error(r, 400, "bad_input", "decode")
+    _error(r, 400, "bad_input", "not a supported audio file")
 
 
 def test_truncated_wav(endpoint, en_clips, served_after):
@@ -114,11 +114,10 @@ def test_kserve_missing_audio_tensor(endpoint, served_after):
     _error(r, 400, "bad_input", "AUDIO")
 
 
-def test_unknown_route_and_wrong_method(endpoint):
+def test_wrong_method(endpoint):
     with endpoint.client() as c:
-        assert c.get("/nope").status_code == 404
         r = c.get("/invocations")
-    _error(r, 405, "bad_input", "POST")
+    _error(r, 405, "method_not_allowed", "POST")
 
 
 def test_language_the_model_does_not_know(endpoint, en_clips, served_after):
@@ -126,3 +125,53 @@ def test_language_the_model_does_not_know(endpoint, en_clips, served_after):
         r = c.post("/v1/audio/transcriptions", data={"model": "whisper-tiny.en", "language": "fr"},
                    files={"file": ("a.wav", en_clips[0].wav, "audio/wav")})
     _error(r, 400, "bad_input", "language 'fr' is not supported", "use one of en")
+
+
+def test_prompt_over_the_limit(endpoint, en_clips, served_after):
+    with endpoint.client() as c:
+        r = c.post("/invocations", json={"audio_data": base64.b64encode(en_clips[0].wav).decode(),
+                                         "whisper_prompt": "word " * 1000})
+    _error(r, 400, "bad_input", "prompt is 5000 characters, over the limit of 2000")
+
+
+def test_audio_over_max_audio_s(tmp_path, en_clips):
+    import numpy as np
+    from conftest import encode
+    from endpoint import EndpointProcess, write_endpoint
+
+    path = write_endpoint(tmp_path, gateway={"max_audio_s": 10})
+    silence = encode(np.zeros(16000 * 60, np.float32), "flac")  # a minute in a few kB
+    with EndpointProcess(path, tmp_path) as ep, ep.client() as c:
+        r = c.post("/invocations", json={"audio_data": base64.b64encode(silence).decode()})
+    _error(r, 413, "too_large", "longer than the limit of 10 s")
+
+
+def test_request_id_with_spaces_or_quotes_is_replaced(endpoint):
+    with endpoint.client() as c:
+        r = c.get("/ping", headers={"X-Request-Id": 'x" level="error'})
+    assert r.headers["X-Request-Id"] != 'x" level="error' and len(r.headers["X-Request-Id"]) == 32
+
+
+def test_broken_multipart_is_bad_input(endpoint, served_after):
+    body = (b"--b\r\nContent-Disposition: form-data; name=\"model\"\r\nContent-Type: text/plain; charset=bogus\r\n\r\n"
+            b"whisper-tiny.en\r\n--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n"
+            b"Content-Transfer-Encoding: x-bogus\r\n\r\nRIFF\r\n--b--\r\n")
+    with endpoint.client() as c:
+        r = c.post("/v1/audio/transcriptions", content=body, headers={"Content-Type": "multipart/form-data; boundary=b"})
+    _error(r, 400, "bad_input", "malformed multipart body")
+
+
+def test_too_many_form_fields_is_json_413_not_a_crash(endpoint, served_after):
+    body = ("--b\r\n" + "".join(
+        f'Content-Disposition: form-data; name="f{i}"\r\n\r\n{"x" * 1000}\r\n--b\r\n' for i in range(10_000)
+    ) + 'Content-Disposition: form-data; name="model"\r\n\r\nwhisper-tiny.en\r\n--b--\r\n').encode()
+    assert len(body) > 8 * 1024 * 1024  # over the test endpoint's 8 MiB limit
+    with endpoint.client() as c:
+        r = c.post("/v1/audio/transcriptions", content=body, headers={"Content-Type": "multipart/form-data; boundary=b"})
+    _error(r, 413, "too_large")
+
+
+def test_unknown_route_code(endpoint):
+    with endpoint.client() as c:
+        r = c.get("/nope")
+    _error(r, 404, "not_found", "no route")

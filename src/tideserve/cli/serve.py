@@ -37,7 +37,12 @@ async def run_endpoint(
     port_file: Path | None = None,
 ) -> int:
     gw = endpoint.spec.gateway
-    ctx = _ssl_context(cfg)
+    try:
+        ctx = _ssl_context(cfg)
+    except (OSError, ssl.SSLError) as exc:
+        print(f"tideserve: cannot use the TLS certificate {cfg.tls_cert_file} and key {cfg.tls_key_file}: {exc}; "
+              "give PEM files (tls_cert_file, tls_key_file in the local config)", file=sys.stderr)
+        return 2
     token = secrets.token_urlsafe(24)
     runtime = LocalRuntime(endpoint_file, endpoint, cfg, config_file, worker_token=token, log_format=log_format)
     autoscaler: Autoscaler | None = None

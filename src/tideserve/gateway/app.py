@@ -80,7 +80,10 @@ def build_gateway_app(
             scheme, _, key = header.partition(" ")
             if scheme.lower() != "bearer" or not key:
                 raise UnauthorizedError("missing API key: send 'Authorization: Bearer <key>'")
-            if not any(hmac.compare_digest(key.strip().encode(), k) for k in keys):
+            # The token exactly as sent (no stripping: keys hold no whitespace), compared in
+            # constant time against every configured key.
+            sent = key.encode("utf-8", "surrogateescape")
+            if not any(hmac.compare_digest(sent, k) for k in keys):
                 raise UnauthorizedError("invalid API key")
         return await handler(request)
 

@@ -27,12 +27,12 @@ def api_family(path: str) -> ApiFamily:
     return "sagemaker"
 
 
-def error_body(family: ApiFamily, code: str, message: str, request_id: str | None) -> dict:
+def error_body(family: ApiFamily, code: str, message: str, request_id: str | None, status: int = 400) -> dict:
     body: dict = {"code": code, "message": message, "request_id": request_id}
     if family == "kserve":
         body["error"] = message
     elif family == "openai":
-        body["error"] = {"message": message, "type": "invalid_request_error" if code != "internal" else "server_error",
+        body["error"] = {"message": message, "type": "invalid_request_error" if status < 500 else "server_error",
                          "param": None, "code": code}
     return body
 
@@ -44,5 +44,5 @@ def error_response_parts(
     headers: dict[str, str] = {}
     if err.retry_after_s is not None:
         headers["Retry-After"] = str(max(1, math.ceil(err.retry_after_s)))
-    body = json.dumps(error_body(family, err.code, err.message, request_id)).encode()
+    body = json.dumps(error_body(family, err.code, err.message, request_id, err.http_status)).encode()
     return err.http_status, headers, body

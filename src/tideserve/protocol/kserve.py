@@ -17,7 +17,7 @@ import struct
 from dataclasses import dataclass
 
 from tideserve.errors import BadInputError
-from tideserve.protocol.sagemaker import decode_base64
+from tideserve.protocol.sagemaker import decode_base64, loads_json
 from tideserve.protocol.types import TranscriptionRequest, TranscriptionResult
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -83,12 +83,13 @@ def parse_infer(body: bytes, header_length: str | None) -> InferRequest:
         head, binary = body, b""
     if not head:
         raise BadInputError("empty inference request; send the KServe v2 JSON with an AUDIO input")
-    try:
-        data = json.loads(head)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadInputError(f"inference request header is not valid JSON ({exc})") from None
+    data = loads_json(head, "inference request header")
     if not isinstance(data, dict) or not isinstance(data.get("inputs"), list):
         raise BadInputError("inference request must be a JSON object with an 'inputs' list")
+    if not isinstance(data.get("parameters") or {}, dict):
+        raise BadInputError("'parameters' of the inference request must be an object")
+    if not isinstance(data.get("outputs") or [], list):
+        raise BadInputError("'outputs' of the inference request must be a list")
 
     values: dict[str, bytes] = {}
     offset = 0
@@ -99,6 +100,8 @@ def parse_infer(body: bytes, header_length: str | None) -> InferRequest:
         if tensor.get("datatype") != "BYTES":
             raise BadInputError(f"input '{name}' must have datatype BYTES, got {tensor.get('datatype')!r}")
         params = tensor.get("parameters") or {}
+        if not isinstance(params, dict):
+            raise BadInputError(f"'parameters' of input '{name}' must be an object")
         size = params.get("binary_data_size")
         if size is not None:
             if not isinstance(size, int) or size < 0 or offset + size > len(binary):
@@ -129,19 +132,30 @@ def parse_infer(body: bytes, header_length: str | None) -> InferRequest:
 
     binary_output = bool((data.get("parameters") or {}).get("binary_data_output", False))
     for out in data.get("outputs") or []:
-        if isinstance(out, dict):
-            if out.get("name") != OUTPUT_TEXT:
-                raise BadInputError(f"unknown output '{out.get('name')}'; this model has output {OUTPUT_TEXT}")
-            if "binary_data" in (out.get("parameters") or {}):
-                binary_output = bool(out["parameters"]["binary_data"])
+        if not isinstance(out, dict):
+            raise BadInputError("each entry of 'outputs' must be an object with a 'name'")
+        if out.get("name") != OUTPUT_TEXT:
+            raise BadInputError(f"unknown output '{out.get('name')}'; this model has output {OUTPUT_TEXT}")
+        out_params = out.get("parameters") or {}
+        if not isinstance(out_params, dict):
+            raise BadInputError(f"'parameters' of output '{OUTPUT_TEXT}' must be an object")
+        if "binary_data" in out_params:
+            binary_output = bool(out_params["binary_data"])
     req_id = data.get("id") if isinstance(data.get("id"), str) else None
     return InferRequest(TranscriptionRequest(audio=values[INPUT_AUDIO], prompt=prompt or None), req_id, binary_output)
 
 
 def _flatten(x: list) -> list:
-    out = []
-    for v in x:
-        out.extend(_flatten(v) if isinstance(v, list) else [v])
+    """Elements of a nested list, depth first (iterative: no recursion limit to hit)."""
+    out, stack = [], [iter(x)]
+    while stack:
+        for v in stack[-1]:
+            if isinstance(v, list):
+                stack.append(iter(v))
+                break
+            out.append(v)
+        else:
+            stack.pop()
     return out
 
 

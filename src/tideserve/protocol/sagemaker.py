@@ -19,10 +19,7 @@ def parse_invocation(body: bytes) -> TranscriptionRequest:
     """Parse an /invocations body. Raises BadInputError naming the problem."""
     if not body:
         raise BadInputError('empty request body; send JSON {"audio_data": "<base64 audio>"}')
-    try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadInputError(f"request body is not valid JSON ({exc}); send {{\"audio_data\": \"<base64 audio>\"}}") from None
+    data = loads_json(body, "request body")
     if not isinstance(data, dict):
         raise BadInputError(f"request body must be a JSON object, got {type(data).__name__}")
     if "audio_data" not in data:
@@ -34,6 +31,19 @@ def parse_invocation(body: bytes) -> TranscriptionRequest:
     if prompt is not None and not isinstance(prompt, str):
         raise BadInputError(f"'whisper_prompt' must be a string, got {type(prompt).__name__}")
     return TranscriptionRequest(audio=decode_base64(audio_b64, "audio_data"), prompt=prompt or None)
+
+
+def loads_json(body: bytes, what: str):
+    """``json.loads`` whose every failure is a BadInputError naming ``what`` (also nesting too
+    deep for the parser and numbers too long to convert)."""
+    try:
+        return json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadInputError(f"{what} is not valid JSON ({exc}); send {{\"audio_data\": \"<base64 audio>\"}}") from None
+    except RecursionError:
+        raise BadInputError(f"{what} nests JSON too deeply") from None
+    except ValueError as exc:  # e.g. an integer with more digits than Python converts
+        raise BadInputError(f"{what} is not acceptable JSON ({exc})") from None
 
 
 def decode_base64(text: str, field: str) -> bytes:

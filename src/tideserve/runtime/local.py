@@ -69,6 +69,7 @@ class Replica:
     spawned_at: float | None = None  # wall clock, for the cold-start phases
     startup: dict | None = None  # phase name -> seconds since spawn, once ready
     intentional_stop: bool = False
+    suspect: bool = False  # the gateway failed to reach it; not routed to until a probe passes
     drain_started_at: float | None = None
 
     @property
@@ -128,7 +129,8 @@ class LocalRuntime:
         for ps in self.pools.values():
             for r in ps.replicas:
                 if r.port is not None and r.state in ("starting", "ready"):
-                    out.append(ReplicaEndpoint(r.id, ps.spec.name, r.url, r.state == "ready", ps.spec.max_concurrency))
+                    ready = r.state == "ready" and not r.suspect
+                    out.append(ReplicaEndpoint(r.id, ps.spec.name, r.url, ready, ps.spec.max_concurrency))
         return out
 
     def accepting(self) -> bool:
@@ -138,11 +140,15 @@ class LocalRuntime:
         return "; ".join(f"pool {n} {ps.state}: {ps.reason}" for n, ps in self.pools.items() if ps.state != "running") or "stopping"
 
     def report_unreachable(self, replica_id: str) -> None:
-        """The gateway could not reach this replica: check it at the next tick."""
+        """The gateway could not reach this replica: stop routing to it until a health check
+        passes again (or it is restarted), and check it now."""
         for ps in self.pools.values():
             for r in ps.replicas:
                 if r.id == replica_id and r.state == "ready":
+                    r.suspect = True
                     r.last_health_at = 0.0
+                    self._wake.set()
+                    self._notify()
 
     def status(self) -> dict:
         now = time.monotonic()
@@ -303,7 +309,7 @@ class LocalRuntime:
         r.startup_file = self.run_dir / f"{r.id}.startup.json"
         r.startup_file.unlink(missing_ok=True)
         r.startup = None
-        r.port, r.state, r.ready_at, r.health_failures = None, "starting", None, 0
+        r.port, r.state, r.ready_at, r.health_failures, r.suspect = None, "starting", None, 0, False
         cmd = [
             sys.executable, "-m", "tideserve.worker", "--endpoint", str(self.endpoint_file), "--pool", ps.spec.name,
             "--replica-id", r.id, "--port", "0", "--port-file", str(r.port_file), "--log-format", self.log_format,
@@ -409,6 +415,9 @@ class LocalRuntime:
             r.last_health_at = now
             if await self._probe(r):
                 r.health_failures = 0
+                if r.suspect:
+                    r.suspect = False
+                    self._notify()
             else:
                 r.health_failures += 1
                 if r.health_failures >= HEALTH_FAILURES_BEFORE_RESTART:

@@ -123,6 +123,8 @@ def load_endpoint(path: str | os.PathLike[str]) -> InferenceEndpoint:
         text = p.read_text()
     except OSError as exc:
         raise SpecError(f"cannot read endpoint file {p}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise SpecError(f"{p} is not UTF-8 text; an endpoint file is YAML") from None
     return load_model_text(InferenceEndpoint, text, str(p))
 
 
@@ -144,6 +146,8 @@ def load_local_config(path: str | os.PathLike[str] | None = None) -> LocalConfig
         text = p.read_text()
     except OSError as exc:
         raise SpecError(f"cannot read config file {p}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise SpecError(f"{p} is not UTF-8 text; the local config is YAML") from None
     cfg = load_model_text(LocalConfig, text, str(p))
     return _resolve_paths(cfg, p.resolve().parent, str(p))
 

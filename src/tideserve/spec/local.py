@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from tideserve.spec.models import _Strict
 
@@ -47,6 +47,14 @@ class LocalConfig(_Strict):
     ready_timeout_s: float = Field(300.0, gt=0, description="Longest a replica may take to become ready.")
     restart: RestartPolicy = Field(default_factory=RestartPolicy)
 
+    @field_validator("api_keys")
+    @classmethod
+    def _keys_have_no_blanks(cls, keys: list[str]) -> list[str]:
+        for i, k in enumerate(keys):
+            if not k or any(ch.isspace() for ch in k) or not k.isprintable():
+                raise ValueError(f"api_keys[{i}] is empty or holds whitespace or control characters; use a random token")
+        return keys
+
     @model_validator(mode="after")
     def _tls_pair(self) -> "LocalConfig":
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
@@ -58,7 +66,7 @@ class LocalConfig(_Strict):
         keys = list(self.api_keys)
         if self.api_keys_file is not None:
             for line in Path(self.api_keys_file).read_text().splitlines():
-                line = line.strip()
-                if line and not line.startswith("#"):
+                line = line.strip(" \t\r")
+                if line and not line.startswith("#") and not any(ch.isspace() for ch in line):
                     keys.append(line)
         return keys

@@ -234,6 +234,13 @@ class GatewaySpec(_Strict):
     request_timeout_s: float = Field(300, gt=0, description="Longest one request may take end to end.")
     max_pending: int = Field(1000, ge=0, description="Requests held waiting for capacity before 503.")
     max_body_bytes: int = Field(26_214_400, ge=1024, le=1 << 31, description="Largest request body (413 past it).")
+    max_audio_s: float = Field(
+        3600, gt=0, le=86_400, description="Longest audio accepted, in seconds once decoded (413 past it)."
+    )
+    max_prompt_chars: int = Field(
+        2000, ge=0, le=100_000,
+        description="Longest prompt in characters (400 past it). Whisper keeps only the last 223 prompt tokens.",
+    )
 
 
 class Metadata(_Strict):

@@ -21,7 +21,14 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from tideserve import __version__
-from tideserve.errors import BadInputError, CapacityError, TideserveError, UnauthorizedError, UnknownModelError
+from tideserve.errors import (
+    BadInputError,
+    CapacityError,
+    PayloadTooLargeError,
+    TideserveError,
+    UnauthorizedError,
+    UnknownModelError,
+)
 from tideserve.httpcommon import request_id_and_errors
 from tideserve.metrics.triton import TritonMetrics
 from tideserve.protocol import TranscriptionRequest, TranscriptionResult, kserve, openai, sagemaker
@@ -47,8 +54,11 @@ class WorkerState:
 class WorkerService:
     """Transcription on top of a backend and a batcher; no HTTP here."""
 
-    def __init__(self, model_name: str, backend: Backend, batcher: DynamicBatcher, metrics: TritonMetrics) -> None:
+    def __init__(self, model_name: str, backend: Backend, batcher: DynamicBatcher, metrics: TritonMetrics,
+                 max_audio_s: float | None = None, max_prompt_chars: int | None = None) -> None:
         self.model_name = model_name
+        self.max_audio_s = max_audio_s
+        self.max_prompt_chars = max_prompt_chars
         self.backend = backend
         self.batcher = batcher
         self.metrics = metrics
@@ -57,11 +67,16 @@ class WorkerService:
     async def transcribe(self, req: TranscriptionRequest) -> TranscriptionResult:
         """Decode, window and batch one request. Raises BadInputError for bad audio or a
         language the model does not know."""
+        if self.max_prompt_chars is not None and req.prompt and len(req.prompt) > self.max_prompt_chars:
+            raise BadInputError(
+                f"prompt is {len(req.prompt)} characters, over the limit of {self.max_prompt_chars} "
+                "(spec.gateway.max_prompt_chars); Whisper uses only the last 223 tokens of a prompt"
+            )
         if req.language is not None and req.language not in self.backend.languages:
             known = ", ".join(sorted(self.backend.languages)[:12])
             more = "..." if len(self.backend.languages) > 12 else ""
             raise BadInputError(f"language '{req.language}' is not supported by model '{self.model_name}'; use one of {known}{more}")
-        samples = await asyncio.get_running_loop().run_in_executor(None, decode_audio, req.audio)
+        samples = await asyncio.get_running_loop().run_in_executor(None, decode_audio, req.audio, self.max_audio_s)
         windows = split_windows(samples, SAMPLE_RATE)
         tasks = [WindowTask(w.samples, w.offset_s, req.prompt, req.language, req.timestamps) for w in windows]
         self.metrics.add("tideserve_worker_requests_in_batcher", 1)
@@ -100,7 +115,8 @@ class WorkerService:
         return out
 
 
-def build_app(service: WorkerService, max_body_bytes: int, token: str | None = None) -> web.Application:
+def build_app(service: WorkerService, max_body_bytes: int, token: str | None = None,
+              platform: str = "faster-whisper") -> web.Application:
     """The aiohttp application of one worker. ``token``, when set, must be sent by callers in
     the ``X-Tideserve-Token`` header (the gateway does); health and metrics stay open."""
     open_paths = ("/ping", "/v2/health/live", "/v2/health/ready", "/metrics")
@@ -133,7 +149,7 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
         started = time.monotonic()
         try:
             result = await service.transcribe(req)
-        except BadInputError:
+        except (BadInputError, PayloadTooLargeError):
             service.metrics.on_request(False, time.monotonic() - started, "REJECTED")
             raise
         except asyncio.CancelledError:
@@ -174,7 +190,7 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
 
     async def model_meta(request: web.Request) -> web.Response:
         check_model(request.match_info["name"])
-        return web.json_response(kserve.model_metadata(name, service.backend.platform))
+        return web.json_response(kserve.model_metadata(name, platform))
 
     async def model_ready(request: web.Request) -> web.Response:
         check_model(request.match_info["name"])
@@ -195,8 +211,16 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
             raise BadInputError("send multipart/form-data with fields 'file' and 'model'")
         try:
             form = await request.post()
-        except ValueError as exc:
-            raise BadInputError(f"malformed multipart body: {exc}") from None
+        except web.HTTPRequestEntityTooLarge:
+            raise
+        except (ValueError, LookupError, RuntimeError, UnicodeError, web.HTTPException) as exc:
+            # aiohttp raises many kinds for a broken multipart body (bad charset, unknown
+            # transfer encoding, invalid or over-long part headers): all are the client's.
+            raise BadInputError(f"malformed multipart body ({type(exc).__name__}: {exc})") from None
+        except Exception as exc:  # noqa: BLE001 - aiohttp's parser errors have no common base
+            if type(exc).__module__.startswith("aiohttp"):
+                raise BadInputError(f"malformed multipart body ({type(exc).__name__}: {exc})") from None
+            raise
         fields: dict[str, str] = {}
         file_bytes = None
         for key, value in form.items():

@@ -1,8 +1,11 @@
 """Decode an encoded audio file into 16 kHz mono float32 samples (PyAV/FFmpeg adapter).
 
-Any container/codec FFmpeg reads (wav, flac, mp3, ogg/vorbis/opus, webm...) at any sample rate
-and channel count; channels are mixed to mono and the rate converted by FFmpeg's resampler.
-This is the only module that imports ``av``.
+Containers are recognised by their magic bytes and only an allowlist is handed to FFmpeg,
+with the demuxer named explicitly: FFmpeg's own probing would also accept playlists and
+session descriptions (SDP, HLS, concat) that open network sockets or other files. Accepted:
+wav, flac, mp3, ogg (vorbis, opus, flac), webm/matroska, mp4/m4a, aiff, au, aac (ADTS); any
+sample rate from 1 kHz up and any channel count: channels are mixed to mono and the rate
+converted by FFmpeg's resampler. This is the only module that imports ``av``.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import struct
 import av
 import numpy as np
 
-from tideserve.errors import BadInputError
+from tideserve.errors import BadInputError, PayloadTooLargeError
 
 SAMPLE_RATE = 16_000
 
@@ -42,34 +45,84 @@ def check_wav_complete(data: bytes) -> None:
     raise BadInputError("truncated WAV: the file ends before its 'data' chunk; send the whole file")
 
 
-def decode_audio(data: bytes) -> np.ndarray:
+MIN_SAMPLE_RATE = 1000
+_FORMATS = "wav, flac, mp3, ogg, webm, mp4/m4a, aiff, au or aac"
+
+
+def sniff_format(data: bytes) -> str:
+    """The FFmpeg demuxer for ``data``, from its magic bytes. Raises BadInputError for anything
+    not on the allowlist."""
+    head = data[:12]
+    if head[:4] == b"RIFF" and head[8:12] in (b"WAVE", b"RF64") or head[:4] in (b"RF64", b"BW64"):
+        return "wav"
+    if head[:4] == b"fLaC":
+        return "flac"
+    if head[:4] == b"OggS":
+        return "ogg"
+    if head[:4] == b"\x1a\x45\xdf\xa3":
+        return "matroska"  # also webm
+    if head[4:8] == b"ftyp":
+        return "mov"  # mp4, m4a
+    if head[:4] == b"FORM" and head[8:12] in (b"AIFF", b"AIFC"):
+        return "aiff"
+    if head[:4] == b".snd":
+        return "au"
+    if head[:3] == b"ID3":
+        return "mp3"
+    if len(head) >= 2 and head[0] == 0xFF:
+        if head[1] & 0xF6 == 0xF0:
+            return "aac"  # ADTS
+        if head[1] & 0xE0 == 0xE0:
+            return "mp3"  # MPEG audio frame sync
+    raise BadInputError(f"not a supported audio file (unrecognised header {data[:8]!r}); send {_FORMATS}")
+
+
+def decode_audio(data: bytes, max_duration_s: float | None = None) -> np.ndarray:
     """Decode ``data`` (an encoded audio file) to float32 samples, shape (n,), 16 kHz mono.
 
-    Raises BadInputError for empty input, bytes that are not audio, truncated WAV files and
-    audio with no samples.
+    Raises BadInputError for empty input, bytes that are not audio of an accepted format,
+    truncated WAV files, sample rates under 1 kHz, non-finite samples and audio with no
+    samples; PayloadTooLargeError when the audio is longer than ``max_duration_s`` seconds
+    (decoding stops there: a small file cannot expand into hours of samples).
     """
     if not data:
-        raise BadInputError("audio is empty (0 bytes); send an encoded audio file such as wav, flac, mp3, ogg or webm")
-    check_wav_complete(data)
+        raise BadInputError(f"audio is empty (0 bytes); send an encoded audio file: {_FORMATS}")
+    fmt = sniff_format(data)
+    if fmt == "wav":
+        check_wav_complete(data)
+    limit = None if max_duration_s is None else int(max_duration_s * SAMPLE_RATE)
     chunks: list[np.ndarray] = []
+    total = 0
     try:
-        with av.open(io.BytesIO(data), mode="r", metadata_errors="ignore") as container:
+        with av.open(io.BytesIO(data), mode="r", format=fmt, metadata_errors="ignore") as container:
             if not container.streams.audio:
-                raise BadInputError("the file holds no audio stream; send wav, flac, mp3, ogg or webm audio")
+                raise BadInputError(f"the file holds no audio stream; send {_FORMATS}")
             stream = container.streams.audio[0]
+            rate = stream.codec_context.sample_rate or stream.rate or 0
+            if rate and rate < MIN_SAMPLE_RATE:
+                raise BadInputError(f"sample rate {rate} Hz is too low for speech; send audio at {MIN_SAMPLE_RATE} Hz or more")
             resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
             for frame in container.decode(stream):
                 for out in resampler.resample(frame):
-                    chunks.append(out.to_ndarray().reshape(-1))
+                    chunk = out.to_ndarray().reshape(-1)
+                    chunks.append(chunk)
+                    total += len(chunk)
+                if limit is not None and total > limit:
+                    raise PayloadTooLargeError(
+                        f"audio is longer than the limit of {max_duration_s:g} s (spec.gateway.max_audio_s); "
+                        "send a shorter file or raise the limit"
+                    )
             for out in resampler.resample(None):
                 chunks.append(out.to_ndarray().reshape(-1))
-    except BadInputError:
+    except (BadInputError, PayloadTooLargeError):
         raise
-    except (av.FFmpegError, ValueError, EOFError) as exc:
-        raise BadInputError(
-            f"could not decode the audio ({type(exc).__name__}: {exc}); send wav, flac, mp3, ogg or webm"
-        ) from None
+    except (av.FFmpegError, ValueError, EOFError, MemoryError, OverflowError) as exc:
+        raise BadInputError(f"could not decode the audio as {fmt} ({type(exc).__name__}: {exc}); send {_FORMATS}") from None
     samples = np.concatenate(chunks).astype(np.float32, copy=False) if chunks else np.zeros(0, np.float32)
     if samples.size == 0:
         raise BadInputError("the audio decodes to no samples; send a file with at least some sound")
-    return samples
+    if limit is not None and samples.size > limit:
+        raise PayloadTooLargeError(f"audio is longer than the limit of {max_duration_s:g} s (spec.gateway.max_audio_s)")
+    if not np.isfinite(samples).all():
+        raise BadInputError("the audio holds NaN or infinite samples; send real audio")
+    return np.clip(samples, -1.0, 1.0, out=samples)

@@ -2,7 +2,9 @@
 
 Policy (Triton's dynamic batcher, ``max_queue_delay_microseconds``): a batch starts as soon
 as ``max_batch_size`` items are queued, or when the oldest queued item has waited
-``max_queue_delay_s``, whichever comes first. Executions run one at a time on a dedicated
+``max_queue_delay_s``, whichever comes first. A batch is filled round-robin over the callers
+with queued items, in order of arrival (one item of each caller per round), so a caller with
+many items (the windows of a long file) does not hold back a short one queued behind it. Executions run one at a time on a dedicated
 thread (the model is not re-entrant); while one runs, new items queue and form the next
 batch. Items whose caller went away (their future was cancelled, e.g. the client
 disconnected) are dropped before execution, never computed.
@@ -52,6 +54,7 @@ class NullObserver:
 class _Item(Generic[T]):
     payload: T
     future: asyncio.Future
+    caller: int = 0
     enqueued: float = field(default_factory=time.monotonic)
 
 
@@ -85,6 +88,7 @@ class DynamicBatcher(Generic[T, R]):
         self._task: asyncio.Task | None = None
         self.executions = 0
         self.busy = False
+        self._callers = 0
 
     @property
     def queued(self) -> int:
@@ -115,7 +119,8 @@ class DynamicBatcher(Generic[T, R]):
         If the caller is cancelled while the items wait, they are dropped unexecuted.
         """
         loop = asyncio.get_running_loop()
-        items = [_Item(p, loop.create_future()) for p in payloads]
+        self._callers += 1
+        items = [_Item(p, loop.create_future(), self._callers) for p in payloads]
         self._queue.extend(items)
         self._observer.on_enqueue(len(items))
         self._wakeup.set()
@@ -136,17 +141,27 @@ class DynamicBatcher(Generic[T, R]):
             raise
 
     def _take_live(self) -> list[_Item[T]]:
-        batch: list[_Item[T]] = []
-        dropped = 0
-        while self._queue and len(batch) < self.max_batch_size:
-            item = self._queue.popleft()
-            if item.future.done():  # cancelled by its caller
-                dropped += 1
-                continue
-            batch.append(item)
+        """Up to ``max_batch_size`` live items, round-robin over callers in arrival order."""
+        live = [i for i in self._queue if not i.future.done()]
+        dropped = len(self._queue) - len(live)
         if dropped:
             self._observer.on_dequeue(dropped)
             self._observer.on_dropped(dropped)
+        by_caller: dict[int, list[_Item[T]]] = {}
+        for item in live:
+            by_caller.setdefault(item.caller, []).append(item)
+        queues = list(by_caller.values())
+        batch: list[_Item[T]] = []
+        depth = 0
+        while len(batch) < self.max_batch_size and len(batch) < len(live):
+            for q in queues:
+                if depth < len(q):
+                    batch.append(q[depth])
+                    if len(batch) == self.max_batch_size:
+                        break
+            depth += 1
+        taken = {id(i) for i in batch}
+        self._queue = collections.deque(i for i in live if id(i) not in taken)
         return batch
 
     def _live_count(self) -> int:

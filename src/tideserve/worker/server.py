@@ -89,8 +89,10 @@ async def serve(args: argparse.Namespace, phases: dict[str, float]) -> int:
         lambda tasks: holder["backend"].transcribe_batch(tasks),
         spec.batching.max_batch_size, spec.batching.max_queue_delay_ms / 1000.0, metrics,
     )
-    service = WorkerService(spec.model.name, None, batcher, metrics)  # type: ignore[arg-type]
-    app = build_app(service, spec.gateway.max_body_bytes, os.environ.get("TIDESERVE_WORKER_TOKEN") or None)
+    service = WorkerService(spec.model.name, None, batcher, metrics,  # type: ignore[arg-type]
+                            spec.gateway.max_audio_s, spec.gateway.max_prompt_chars)
+    app = build_app(service, spec.gateway.max_body_bytes, os.environ.get("TIDESERVE_WORKER_TOKEN") or None,
+                    platform=spec.model.backend)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)

@@ -168,3 +168,39 @@ def test_error_bodies_per_api():
     assert error_body("kserve", "bad_input", "m", "r")["error"] == "m"
     assert error_body("openai", "bad_input", "m", "r")["error"]["message"] == "m"
     assert error_body("sagemaker", "bad_input", "m", "r") == {"code": "bad_input", "message": "m", "request_id": "r"}
+
+
+@pytest.mark.parametrize("body", [b"[" * 100_000, b'{"a":' * 50_000, b'{"audio_data": 1' + b"0" * 5000 + b"}"])
+def test_pathological_json_is_bad_input(body):
+    with pytest.raises(BadInputError):
+        sagemaker.parse_invocation(body)
+
+
+@pytest.mark.parametrize("doc,words", [
+    ({"inputs": [{"name": "AUDIO", "datatype": "BYTES", "shape": [1], "parameters": [1], "data": ["AAAA"]}]},
+     "must be an object"),
+    ({"inputs": [], "parameters": "x"}, "'parameters' of the inference request"),
+    ({"inputs": [], "outputs": 5}, "'outputs' of the inference request must be a list"),
+    ({"inputs": [{"name": "AUDIO", "datatype": "BYTES", "shape": [1], "data": ["AAAA"]}],
+      "outputs": [{"name": "TEXT", "parameters": ["binary_data"]}]}, "'parameters' of output"),
+    ({"inputs": [{"name": "AUDIO", "datatype": "BYTES", "shape": [1], "data": ["AAAA"]}], "outputs": [5]}, "each entry of 'outputs'"),
+])
+def test_kserve_wrong_types_are_bad_input(doc, words):
+    with pytest.raises(BadInputError, match=words):
+        kserve.parse_infer(json.dumps(doc).encode(), None)
+
+
+def test_kserve_deeply_nested_data_is_flattened_without_recursion():
+    nested = "[" * 5000 + '"AAAA"' + "]" * 5000
+    body = ('{"inputs": [{"name": "AUDIO", "datatype": "BYTES", "shape": [1], "data": ' + nested + "}]}").encode()
+    try:
+        parsed = kserve.parse_infer(body, None)
+    except BadInputError as e:  # the JSON parser itself may refuse the depth
+        assert "too deeply" in str(e)
+    else:
+        assert parsed.request.audio == b"\x00\x00\x00"
+
+
+def test_openai_5xx_errors_are_server_errors():
+    assert error_body("openai", "unavailable", "m", "r", 503)["error"]["type"] == "server_error"
+    assert error_body("openai", "bad_input", "m", "r", 400)["error"]["type"] == "invalid_request_error"

@@ -136,3 +136,22 @@ def test_local_config_names_a_missing_file(tmp_path):
         load_local_config(p)
     assert ei.value.problems == [("api_keys_file", "file /nonexistent/keys.txt does not exist or is not readable "
                                   "(relative paths are relative to the config file)")]
+
+
+@pytest.mark.parametrize("keys", [[""], ["ok-key", " "], ["has space"], ["tab\tkey"]])
+def test_blank_or_whitespace_api_keys_refused(tmp_path, keys):
+    p = tmp_path / "c.yaml"
+    import yaml
+
+    p.write_text(yaml.safe_dump({"api_keys": keys}))
+    with pytest.raises(SpecError, match="empty or holds whitespace"):
+        load_local_config(p)
+
+
+def test_binary_files_are_a_clear_error(tmp_path):
+    p = tmp_path / "bin.yaml"
+    p.write_bytes(b"\xff\xfe\x00garbage\x80")
+    with pytest.raises(SpecError, match="not UTF-8 text"):
+        load_endpoint(p)
+    with pytest.raises(SpecError, match="not UTF-8 text"):
+        load_local_config(p)

@@ -53,8 +53,65 @@ def test_empty_bytes():
 
 
 def test_not_audio():
-    with pytest.raises(BadInputError, match="could not decode the audio"):
+    with pytest.raises(BadInputError, match="not a supported audio file"):
         decode_audio(b"%PDF-1.4 definitely not audio" * 100)
+
+
+def test_audio_looking_garbage():
+    with pytest.raises(BadInputError, match="could not decode the audio as mp3"):
+        decode_audio(b"\xff\xfb" + bytes(range(256)) * 20)
+
+
+def test_session_description_is_never_handed_to_ffmpeg():
+    # An SDP file makes FFmpeg's probing open RTP sockets; the allowlist refuses it outright.
+    sdp = b"v=0\no=- 0 0 IN IP4 127.0.0.1\ns=x\nc=IN IP4 127.0.0.1\nt=0 0\nm=audio 17050 RTP/AVP 0\n"
+    with pytest.raises(BadInputError, match="not a supported audio file"):
+        decode_audio(sdp)
+    with pytest.raises(BadInputError, match="not a supported audio file"):
+        decode_audio(b"#EXTM3U\n#EXT-X-TARGETDURATION:10\nhttp://127.0.0.1/a.ts\n")
+
+
+def test_duration_limit_stops_decoding(tone):
+    from tideserve.errors import PayloadTooLargeError
+
+    data = encode(np.tile(tone, 8), "flac")  # 20 s
+    with pytest.raises(PayloadTooLargeError, match="longer than the limit of 5 s"):
+        decode_audio(data, max_duration_s=5)
+    assert len(decode_audio(data, max_duration_s=30)) == 20 * SR
+
+
+def test_non_finite_samples_refused_and_loud_ones_clipped():
+    import io, av
+
+    def wav_float(x):
+        buf = io.BytesIO()
+        with av.open(buf, "w", format="wav") as out:
+            st = out.add_stream("pcm_f32le", rate=SR, layout="mono")
+            fr = av.AudioFrame.from_ndarray(x.reshape(1, -1).astype(np.float32), format="flt", layout="mono")
+            fr.sample_rate = SR
+            for p in st.encode(fr):
+                out.mux(p)
+            for p in st.encode(None):
+                out.mux(p)
+        return buf.getvalue()
+
+    x = np.zeros(SR, np.float32)
+    x[100] = np.nan
+    with pytest.raises(BadInputError, match="NaN or infinite"):
+        decode_audio(wav_float(x))
+    y = np.full(SR, 1e30, np.float32)
+    assert np.abs(decode_audio(wav_float(y))).max() <= 1.0
+
+
+def test_sample_rate_too_low():
+    import struct
+
+    rate, n = 100, 1000
+    fmt = struct.pack("<HHIIHH", 1, 1, rate, rate * 2, 2, 16)
+    data = struct.pack("<I", 2 * n)
+    wav = b"RIFF" + struct.pack("<I", 36 + 2 * n) + b"WAVE" + b"fmt " + struct.pack("<I", 16) + fmt + b"data" + data + bytes(2 * n)
+    with pytest.raises(BadInputError, match="sample rate 100 Hz is too low"):
+        decode_audio(wav)
 
 
 def test_truncated_wav(tone):

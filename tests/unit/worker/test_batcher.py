@@ -39,7 +39,8 @@ def test_concurrent_requests_share_executions_and_get_their_own_results():
 
     rec, results, executions = run(main())
     assert results == [[10], [20, 30], [40]]
-    assert rec.batches == [[1, 2, 3, 4]] and executions == 1 and rec.pending == 0
+    # One execution, filled round-robin over the three callers: 1, 2, 4, then the second of 2-3.
+    assert rec.batches == [[1, 2, 4, 3]] and executions == 1 and rec.pending == 0
 
 
 def test_max_batch_size_splits_batches_in_arrival_order():
@@ -113,3 +114,22 @@ def test_wrong_result_count_is_an_error():
 def test_max_batch_size_must_be_positive():
     with pytest.raises(ValueError):
         DynamicBatcher(lambda x: (x, ExecutionTimings()), 0, 0.0)
+
+
+def test_batches_are_filled_round_robin_over_callers():
+    """A long file's many windows do not hold back a short request queued after them."""
+    async def main():
+        rec = Recorder()
+        b = DynamicBatcher(rec.execute, max_batch_size=2, max_queue_delay_s=0.0, observer=rec)
+        long = asyncio.ensure_future(b.submit_many([1, 2, 3, 4, 5, 6]))
+        short = asyncio.ensure_future(b.submit_many([100]))
+        await asyncio.sleep(0)
+        b.start()
+        out = await asyncio.gather(long, short)
+        await b.close()
+        return rec, out
+
+    rec, out = run(main())
+    assert out == [[10, 20, 30, 40, 50, 60], [1000]]
+    assert rec.batches[0] == [1, 100]  # the short request rides in the first execution
+    assert [x for batch in rec.batches for x in batch if x != 100] == [1, 2, 3, 4, 5, 6]

@@ -38,7 +38,6 @@ class WindowResult:
 class Backend(Protocol):
     """A loaded model. ``transcribe_batch`` runs all tasks as ONE model execution."""
 
-    platform: str
     #: Language codes the model can transcribe (e.g. {"en"} for an English-only model).
     languages: frozenset[str]
 

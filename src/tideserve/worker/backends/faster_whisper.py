@@ -50,8 +50,6 @@ class FasterWhisperBackend:
     supported by this CPU.
     """
 
-    platform = "ctranslate2"
-
     def __init__(self, model_dir: Path, target: Target, decoding: Decoding, cpu_threads: int = 0) -> None:
         if target.device != "cpu":
             raise EngineMismatchError(
