@@ -112,3 +112,21 @@ def test_unicode_whitespace_bearer_is_refused(secured):
             while chunk := s.recv(65536):
                 reply += chunk
         assert reply.startswith(b"HTTP/1.1 401"), reply[:100]
+
+
+def test_slow_body_is_cut_off_by_the_request_timeout(secured):
+    import socket
+    import ssl as _ssl
+    import time
+
+    ctx = _ssl.create_default_context(cafile=str(secured.tmp / "ca.pem"))
+    with socket.create_connection(("127.0.0.1", secured.port)) as raw, \
+            ctx.wrap_socket(raw, server_hostname="127.0.0.1") as s:
+        s.sendall(b"POST /invocations HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer secret-key-1\r\n"
+                  b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{")
+        s.settimeout(30)
+        started = time.monotonic()
+        reply = s.recv(65536)
+    assert reply.startswith(b"HTTP/1.1 504"), reply[:200]
+    assert b"did not arrive within request_timeout_s=1" in reply
+    assert time.monotonic() - started < 20

@@ -97,9 +97,11 @@ def test_sigterm_stops_everything(tmp_path):
     path = write_endpoint(tmp_path)
     ep = EndpointProcess(path, tmp_path).__enter__()
     pids = ep.worker_pids()
-    assert pids
+    run_dir = ep.status()["run_dir"]
+    assert pids and os.path.isdir(run_dir)
     assert ep.stop(signal.SIGTERM) == 0
     _wait_gone(pids, 5)
+    assert not os.path.exists(run_dir), "the temporary run directory is removed on a clean stop"
 
 
 def test_sigint_stops_everything(tmp_path):

@@ -145,7 +145,13 @@ def build_gateway_app(
 
     async def forward(request: web.Request) -> web.Response:
         dispatcher.arrived()
-        body = await read_body(request)
+        try:
+            # A body that trickles in (slowloris) is bounded by the same request timeout.
+            async with asyncio.timeout(gw.request_timeout_s):
+                body = await read_body(request)
+        except TimeoutError:
+            raise RequestTimeoutError(
+                f"the request body did not arrive within request_timeout_s={gw.request_timeout_s:g}") from None
         headers = {h: request.headers[h] for h in _FORWARD_REQUEST_HEADERS if h in request.headers}
         headers[REQUEST_ID] = request["request_id"]
         if worker_token:

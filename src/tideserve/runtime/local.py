@@ -22,6 +22,7 @@ import ctypes
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -111,6 +112,7 @@ class LocalRuntime:
         self.worker_token = worker_token
         self.log_format = log_format
         self.tick_s = tick_s
+        self._own_run_dir = not config.run_dir
         self.run_dir = Path(config.run_dir) if config.run_dir else Path(tempfile.mkdtemp(prefix="tideserve-"))
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.pools = {p.name: PoolState(spec=p) for p in endpoint.spec.pools}
@@ -290,6 +292,8 @@ class LocalRuntime:
                     await p.wait()
         if self._session:
             await self._session.close()
+        if self._own_run_dir:  # a temporary directory of ours: replica logs go with it
+            shutil.rmtree(self.run_dir, ignore_errors=True)
         self._notify()
 
     # --- internals --------------------------------------------------------------------------
