@@ -40,10 +40,15 @@ def _wait_gone(pids: list[int], timeout_s: float = 30) -> None:
     raise AssertionError(f"processes still alive: {[p for p in pids if _alive(p)]}")
 
 
-def test_killed_replica_is_restarted_and_serves(tmp_path, en_clips):
+@pytest.mark.parametrize("zygote", [True, False], ids=["forked-by-zygote", "fresh-process"])
+def test_killed_replica_is_restarted_and_serves(tmp_path, en_clips, zygote):
     path = write_endpoint(tmp_path)
     hello = next(c for c in en_clips if c.name == "hello_world")
-    with EndpointProcess(path, tmp_path, config=FAST_RESTARTS) as ep:
+    with EndpointProcess(path, tmp_path, config={**FAST_RESTARTS, "zygote": zygote}) as ep:
+        st = ep.status()
+        assert st["zygote"] == ("ready" if zygote else "off")
+        parent = int(open(f"/proc/{st['pools'][0]['replicas'][0]['pid']}/stat").read().split()[3])
+        assert (parent == st["zygote_pid"]) == zygote
         (pid,) = ep.worker_pids()
         os.kill(pid, signal.SIGKILL)
         st = ep.wait_for(lambda s: s["pools"][0]["replicas"][0]["restarts"] == 1
@@ -157,3 +162,18 @@ def test_gateway_port_in_use_is_a_clear_error(tmp_path):
     r = subprocess.run([sys.executable, "-m", "tideserve", "up", str(path)], capture_output=True, text=True, timeout=60)
     s.close()
     assert r.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in r.stderr
+
+
+def test_losing_the_zygote_falls_back_to_fresh_processes(tmp_path, en_clips):
+    path = write_endpoint(tmp_path)
+    hello = next(c for c in en_clips if c.name == "hello_world")
+    with EndpointProcess(path, tmp_path, config=FAST_RESTARTS) as ep:
+        st = ep.status()
+        old_pid = st["pools"][0]["replicas"][0]["pid"]
+        os.kill(st["zygote_pid"], signal.SIGKILL)
+        _wait_gone([old_pid], 30)  # its replica dies with it (parent-death signal)
+        st = ep.wait_for(lambda s: s["zygote"] == "gone" and s["pools"][0]["ready"] == 1
+                         and s["pools"][0]["replicas"][0]["pid"] != old_pid, 60, "a fresh replica")
+        with ep.client() as c:
+            r = c.post("/invocations", json={"audio_data": base64.b64encode(hello.wav).decode()})
+        assert r.status_code == 200 and wer(hello.reference, r.json()["transcribe_text"]) <= 0.15

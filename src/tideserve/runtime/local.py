@@ -35,6 +35,7 @@ import aiohttp
 
 from tideserve.provisioner import Node, ReplicaRequest, SpotMarket, local_node, plan_launches
 from tideserve.replicas import ReplicaEndpoint
+from tideserve.runtime.zygote import ForkedProcess, Zygote
 from tideserve.spec import InferenceEndpoint, LocalConfig, Pool
 
 log = logging.getLogger("tideserve.runtime")
@@ -55,7 +56,7 @@ class Replica:
     id: str
     pool: str
     state: str = "starting"  # starting | ready | draining | restarting | stopped
-    proc: asyncio.subprocess.Process | None = None
+    proc: asyncio.subprocess.Process | ForkedProcess | None = None
     port: int | None = None
     started_at: float = 0.0
     ready_at: float | None = None
@@ -121,6 +122,7 @@ class LocalRuntime:
         self._session: aiohttp.ClientSession | None = None
         self._stopping = False
         self._wake = asyncio.Event()
+        self._zygote: Zygote | None = None
 
     # --- public API used by the gateway and the CLI ---------------------------------------
     def add_listener(self, cb: Callable[[], None]) -> None:
@@ -180,7 +182,9 @@ class LocalRuntime:
                     for r in ps.replicas
                 ],
             })
-        return {"runtime": "local", "run_dir": str(self.run_dir), "pools": pools}
+        zygote = "off" if self._zygote is None else self._zygote.state
+        return {"runtime": "local", "run_dir": str(self.run_dir), "zygote": zygote,
+                "zygote_pid": self._zygote.pid if self._zygote is not None else None, "pools": pools}
 
     def scrape_targets(self) -> list[dict]:
         """Prometheus HTTP service discovery: one target group per ready or starting replica."""
@@ -259,8 +263,12 @@ class LocalRuntime:
                 return
 
     async def start(self) -> None:
-        """Start each pool's minimum replicas (as many as fit the slots) and the supervisor."""
+        """Start the zygote (if configured), each pool's minimum replicas (as many as fit the
+        slots) and the supervisor."""
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2))
+        if self.config.zygote and sys.platform == "linux":
+            self._zygote = Zygote()
+            await self._zygote.start(_set_pdeathsig)
         await self.apply({name: ps.spec.replicas.min for name, ps in self.pools.items()}, [])
         self._task = asyncio.get_running_loop().create_task(self._supervise(), name="runtime-supervisor")
 
@@ -290,6 +298,8 @@ class LocalRuntime:
                 if p.returncode is None:
                     p.kill()
                     await p.wait()
+        if self._zygote is not None:
+            await self._zygote.stop()
         if self._session:
             await self._session.close()
         if self._own_run_dir:  # a temporary directory of ours: replica logs go with it
@@ -314,22 +324,30 @@ class LocalRuntime:
         r.startup_file.unlink(missing_ok=True)
         r.startup = None
         r.port, r.state, r.ready_at, r.health_failures, r.suspect = None, "starting", None, 0, False
-        cmd = [
-            sys.executable, "-m", "tideserve.worker", "--endpoint", str(self.endpoint_file), "--pool", ps.spec.name,
+        argv = [
+            "--endpoint", str(self.endpoint_file), "--pool", ps.spec.name,
             "--replica-id", r.id, "--port", "0", "--port-file", str(r.port_file), "--log-format", self.log_format,
             "--startup-file", str(r.startup_file),
             "--drain-timeout-s", str(self.endpoint.spec.gateway.request_timeout_s),
         ]
         if self.config_file:
-            cmd += ["--config", str(self.config_file)]
+            argv += ["--config", str(self.config_file)]
         env = dict(os.environ)
         if self.worker_token:
             env["TIDESERVE_WORKER_TOKEN"] = self.worker_token
         r.spawned_at = time.time()
-        r.proc = await asyncio.create_subprocess_exec(
-            *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-            env=env, preexec_fn=_set_pdeathsig if sys.platform == "linux" else None,
-        )
+        r.proc = None
+        if self._zygote is not None and await self._zygote.wait_ready(120):
+            try:
+                r.proc = await self._zygote.spawn(argv, env)  # type: ignore[assignment]
+            except (OSError, asyncio.TimeoutError) as exc:
+                log.warning("zygote could not fork %s (%s); starting a fresh process", r.id, exc)
+        if r.proc is None:
+            r.proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "tideserve.worker", *argv, stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env,
+                preexec_fn=_set_pdeathsig if sys.platform == "linux" else None,
+            )
         r.started_at = time.monotonic()
         r.intentional_stop = False
         asyncio.get_running_loop().create_task(self._pump_logs(r, r.proc))

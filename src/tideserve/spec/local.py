@@ -43,6 +43,10 @@ class LocalConfig(_Strict):
     cpu_threads_per_replica: int = Field(
         0, ge=0, description="Intra-op threads per CPU replica; 0 = the backend's default (all cores)."
     )
+    zygote: bool = Field(
+        True, description="Fork replicas from a template process that has already imported the worker's "
+        "libraries (about 1 s less cold start here); false starts each replica as a fresh interpreter.",
+    )
     health_interval_s: float = Field(2.0, gt=0, description="Seconds between health checks of a ready replica.")
     ready_timeout_s: float = Field(300.0, gt=0, description="Longest a replica may take to become ready.")
     restart: RestartPolicy = Field(default_factory=RestartPolicy)
