@@ -123,8 +123,9 @@ def long_clip(en_clips: list[Clip]) -> Clip:
 
 @pytest.fixture(scope="session")
 def endpoint(tmp_path_factory: pytest.TempPathFactory) -> EndpointProcess:
-    """The default example endpoint (tiny.en, one CPU replica) on a free loopback port."""
+    """The default example endpoint (tiny.en, one CPU pool scaling from zero) on a free
+    loopback port: the first request of the session activates its replica."""
     tmp = tmp_path_factory.mktemp("default-endpoint")
-    path = write_endpoint(tmp, gateway={"max_body_bytes": 8 * 1024 * 1024})
+    path = write_endpoint(tmp, min_replicas=None, gateway={"max_body_bytes": 8 * 1024 * 1024})
     with EndpointProcess(path, tmp) as ep:
         yield ep

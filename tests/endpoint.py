@@ -25,13 +25,20 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
-def write_endpoint(tmp: Path, name: str = "endpoint.yaml", pools: list[dict] | None = None, **spec_overrides: Any) -> Path:
-    """The default example with ``spec`` keys overridden, gateway on port 0; returns its path."""
+def write_endpoint(tmp: Path, name: str = "endpoint.yaml", pools: list[dict] | None = None,
+                   min_replicas: int | None = 1, **spec_overrides: Any) -> Path:
+    """The default example with ``spec`` keys overridden, gateway on port 0; returns its path.
+
+    ``min_replicas`` (default 1, so that a replica is up when the test starts) overrides the
+    example's pool minimum; None keeps the example's own (0: scale to zero).
+    """
     doc = yaml.safe_load(EXAMPLE.read_text())
     doc["spec"] = _merge(doc["spec"], {"gateway": {"port": 0}})
     doc["spec"] = _merge(doc["spec"], spec_overrides)
     if pools is not None:
         doc["spec"]["pools"] = pools
+    elif min_replicas is not None:
+        doc["spec"]["pools"][0]["replicas"]["min"] = min_replicas
     path = tmp / name
     path.write_text(yaml.safe_dump(doc))
     return path

@@ -33,23 +33,21 @@ def _format_loc(loc: tuple[Any, ...]) -> str:
 
 
 def _yaml_line(root: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
-    """1-based line of the deepest YAML node on the path ``loc``."""
+    """1-based line of the key at ``loc``; for a missing field, of its deepest existing parent."""
     node, line = root, None
     for part in loc:
-        if node is None:
-            break
-        line = node.start_mark.line + 1
-        nxt = None
+        found = None
         if isinstance(node, yaml.MappingNode) and isinstance(part, str):
             for k, v in node.value:
                 if getattr(k, "value", None) == part:
-                    nxt, line = v, k.start_mark.line + 1
+                    found, line = v, k.start_mark.line + 1
                     break
         elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
-            nxt = node.value[part]
-        node = nxt
-    if node is not None:
-        line = node.start_mark.line + 1
+            found = node.value[part]
+            line = found.start_mark.line + 1
+        if found is None:
+            break
+        node = found
     return line
 
 
