@@ -12,7 +12,7 @@ ENDPOINT ?= examples/whisper-tiny-en.yaml
 # Extra arguments for `tideserve up`, e.g. make run UP_ARGS="--port 8081 --config local.yaml"
 UP_ARGS ?=
 
-.PHONY: run test lint bench lock clean
+.PHONY: run test bench lock clean prometheus
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -30,9 +30,17 @@ $(VENV)/.test-installed: $(VENV)/.run-installed requirements/test.lock
 run: $(VENV)/.run-installed
 	$(VENV)/bin/tideserve up $(ENDPOINT) --log-format text $(UP_ARGS)
 
-test: $(VENV)/.test-installed
+test: $(VENV)/.test-installed prometheus
 	$(VENV)/bin/lint-imports --config pyproject.toml
 	$(VENV)/bin/pytest -q
+
+# The observability tests scrape a real Prometheus (Debian's package; started by the tests on
+# loopback). Installing it needs root, as CI has; elsewhere install `prometheus` yourself.
+prometheus:
+	@if command -v prometheus >/dev/null && command -v promtool >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+	else echo "make test needs Debian's prometheus package: sudo apt-get install prometheus"; exit 1; fi
 
 bench: $(VENV)/.test-installed
 	$(PY) bench/gateway_overhead.py

@@ -21,6 +21,8 @@ from tideserve.errors import SpecError
 from tideserve.spec import InferenceEndpoint, load_endpoint, load_local_config
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="tideserve: one declarative inference endpoint.")
+render_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Render generated artefacts.")
+app.add_typer(render_app, name="render")
 err = Console(stderr=True, soft_wrap=True)
 # Piped output is not cut to 80 columns: tables keep every column readable in logs and scripts.
 out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
@@ -89,7 +91,8 @@ def _base_url(file: Optional[Path], url: Optional[str], config: Optional[Path]) 
     return f"{scheme}://{host}:{gw.port}"
 
 
-def _request(url: str, data: bytes | None, api_key: Optional[str], cacert: Optional[Path], timeout: float) -> dict:
+def _request(url: str, data: bytes | None, api_key: Optional[str], cacert: Optional[Path], timeout: float,
+             raw: bool = False):
     req = urllib.request.Request(url, data=data, method="POST" if data is not None else "GET")
     req.add_header("Content-Type", "application/json")
     if api_key:
@@ -101,7 +104,8 @@ def _request(url: str, data: bytes | None, api_key: Optional[str], cacert: Optio
         raise typer.Exit(2)
     try:
         with urllib.request.urlopen(req, timeout=timeout, context=ctx) as resp:
-            return json.loads(resp.read())
+            body = resp.read()
+            return body.decode() if raw else json.loads(body)
     except urllib.error.HTTPError as exc:
         body = exc.read().decode(errors="replace")
         try:
@@ -184,6 +188,60 @@ def status(
         inputs = ", ".join(f"{k}={v}" for k, v in last["inputs"].items())
         out.print(f"autoscaler ({last['age_s']:.1f}s ago): desired {desired} because {last['reason']}", highlight=False)
         out.print(f"  inputs: {inputs}", highlight=False)
+
+
+@app.command()
+def top(
+    file: Optional[Path] = typer.Argument(None, help="InferenceEndpoint YAML file (gives the address)"),
+    url: Optional[str] = typer.Option(None, help="gateway URL"),
+    config: Optional[Path] = typer.Option(None, help="local config (tells whether the gateway uses TLS)"),
+    api_key: Optional[str] = typer.Option(None, envvar="TIDESERVE_API_KEY", help="API key (or $TIDESERVE_API_KEY)"),
+    cacert: Optional[Path] = typer.Option(None, help="CA bundle to trust for TLS"),
+    interval: float = typer.Option(2.0, min=0.1, help="seconds between refreshes"),
+    iterations: int = typer.Option(0, min=0, help="stop after this many frames (0: until Ctrl-C)"),
+) -> None:
+    """Live view of pools, replicas, request rate, latency and pending requests."""
+    from tideserve.cli.top import run_top
+
+    base = _base_url(file, url, config)
+
+    def fetch() -> tuple[dict, str]:
+        return (_request(base + "/admin/status", None, api_key, cacert, 10),
+                _request(base + "/metrics", None, api_key, cacert, 10, raw=True))
+
+    run_top(fetch, interval, iterations, out)
+
+
+@render_app.command("dashboard")
+def render_dashboard(
+    out_file: Optional[Path] = typer.Option(None, "--out", help="write here instead of standard output"),
+    datasource_uid: str = typer.Option("${DS_PROMETHEUS}", help="Grafana Prometheus data source uid"),
+) -> None:
+    """The Grafana dashboard (JSON), generated from tideserve.metrics.panels."""
+    from tideserve.metrics.dashboard import build_dashboard
+
+    text = json.dumps(build_dashboard(datasource_uid), indent=2, sort_keys=True) + "\n"
+    _emit(text, out_file)
+
+
+@render_app.command("alerts")
+def render_alerts(
+    out_file: Optional[Path] = typer.Option(None, "--out", help="write here instead of standard output"),
+) -> None:
+    """Prometheus alerting rules (YAML) for tideserve endpoints."""
+    import yaml
+
+    from tideserve.metrics.panels import alert_rules
+
+    _emit(yaml.safe_dump(alert_rules(), sort_keys=False, width=120), out_file)
+
+
+def _emit(text: str, out_file: Optional[Path]) -> None:
+    if out_file is None:
+        sys.stdout.write(text)
+    else:
+        out_file.write_text(text)
+        err.print(f"wrote {out_file}", highlight=False)
 
 
 def main() -> None:  # pragma: no cover

@@ -49,6 +49,7 @@ async def run_endpoint(
     app = build_gateway_app(endpoint, runtime, cfg.all_api_keys(), token, extra_status=lambda: autoscaler.status() if autoscaler else {})
     dispatcher = app["dispatcher"]
     runtime.add_listener(dispatcher.notify)
+    runtime.on_replica_ready(lambda pool, phases: app["metrics"].observe_cold_start(endpoint.metadata.name, pool, phases))
     autoscaler = Autoscaler(endpoint.spec, dispatcher, runtime)
     dispatcher.on_hold = autoscaler.wake
 

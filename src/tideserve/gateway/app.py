@@ -43,6 +43,7 @@ from tideserve.spec import InferenceEndpoint
 log = logging.getLogger("tideserve.gateway")
 MAX_ATTEMPTS = 3
 TOKEN_HEADER = "X-Tideserve-Token"
+COMPUTE_HEADER = "X-Tideserve-Compute-Ms"  # set by workers: model time the request used
 _FORWARD_REQUEST_HEADERS = ("Content-Type", kserve.HEADER_LENGTH, "Accept")
 _FORWARD_RESPONSE_HEADERS = ("Content-Type", kserve.HEADER_LENGTH, "Retry-After")
 OPEN_PATHS = frozenset({"/ping", "/v2/health/live", "/v2/health/ready"})
@@ -71,6 +72,9 @@ def build_gateway_app(
     ep_name = endpoint.metadata.name
     keys = [k.encode() for k in (api_keys or [])]
     metrics = GatewayMetrics()
+    costs = {p.name: p.cost_usd_per_h for p in spec.pools}
+    metrics.register_cost(ep_name, lambda: (
+        (p["name"], costs.get(p["name"], 0.0), p["replica_seconds"]) for p in runtime.status()["pools"]))
     dispatcher = Dispatcher(runtime, gw.max_pending, gw.hold_timeout_s)
 
     @web.middleware
@@ -145,6 +149,7 @@ def build_gateway_app(
 
     async def forward(request: web.Request) -> web.Response:
         dispatcher.arrived()
+        request["started"] = time.monotonic()
         try:
             # A body that trickles in (slowloris) is bounded by the same request timeout.
             async with asyncio.timeout(gw.request_timeout_s):
@@ -180,6 +185,11 @@ def build_gateway_app(
                             data = await resp.read()
                             if resp.status == 200:
                                 dispatcher.record_service(replica.pool, time.monotonic() - sent)
+                                compute_ms = resp.headers.get(COMPUTE_HEADER)
+                                if compute_ms is not None:
+                                    metrics.compute_seconds.labels(ep_name, replica.pool).inc(float(compute_ms) / 1000)
+                                    metrics.request_seconds.labels(ep_name, replica.pool).inc(
+                                        time.monotonic() - request["started"])
                             if resp.status == 503 and attempt < MAX_ATTEMPTS:
                                 failed.add(replica.id)  # draining or not ready yet: try another
                                 continue
@@ -250,7 +260,10 @@ def build_gateway_app(
     async def metrics_h(request: web.Request) -> web.Response:
         status = runtime.status()
         metrics.replicas.clear()
+        metrics.pool_state.clear()
         for pool in status["pools"]:
+            for state in ("running", "failed", "unschedulable"):
+                metrics.pool_state.labels(ep_name, pool["name"], state).set(1 if pool["state"] == state else 0)
             counts: dict[str, int] = {}
             for rep in pool["replicas"]:
                 counts[rep["state"]] = counts.get(rep["state"], 0) + 1

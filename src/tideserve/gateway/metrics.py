@@ -4,7 +4,10 @@ client-chosen model names."""
 
 from __future__ import annotations
 
+from typing import Callable, Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
 
 from tideserve.metrics.triton import LATENCY_BUCKETS_S
 
@@ -30,3 +33,46 @@ class GatewayMetrics:
         self.retries = Counter(
             "tideserve_retries", "Requests re-sent to another replica after one failed", ["endpoint", "pool"], registry=r
         )
+        # Load ratio = request time / compute time (Triton's dashboards define it so): a ratio
+        # near 1 means requests are computing, a growing one that they wait.
+        self.request_seconds = Counter(
+            "tideserve_request_seconds", "Gateway time of answered inference requests (s)", ["endpoint", "pool"], registry=r
+        )
+        self.compute_seconds = Counter(
+            "tideserve_compute_seconds", "Model execution time of answered inference requests (s)",
+            ["endpoint", "pool"], registry=r,
+        )
+        self.cold_starts = Counter(
+            "tideserve_cold_starts", "Replicas started (process start to ready)", ["endpoint", "pool"], registry=r
+        )
+        self.cold_start_phase = Histogram(
+            "tideserve_cold_start_phase_seconds", "Duration of each cold-start phase of a replica (s)",
+            ["endpoint", "pool", "phase"], buckets=(0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120),
+            registry=r,
+        )
+        self.pool_state = Gauge(
+            "tideserve_pool_state", "1 for the current state of each pool (running, failed, unschedulable)",
+            ["endpoint", "pool", "state"], registry=r,
+        )
+
+    def observe_cold_start(self, endpoint: str, pool: str, phases: dict) -> None:
+        """Record a replica that became ready, with its phases (``*_s`` keys, seconds)."""
+        self.cold_starts.labels(endpoint, pool).inc()
+        for key, value in phases.items():
+            if key.endswith("_s") and isinstance(value, (int, float)) and value >= 0:
+                self.cold_start_phase.labels(endpoint, pool, key.removesuffix("_s")).observe(value)
+
+    def register_cost(self, endpoint: str, pools: Callable[[], Iterable[tuple[str, float, float]]]) -> None:
+        """Export ``tideserve_cost_usd_total{endpoint,pool}`` = cost_usd_per_h x replica time,
+        computed at each scrape from ``pools()`` -> (pool, cost_usd_per_h, replica seconds)."""
+
+        class _Cost:
+            def collect(self):
+                fam = CounterMetricFamily(
+                    "tideserve_cost_usd", "Cost so far: cost_usd_per_h x replica time", labels=["endpoint", "pool"]
+                )
+                for pool, usd_per_h, seconds in pools():
+                    fam.add_metric([endpoint, pool], usd_per_h * seconds / 3600.0)
+                yield fam
+
+        self.registry.register(_Cost())

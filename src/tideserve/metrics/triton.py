@@ -21,6 +21,9 @@ from typing import Sequence
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
+#: Failure reasons, as Triton labels them: bad input, client gone, model error, anything else.
+FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+
 #: Latency buckets in seconds, reaching long audio (a 10 min file on CPU can take minutes).
 LATENCY_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 
@@ -55,6 +58,8 @@ class TritonMetrics:
         for name in _FAMILIES:
             if name != "nv_inference_request_failure":
                 self._values[(name, ())] = 0.0
+        for reason in FAILURE_REASONS:  # every failure series exists from the start, at 0
+            self._values[("nv_inference_request_failure", (("reason", reason),))] = 0.0
         self.registry = CollectorRegistry()
         lbl = list(self.labels)
         self._latency = Histogram(

@@ -87,6 +87,7 @@ class PoolState:
     desired: int = 0
     replicas: list[Replica] = field(default_factory=list)
     next_index: int = 0
+    replica_seconds_done: float = 0.0  # lifetime of this pool's replica processes that ended
 
 
 class LocalRuntime:
@@ -123,10 +124,15 @@ class LocalRuntime:
         self._stopping = False
         self._wake = asyncio.Event()
         self._zygote: Zygote | None = None
+        self._ready_listeners: list[Callable[[str, dict], None]] = []
 
     # --- public API used by the gateway and the CLI ---------------------------------------
     def add_listener(self, cb: Callable[[], None]) -> None:
         self._listeners.append(cb)
+
+    def on_replica_ready(self, cb: Callable[[str, dict], None]) -> None:
+        """``cb(pool, startup phases)`` whenever a replica becomes ready (a cold start)."""
+        self._ready_listeners.append(cb)
 
     def endpoints(self) -> list[ReplicaEndpoint]:
         out = []
@@ -169,6 +175,9 @@ class LocalRuntime:
                 "min": ps.spec.replicas.min,
                 "max": ps.spec.replicas.max,
                 "max_concurrency": ps.spec.max_concurrency,
+                "replica_seconds": round(ps.replica_seconds_done + sum(
+                    now - r.started_at for r in ps.replicas if r.proc is not None and r.proc.returncode is None
+                ), 3),
                 "replicas": [
                     {
                         "id": r.id, "state": r.state, "url": r.url if r.port else None,
@@ -377,6 +386,7 @@ class LocalRuntime:
         return r.log_tail[-1][-400:] if r.log_tail else "(no output)"
 
     def _on_exit(self, ps: PoolState, r: Replica, code: int) -> None:
+        ps.replica_seconds_done += time.monotonic() - r.started_at
         r.last_exit = code
         r.port = None
         if r.intentional_stop or r.state == "draining":
@@ -427,6 +437,8 @@ class LocalRuntime:
             if r.port is not None and await self._probe(r):
                 r.state, r.ready_at, r.last_health_at = "ready", time.monotonic(), time.monotonic()
                 r.startup = self._startup_phases(r)
+                for cb in self._ready_listeners:
+                    cb(ps.spec.name, r.startup or {})
                 log.info("replica ready", extra={"replica": r.id, "pool": ps.spec.name,
                                                   "startup_s": round(r.ready_at - r.started_at, 3)})
                 self._notify()

@@ -30,15 +30,18 @@ from tideserve.errors import (
     UnknownModelError,
 )
 from tideserve.httpcommon import request_id_and_errors
+from tideserve.metrics.gpu import GpuMetrics
 from tideserve.metrics.triton import TritonMetrics
 from tideserve.protocol import TranscriptionRequest, TranscriptionResult, kserve, openai, sagemaker
 from tideserve.worker.audio import SAMPLE_RATE, decode_audio
 from tideserve.worker.backends.base import Backend, WindowResult, WindowTask
-from tideserve.worker.batcher import DynamicBatcher
+from tideserve.worker.batcher import DynamicBatcher, Usage
 from tideserve.worker.windows import split_windows
 
 log = logging.getLogger("tideserve.worker")
 TOKEN_HEADER = "X-Tideserve-Token"
+#: Model time (ms) the request's windows used, summed over the executions they ran in.
+COMPUTE_HEADER = "X-Tideserve-Compute-Ms"
 #: Most extra decoding rounds for window tails that Whisper left unfinished (each round's tails
 #: are shorter than the window they come from, so this only bounds pathological cases).
 MAX_TAIL_ROUNDS = 2
@@ -64,9 +67,9 @@ class WorkerService:
         self.metrics = metrics
         self.state = WorkerState()
 
-    async def transcribe(self, req: TranscriptionRequest) -> TranscriptionResult:
-        """Decode, window and batch one request. Raises BadInputError for bad audio or a
-        language the model does not know."""
+    async def transcribe(self, req: TranscriptionRequest, usage: Usage | None = None) -> TranscriptionResult:
+        """Decode, window and batch one request. ``usage`` collects the model time it used.
+        Raises BadInputError for bad audio or a language the model does not know."""
         if self.max_prompt_chars is not None and req.prompt and len(req.prompt) > self.max_prompt_chars:
             raise BadInputError(
                 f"prompt is {len(req.prompt)} characters, over the limit of {self.max_prompt_chars} "
@@ -81,7 +84,7 @@ class WorkerService:
         tasks = [WindowTask(w.samples, w.offset_s, req.prompt, req.language, req.timestamps) for w in windows]
         self.metrics.add("tideserve_worker_requests_in_batcher", 1)
         try:
-            results = await self._decode(tasks)
+            results = await self._decode(tasks, usage)
         finally:
             self.metrics.add("tideserve_worker_requests_in_batcher", -1)
         return TranscriptionResult(
@@ -92,11 +95,12 @@ class WorkerService:
         )
 
 
-    async def _decode(self, tasks: list[WindowTask], rounds_left: int = MAX_TAIL_ROUNDS) -> list[WindowResult]:
+    async def _decode(self, tasks: list[WindowTask], usage: Usage | None,
+                      rounds_left: int = MAX_TAIL_ROUNDS) -> list[WindowResult]:
         """Decode windows in one batched round; where a window stopped short of its end
         (Whisper leaves unfinished speech for the next seek), decode the rest of that window
         in a further round, batched with the other tails, and splice it in after its window."""
-        results: list[WindowResult] = await self.batcher.submit_many(tasks)
+        results: list[WindowResult] = await self.batcher.submit_many(tasks, usage)
         tails = [
             (i, WindowTask(t.samples[int(r.unfinished_from_s * SAMPLE_RATE):], t.offset_s + r.unfinished_from_s,
                            t.prompt, t.language, t.timestamps))
@@ -105,7 +109,7 @@ class WorkerService:
         ]
         if not tails or rounds_left <= 0:
             return results
-        tail_results = await self._decode([t for _, t in tails], rounds_left - 1)
+        tail_results = await self._decode([t for _, t in tails], usage, rounds_left - 1)
         out: list[WindowResult] = []
         extra = dict(zip((i for i, _ in tails), tail_results))
         for i, r in enumerate(results):
@@ -129,7 +133,16 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
                 raise UnauthorizedError("this worker only takes requests from its gateway")
         return await handler(request)
 
-    app = web.Application(client_max_size=max_body_bytes, middlewares=[request_id_and_errors, internal_token])
+    @web.middleware
+    async def compute_header(request: web.Request, handler):
+        resp = await handler(request)
+        usage = request.get("usage")
+        if usage is not None:
+            resp.headers[COMPUTE_HEADER] = f"{usage.compute_s * 1000:.3f}"
+        return resp
+
+    app = web.Application(client_max_size=max_body_bytes,
+                          middlewares=[request_id_and_errors, internal_token, compute_header])
     name = service.model_name
     st = service.state
 
@@ -147,8 +160,10 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
     async def run(request: web.Request, req: TranscriptionRequest) -> TranscriptionResult:
         st.in_flight += 1
         started = time.monotonic()
+        usage = Usage()
+        request["usage"] = usage
         try:
-            result = await service.transcribe(req)
+            result = await service.transcribe(req, usage)
         except (BadInputError, PayloadTooLargeError):
             service.metrics.on_request(False, time.monotonic() - started, "REJECTED")
             raise
@@ -237,8 +252,11 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
         return web.json_response({"object": "list", "data": [{"id": name, "object": "model", "owned_by": "tideserve"}]})
 
     # --- operations ----------------------------------------------------------------------
+    gpus = GpuMetrics()
+
     async def metrics(request: web.Request) -> web.Response:
-        return web.Response(body=service.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+        body = gpus.render().encode() + service.metrics.render()
+        return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     async def admin(request: web.Request) -> web.Response:
         return web.json_response({

@@ -51,10 +51,20 @@ class NullObserver:
 
 
 @dataclass
+class Usage:
+    """Model time one caller used: the executions its items ran in, each counted once
+    (as Triton charges every request of a batch the whole execution)."""
+
+    compute_s: float = 0.0
+    executions: set[int] = field(default_factory=set)
+
+
+@dataclass
 class _Item(Generic[T]):
     payload: T
     future: asyncio.Future
     caller: int = 0
+    usage: Usage | None = None
     enqueued: float = field(default_factory=time.monotonic)
 
 
@@ -113,14 +123,15 @@ class DynamicBatcher(Generic[T, R]):
         self._queue.clear()
         self._executor.shutdown(wait=True)
 
-    async def submit_many(self, payloads: Sequence[T]) -> list[R]:
+    async def submit_many(self, payloads: Sequence[T], usage: Usage | None = None) -> list[R]:
         """Queue ``payloads`` (e.g. the 30 s windows of one file); return their results in order.
 
+        ``usage``, if given, accumulates the compute time of the executions the items ran in.
         If the caller is cancelled while the items wait, they are dropped unexecuted.
         """
         loop = asyncio.get_running_loop()
         self._callers += 1
-        items = [_Item(p, loop.create_future(), self._callers) for p in payloads]
+        items = [_Item(p, loop.create_future(), self._callers, usage) for p in payloads]
         self._queue.extend(items)
         self._observer.on_enqueue(len(items))
         self._wakeup.set()
@@ -209,6 +220,10 @@ class DynamicBatcher(Generic[T, R]):
                 self.busy = False
                 self.executions += 1
             self._observer.on_execution(len(batch), [started - i.enqueued for i in batch], timings)
+            for i in batch:
+                if i.usage is not None and self.executions not in i.usage.executions:
+                    i.usage.executions.add(self.executions)
+                    i.usage.compute_s += timings.total_s
             for i, r in zip(batch, results):
                 if not i.future.done():
                     i.future.set_result(r)
