@@ -51,7 +51,9 @@ class EndpointProcess:
     """
 
     def __init__(self, endpoint_file: Path, tmp: Path, config: dict | None = None, wait_ready: bool = True,
-                 scheme: str = "http", verify: Any = True, api_key: str | None = None, start_timeout_s: float = 120) -> None:
+                 scheme: str = "http", verify: Any = True, api_key: str | None = None, start_timeout_s: float = 120,
+                 extra_args: tuple[str, ...] = ()) -> None:
+        self.extra_args = extra_args
         self.file = endpoint_file
         self.tmp = tmp
         self.config = config
@@ -119,10 +121,11 @@ class EndpointProcess:
     def __enter__(self) -> "EndpointProcess":
         port_file = self.tmp / "gateway.port"
         cmd = [sys.executable, "-m", "tideserve", "up", str(self.file), "--port-file", str(port_file)]
-        if self.config is not None:
-            cfg_path = self.tmp / "local-config.yaml"
-            cfg_path.write_text(yaml.safe_dump(self.config))
-            cmd += ["--config", str(cfg_path)]
+        # Each test endpoint has its own model/engine cache, unless the test gives one.
+        config = {"cache_dir": str(self.tmp / "cache"), **(self.config or {})}
+        cfg_path = self.tmp / "local-config.yaml"
+        cfg_path.write_text(yaml.safe_dump(config))
+        cmd += ["--config", str(cfg_path), *self.extra_args]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         env.pop("TIDESERVE_CONFIG", None)
         self._log = open(self.log_path, "wb")
@@ -137,9 +140,11 @@ class EndpointProcess:
         self.port = int(port_file.read_text())
         if self.wait_ready:
             self.wait_for(
-                lambda s: all(p["ready"] == p["desired"] for p in s["pools"]),
+                lambda s: s["started"] and all(p["ready"] == p["desired"] for p in s["pools"]),
                 self.start_timeout_s, "every replica to be ready",
             )
+        else:
+            self.wait_for(lambda s: s["started"], self.start_timeout_s, "the runtime to start")
         return self
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 60) -> int:

@@ -41,10 +41,14 @@ class SpecError(TideserveError):
 
 
 class SourceError(TideserveError):
-    """A model source could not be resolved or fetched (missing, not allowed, unsupported)."""
+    """A model source could not be resolved or fetched (missing, not allowed, unsupported).
+
+    ``retryable``: the same fetch may succeed later with nothing changed (network, integrity).
+    """
 
     code = "source_error"
     http_status = 500
+    retryable = False
 
 
 class EngineMismatchError(TideserveError):

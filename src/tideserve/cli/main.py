@@ -52,6 +52,8 @@ def up(
     host: Optional[str] = typer.Option(None, help="override spec.gateway.host"),
     port_file: Optional[Path] = typer.Option(None, help="write the bound gateway port to this file"),
     log_format: str = typer.Option("json", help="json (one object a line) or text"),
+    build_engines: bool = typer.Option(True, "--build/--no-build",
+                                       help="build missing engines for targets this machine runs (else such pools are refused)"),
 ) -> None:
     """Serve an endpoint in the foreground: gateway plus local replicas. Ctrl-C stops all."""
     from tideserve.cli.serve import run_endpoint
@@ -70,7 +72,7 @@ def up(
         gw = ep.spec.gateway.model_copy(update={k: v for k, v in (("port", port), ("host", host)) if v is not None})
         ep = ep.model_copy(update={"spec": ep.spec.model_copy(update={"gateway": gw})})
     setup_logging("gateway", log_format)
-    raise typer.Exit(asyncio.run(run_endpoint(file, ep, cfg, config, log_format, port_file)))
+    raise typer.Exit(asyncio.run(run_endpoint(file, ep, cfg, config, log_format, port_file, build_engines)))
 
 
 def _base_url(file: Optional[Path], url: Optional[str], config: Optional[Path]) -> str:
@@ -188,6 +190,44 @@ def status(
         inputs = ", ".join(f"{k}={v}" for k, v in last["inputs"].items())
         out.print(f"autoscaler ({last['age_s']:.1f}s ago): desired {desired} because {last['reason']}", highlight=False)
         out.print(f"  inputs: {inputs}", highlight=False)
+
+
+@app.command()
+def build(
+    file: Path = typer.Argument(..., help="InferenceEndpoint YAML file (gives the model and its backend)"),
+    target: Optional[str] = typer.Option(None, help="engine target, e.g. cpu-x86_64-int8; default: every pool's"),
+    config: Optional[Path] = typer.Option(None, help="local config (cache directory, allowed file roots)"),
+    verify: bool = typer.Option(True, "--verify/--no-verify", help="load the engine once before publishing it"),
+) -> None:
+    """Build the engine of the endpoint's model for a target; print the engine directory."""
+    from tideserve.cli.engines import build as build_engine
+    from tideserve.errors import EngineMismatchError, SourceError
+    from tideserve.spec import Target
+
+    ep = _load(file)
+    try:
+        cfg = load_local_config(config)
+        targets = [Target.parse(target)] if target else list({p.parsed_target: None for p in ep.spec.pools})
+    except SpecError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(2)
+    except ValueError as exc:
+        err.print(f"[red]error:[/red] --target: {exc}", highlight=False)
+        raise typer.Exit(2)
+    for t in targets:
+        try:
+            path = build_engine(ep, t, cfg, verify)
+        except (EngineMismatchError, SourceError) as exc:
+            err.print(f"[red]error:[/red] {t.name}: {exc}", highlight=False)
+            raise typer.Exit(1)
+        note = ""
+        try:
+            from tideserve.engines import check_target, probe_device
+
+            check_target(t, probe_device())
+        except EngineMismatchError:
+            note = "  (not loaded to verify: the target does not run on this machine)"
+        print(f"{t.name}: {path}{note}")
 
 
 @app.command()

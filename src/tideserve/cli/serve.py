@@ -13,6 +13,7 @@ from pathlib import Path
 from aiohttp import web
 
 from tideserve.autoscaler.loop import Autoscaler
+from tideserve.cli.engines import prepare_engine
 from tideserve.gateway.app import build_gateway_app
 from tideserve.runtime.local import LocalRuntime
 from tideserve.spec import InferenceEndpoint, LocalConfig
@@ -35,6 +36,7 @@ async def run_endpoint(
     config_file: Path | None,
     log_format: str,
     port_file: Path | None = None,
+    build_missing: bool = True,
 ) -> int:
     gw = endpoint.spec.gateway
     try:
@@ -44,7 +46,8 @@ async def run_endpoint(
               "give PEM files (tls_cert_file, tls_key_file in the local config)", file=sys.stderr)
         return 2
     token = secrets.token_urlsafe(24)
-    runtime = LocalRuntime(endpoint_file, endpoint, cfg, config_file, worker_token=token, log_format=log_format)
+    runtime = LocalRuntime(endpoint_file, endpoint, cfg, config_file, worker_token=token, log_format=log_format,
+                           prepare=lambda pool: prepare_engine(endpoint, pool, cfg, build_missing))
     autoscaler: Autoscaler | None = None
     app = build_gateway_app(endpoint, runtime, cfg.all_api_keys(), token, extra_status=lambda: autoscaler.status() if autoscaler else {})
     dispatcher = app["dispatcher"]

@@ -19,17 +19,30 @@ _ISA_ALIASES = {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64"}
 
 @dataclass(frozen=True)
 class DeviceInfo:
-    """What this machine offers: its CPU ISA and the compute capabilities of its GPUs (``sm90``)."""
+    """What this machine offers: its CPU ISA and flags (``/proc/cpuinfo``), and the compute
+    capabilities of its GPUs (``sm90``)."""
 
     cpu_isa: str
     cuda_archs: tuple[str, ...] = field(default_factory=tuple)
+    cpu_flags: frozenset[str] = field(default_factory=frozenset)
+
+
+def _cpu_flags() -> frozenset[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
 
 
 def probe_device() -> DeviceInfo:
-    """The local CPU ISA (``platform.machine()``). GPU discovery is not part of this version:
-    ``cuda_archs`` is empty, so CUDA targets are refused with a clear reason."""
+    """The local CPU ISA (``platform.machine()``) and flags. GPU discovery is not part of this
+    version: ``cuda_archs`` is empty, so CUDA targets are refused with a clear reason."""
     machine = platform.machine().lower()
-    return DeviceInfo(cpu_isa=_ISA_ALIASES.get(machine, machine))
+    return DeviceInfo(cpu_isa=_ISA_ALIASES.get(machine, machine), cpu_flags=_cpu_flags())
 
 
 def check_target(target: Target, device: DeviceInfo) -> None:

@@ -40,6 +40,7 @@ _FAMILIES: dict[str, tuple[str, str]] = {
     "nv_inference_compute_output_duration_us": ("counter", "Cumulative inference compute output duration in microseconds"),
     "tideserve_worker_dropped": ("counter", "Queued windows dropped unexecuted because their client went away"),
     "tideserve_worker_requests_in_batcher": ("gauge", "Requests whose audio windows are queued or executing"),
+    "tideserve_model_load_seconds": ("gauge", "Seconds this replica took to load its model, by model source scheme"),
 }
 
 
@@ -56,7 +57,7 @@ class TritonMetrics:
         self._lock = threading.Lock()
         self._values: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
         for name in _FAMILIES:
-            if name != "nv_inference_request_failure":
+            if name not in ("nv_inference_request_failure", "tideserve_model_load_seconds"):
                 self._values[(name, ())] = 0.0
         for reason in FAILURE_REASONS:  # every failure series exists from the start, at 0
             self._values[("nv_inference_request_failure", (("reason", reason),))] = 0.0
@@ -93,6 +94,11 @@ class TritonMetrics:
                 seen.add(name)
             lines.append(f"{name}{_fmt_labels({**self.labels, **dict(extra)})} {v!r}")
         return ("\n".join(lines) + "\n").encode() + generate_latest(self.registry)
+
+    def model_loaded(self, source_scheme: str, seconds: float) -> None:
+        """Record the model load time, labelled by source scheme (pkg, file, s3, hf)."""
+        with self._lock:
+            self._values[("tideserve_model_load_seconds", (("source", source_scheme),))] = seconds
 
     # BatcherObserver
     def on_enqueue(self, n: int) -> None:

@@ -33,6 +33,7 @@ from typing import Callable
 
 import aiohttp
 
+from tideserve.errors import EngineMismatchError, SourceError
 from tideserve.provisioner import Node, ReplicaRequest, SpotMarket, local_node, plan_launches
 from tideserve.replicas import ReplicaEndpoint
 from tideserve.runtime.zygote import ForkedProcess, Zygote
@@ -88,6 +89,9 @@ class PoolState:
     replicas: list[Replica] = field(default_factory=list)
     next_index: int = 0
     replica_seconds_done: float = 0.0  # lifetime of this pool's replica processes that ended
+    engine_dir: Path | None = None  # prepared (fetched, built, checked) before any replica starts
+    prepare_failures: int = 0
+    prepare_retry_at: float = 0.0
 
 
 class LocalRuntime:
@@ -106,7 +110,11 @@ class LocalRuntime:
         worker_token: str | None = None,
         log_format: str = "json",
         tick_s: float = 0.1,
+        prepare: Callable[[Pool], Path] | None = None,
     ) -> None:
+        """``prepare(pool)`` returns the pool's engine directory (fetching, building and checking
+        it against this device); it raises EngineMismatchError or SourceError when the pool
+        can never run here, and the pool is then unschedulable. None: workers resolve it."""
         self.endpoint_file = Path(endpoint_file).resolve()
         self.endpoint = endpoint
         self.config = config
@@ -114,6 +122,7 @@ class LocalRuntime:
         self.worker_token = worker_token
         self.log_format = log_format
         self.tick_s = tick_s
+        self.prepare = prepare
         self._own_run_dir = not config.run_dir
         self.run_dir = Path(config.run_dir) if config.run_dir else Path(tempfile.mkdtemp(prefix="tideserve-"))
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -124,6 +133,7 @@ class LocalRuntime:
         self._stopping = False
         self._wake = asyncio.Event()
         self._zygote: Zygote | None = None
+        self._started = False  # start() has run: pools prepared, minimum replicas launched
         self._ready_listeners: list[Callable[[str, dict], None]] = []
 
     # --- public API used by the gateway and the CLI ---------------------------------------
@@ -192,7 +202,7 @@ class LocalRuntime:
                 ],
             })
         zygote = "off" if self._zygote is None else self._zygote.state
-        return {"runtime": "local", "run_dir": str(self.run_dir), "zygote": zygote,
+        return {"runtime": "local", "started": self._started, "run_dir": str(self.run_dir), "zygote": zygote,
                 "zygote_pid": self._zygote.pid if self._zygote is not None else None, "pools": pools}
 
     def scrape_targets(self) -> list[dict]:
@@ -230,7 +240,7 @@ class LocalRuntime:
             ps = self.pools[name]
             ps.desired = n
             have = sum(1 for r in ps.replicas if r.state in ("starting", "ready", "restarting"))
-            if ps.state == "running" and n > have:
+            if ps.state == "running" and n > have and await self._prepare(ps):
                 wanted.append(ReplicaRequest(pool=name, accelerator="cpu", count=n - have))
         # This machine is one node with replica_slots slots (draining replicas still hold theirs).
         plan = plan_launches(wanted, offerings=(), market=SpotMarket(), existing=[self._local_node()])
@@ -245,6 +255,37 @@ class LocalRuntime:
             elif ps.reason.endswith("are all in use"):
                 ps.reason = ""
         self._notify()
+
+    async def _prepare(self, ps: PoolState) -> bool:
+        """Make sure the pool's engine is ready to load. False when it is not: the pool is
+        unschedulable (it can never run here), or a retryable fetch failed and is retried later."""
+        if self.prepare is None or ps.engine_dir is not None:
+            return True
+        if time.monotonic() < ps.prepare_retry_at:
+            return False
+        try:
+            ps.engine_dir = await asyncio.get_running_loop().run_in_executor(None, self.prepare, ps.spec)
+        except SourceError as exc:
+            if not exc.retryable:
+                return self._unschedulable(ps, exc)
+            # Network or integrity trouble may pass: try again later, the pool stays running.
+            ps.prepare_failures += 1
+            delay = self._backoff(ps.prepare_failures)
+            ps.prepare_retry_at = time.monotonic() + delay
+            ps.reason = f"fetching the model failed ({exc}); retrying in {delay:.0f} s"
+            log.warning("pool %s: %s", ps.spec.name, ps.reason, extra={"pool": ps.spec.name})
+            return False
+        except EngineMismatchError as exc:
+            return self._unschedulable(ps, exc)
+        ps.prepare_failures, ps.reason = 0, ""
+        log.info("engine ready", extra={"pool": ps.spec.name, "engine": str(ps.engine_dir)})
+        return True
+
+    def _unschedulable(self, ps: PoolState, exc: Exception) -> bool:
+        ps.state, ps.reason = "unschedulable", str(exc)
+        log.error("pool %s is unschedulable: %s", ps.spec.name, exc, extra={"pool": ps.spec.name})
+        self._notify()
+        return False
 
     def _local_node(self) -> Node:
         held = tuple(
@@ -278,7 +319,11 @@ class LocalRuntime:
         if self.config.zygote and sys.platform == "linux":
             self._zygote = Zygote()
             await self._zygote.start(_set_pdeathsig)
+        for ps in self.pools.values():  # prefetch: engines ready before the first request needs them
+            if ps.spec.prefetch:
+                await self._prepare(ps)
         await self.apply({name: ps.spec.replicas.min for name, ps in self.pools.items()}, [])
+        self._started = True
         self._task = asyncio.get_running_loop().create_task(self._supervise(), name="runtime-supervisor")
 
     async def stop(self, timeout_s: float = 30.0) -> None:
@@ -341,6 +386,8 @@ class LocalRuntime:
         ]
         if self.config_file:
             argv += ["--config", str(self.config_file)]
+        if ps.engine_dir is not None:
+            argv += ["--model-dir", str(ps.engine_dir)]
         env = dict(os.environ)
         if self.worker_token:
             env["TIDESERVE_WORKER_TOKEN"] = self.worker_token

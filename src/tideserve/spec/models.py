@@ -173,6 +173,10 @@ class Pool(_Strict):
         default_factory=lambda: ["on-demand"], min_length=1
     )
     cost_usd_per_h: float = Field(0.0, ge=0, description="Price of one replica's share of its machine, $/h.")
+    prefetch: bool = Field(
+        True, description="Fetch the pool's engine into the local cache (and the page cache) when the pool is "
+        "created, so that scaling from zero does not download; false: on its first replica start.",
+    )
 
     @field_validator("target")
     @classmethod

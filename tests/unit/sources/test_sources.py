@@ -44,6 +44,10 @@ def test_file_source_symlink_out_of_root_refused(tmp_path):
         resolve_source(f"file://{tmp_path}/models/link", [tmp_path / "models"])
 
 
-def test_remote_schemes_say_they_are_not_supported_yet():
-    with pytest.raises(SourceError, match="s3:// sources are not supported by this version"):
-        resolve_source("s3://bucket/model")
+def test_unknown_scheme_and_malformed_s3_uri():
+    with pytest.raises(SourceError, match="unknown source scheme 'gs'; use one of pkg://, file://, s3://, hf://"):
+        resolve_source("gs://bucket/model")
+    with pytest.raises(SourceError, match="unknown source scheme"):
+        resolve_source("/just/a/path")
+    with pytest.raises(SourceError, match="the bucket is missing"):
+        resolve_source("s3:///model")

@@ -1,0 +1,89 @@
+"""Engine preparation, composed from sources (fetch), engines (build, check) and, for
+``tideserve build``, the worker's backend (a test load)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+from pathlib import Path
+
+from tideserve.engines import build_engine, check_engine, check_target, find_engine, probe_device
+from tideserve.errors import EngineMismatchError
+from tideserve.sources import resolve_source
+from tideserve.spec import InferenceEndpoint, LocalConfig, Pool, Target
+
+log = logging.getLogger("tideserve.engines")
+
+#: The library whose version an engine of each backend records.
+BACKEND_LIBRARY = {"faster-whisper": "ctranslate2"}
+
+
+def backend_version(backend: str) -> str:
+    lib = BACKEND_LIBRARY.get(backend, backend)
+    try:
+        return f"{lib} {importlib.metadata.version(lib)}"
+    except importlib.metadata.PackageNotFoundError:
+        return f"{lib} (not installed)"
+
+
+def _warm_page_cache(engine: Path) -> None:
+    """Ask the kernel to read the engine's files ahead (POSIX_FADV_WILLNEED), so the first
+    replica's model load reads from memory."""
+    if not hasattr(os, "posix_fadvise"):
+        return
+    for p in engine.rglob("*"):
+        if p.is_file():
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            finally:
+                os.close(fd)
+
+
+def prepare_engine(endpoint: InferenceEndpoint, pool: Pool, cfg: LocalConfig, build_missing: bool = True) -> Path:
+    """The pool's engine directory, ready to load here. Fetches the model source, builds the
+    engine if it is missing (unless ``build_missing`` is false), checks it against this
+    device. Raises EngineMismatchError / SourceError when the pool cannot run here."""
+    target = pool.parsed_target
+    device = probe_device()
+    check_target(target, device)
+    model_dir = resolve_source(endpoint.spec.model.source, cfg.allowed_file_roots, cfg.cache_dir)
+    engine = find_engine(cfg.cache_dir, model_dir, target.name)
+    if engine is None:
+        if not build_missing:
+            raise EngineMismatchError(
+                f"no engine of {endpoint.spec.model.source} for target {target.name}; "
+                f"build it with `tideserve build FILE --target {target.name}`"
+            )
+        engine = build_engine(cfg.cache_dir, model_dir, endpoint.spec.model.source, target, endpoint.spec.model.backend,
+                              backend_version(endpoint.spec.model.backend))
+        log.info("engine built", extra={"pool": pool.name, "target": target.name, "engine": str(engine)})
+    check_engine(engine, target.name, device)
+    _warm_page_cache(engine)
+    return engine
+
+
+def build(endpoint: InferenceEndpoint, target: Target, cfg: LocalConfig, verify: bool = True) -> Path:
+    """``tideserve build``: the engine of the endpoint's model for ``target``. When the target
+    runs on this machine and ``verify`` is set, the engine is loaded once before it is published."""
+    spec = endpoint.spec
+    model_dir = resolve_source(spec.model.source, cfg.allowed_file_roots, cfg.cache_dir)
+    runs_here = True
+    try:
+        check_target(target, probe_device())
+    except EngineMismatchError:
+        runs_here = False
+    if target.device == "cuda" and spec.model.backend == "faster-whisper":
+        raise EngineMismatchError(
+            f"the {spec.model.backend} backend builds CPU engines here (CTranslate2's CUDA build needs libcublas 12); "
+            f"{target.name} needs a CUDA backend"
+        )
+
+    def load(engine_dir: Path) -> None:
+        from tideserve.worker.backends import backend_class
+
+        backend_class(spec.model.backend)(engine_dir, target, spec.model.decoding)
+
+    return build_engine(cfg.cache_dir, model_dir, spec.model.source, target, spec.model.backend,
+                        backend_version(spec.model.backend), verify=load if (verify and runs_here) else None)
