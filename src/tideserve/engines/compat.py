@@ -12,6 +12,7 @@ import platform
 from dataclasses import dataclass, field
 
 from tideserve.errors import EngineMismatchError
+from tideserve.nvml import cuda_archs
 from tideserve.spec.models import Target
 
 _ISA_ALIASES = {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64"}
@@ -39,10 +40,10 @@ def _cpu_flags() -> frozenset[str]:
 
 
 def probe_device() -> DeviceInfo:
-    """The local CPU ISA (``platform.machine()``) and flags. GPU discovery is not part of this
-    version: ``cuda_archs`` is empty, so CUDA targets are refused with a clear reason."""
+    """This machine: CPU ISA (``platform.machine()``), CPU flags, and the CUDA compute
+    capability of each GPU (through NVML; none without a driver)."""
     machine = platform.machine().lower()
-    return DeviceInfo(cpu_isa=_ISA_ALIASES.get(machine, machine), cpu_flags=_cpu_flags())
+    return DeviceInfo(cpu_isa=_ISA_ALIASES.get(machine, machine), cuda_archs=cuda_archs(), cpu_flags=_cpu_flags())
 
 
 def check_target(target: Target, device: DeviceInfo) -> None:

@@ -5,14 +5,15 @@
   (Triton metrics doc, "GPU Metrics").
 
 Without a GPU or driver (NVML fails to initialise) the series are absent, not zero, so a
-dashboard shows "no data" rather than an idle GPU. This is the only module that imports
-``pynvml`` (package nvidia-ml-py).
+dashboard shows "no data" rather than an idle GPU. NVML comes through ``tideserve.nvml``.
 """
 
 from __future__ import annotations
 
 import logging
 from types import ModuleType
+
+from tideserve.nvml import load
 
 log = logging.getLogger("tideserve.metrics.gpu")
 
@@ -33,8 +34,11 @@ class GpuMetrics:
         self._handles: list = []
         try:
             if nvml is None:
-                import pynvml as nvml  # type: ignore[no-redef]
-            nvml.nvmlInit()
+                nvml = load()
+                if nvml is None:
+                    return
+            else:
+                nvml.nvmlInit()
             self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
             self._nvml = nvml
         except Exception as exc:  # noqa: BLE001 - no driver, no library, no GPU: all mean "absent"

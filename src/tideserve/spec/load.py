@@ -154,7 +154,10 @@ def _resolve_paths(cfg: LocalConfig, base: Path, source: str) -> LocalConfig:
     """Relative paths in a config file mean relative to that file; files it names must exist."""
 
     def fix(v: Path | None) -> Path | None:
-        return None if v is None else (v if v.is_absolute() else base / v)
+        if v is None:
+            return None
+        v = v.expanduser()
+        return v if v.is_absolute() else base / v
 
     cfg = cfg.model_copy(update={
         "tls_cert_file": fix(cfg.tls_cert_file), "tls_key_file": fix(cfg.tls_key_file),

@@ -58,3 +58,14 @@ def test_a_failed_read_leaves_the_series_out():
             raise RuntimeError("GPU is lost")
 
     assert GpuMetrics(Flaky()).render() == ""
+
+
+def test_cuda_compute_capabilities_from_nvml():
+    from tideserve.nvml import cuda_archs
+
+    class WithCC(FakeNvml):
+        def nvmlDeviceGetCudaComputeCapability(self, h):
+            return [(9, 0), (8, 6)][h]
+
+    assert cuda_archs(WithCC()) == ("sm90", "sm86")
+    assert cuda_archs(None) == () or all(a.startswith("sm") for a in cuda_archs(None))

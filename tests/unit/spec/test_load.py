@@ -161,3 +161,10 @@ def test_binary_files_are_a_clear_error(tmp_path):
         load_endpoint(p)
     with pytest.raises(SpecError, match="not UTF-8 text"):
         load_local_config(p)
+
+
+def test_home_in_config_paths_is_expanded(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    p = tmp_path / "c.yaml"
+    p.write_text("cache_dir: ~/.cache/tideserve\n")
+    assert load_local_config(p).cache_dir == tmp_path / "home" / ".cache" / "tideserve"
