@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import re
 import uuid
+from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from aiohttp import web
@@ -79,3 +80,37 @@ async def request_id_and_errors(request: web.Request, handler: Handler) -> web.S
         return resp
     finally:
         request_id_var.reset(token)
+
+
+@dataclass(frozen=True)
+class ApiHandlers:
+    """The handlers of the API surface that the gateway and the worker both serve."""
+
+    ping: Handler
+    invocations: Handler
+    live: Handler
+    ready: Handler
+    server_metadata: Handler
+    model_metadata: Handler
+    model_ready: Handler
+    infer: Handler
+    transcriptions: Handler
+    models: Handler
+    metrics: Handler
+
+
+def add_api_routes(router: web.UrlDispatcher, h: ApiHandlers) -> None:
+    """Register the shared API (DESIGN.md, "Interfaces users meet") on ``router``: SageMaker
+    style, KServe v2 (with and without a version segment), OpenAI style and /metrics."""
+    router.add_get("/ping", h.ping)
+    router.add_post("/invocations", h.invocations)
+    router.add_get("/v2/health/live", h.live)
+    router.add_get("/v2/health/ready", h.ready)
+    router.add_get("/v2", h.server_metadata)
+    for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
+        router.add_get(prefix, h.model_metadata)
+        router.add_get(prefix + "/ready", h.model_ready)
+        router.add_post(prefix + "/infer", h.infer)
+    router.add_post("/v1/audio/transcriptions", h.transcriptions)
+    router.add_get("/v1/models", h.models)
+    router.add_get("/metrics", h.metrics)

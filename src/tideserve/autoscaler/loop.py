@@ -11,6 +11,7 @@ import logging
 import time
 from typing import Callable, Mapping, Protocol, Sequence
 
+from tideserve.aio import cancel_and_wait
 from tideserve.autoscaler.policy import Decision, PoolSnapshot, ReplicaSnapshot, ScalingState, Snapshot, decide
 from tideserve.spec import EndpointSpec
 
@@ -104,9 +105,4 @@ class Autoscaler:
         self._task = asyncio.get_running_loop().create_task(self.run(), name="autoscaler")
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self._task)

@@ -35,7 +35,7 @@ from tideserve.errors import (
 from tideserve.gateway.dispatch import Dispatcher
 from tideserve.replicas import ReplicaSource
 from tideserve.gateway.metrics import GatewayMetrics
-from tideserve.httpcommon import REQUEST_ID, error_response, request_id_and_errors
+from tideserve.httpcommon import REQUEST_ID, ApiHandlers, add_api_routes, error_response, request_id_and_errors
 from tideserve.protocol import kserve
 from tideserve.protocol.errors import api_family
 from tideserve.spec import InferenceEndpoint
@@ -288,19 +288,11 @@ def build_gateway_app(
     async def admin_sd(request: web.Request) -> web.Response:
         return web.json_response(runtime.scrape_targets())
 
-    r = app.router
-    r.add_get("/ping", ping)
-    r.add_post("/invocations", invocations)
-    r.add_get("/v2/health/live", live)
-    r.add_get("/v2/health/ready", ready)
-    r.add_get("/v2", server_meta)
-    for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
-        r.add_get(prefix, model_meta)
-        r.add_get(prefix + "/ready", model_ready)
-        r.add_post(prefix + "/infer", infer)
-    r.add_post("/v1/audio/transcriptions", transcriptions)
-    r.add_get("/v1/models", models)
-    r.add_get("/metrics", metrics_h)
-    r.add_get("/admin/status", admin_status)
-    r.add_get("/admin/sd", admin_sd)
+    add_api_routes(app.router, ApiHandlers(
+        ping=ping, invocations=invocations, live=live, ready=ready, server_metadata=server_meta,
+        model_metadata=model_meta, model_ready=model_ready, infer=infer, transcriptions=transcriptions,
+        models=models, metrics=metrics_h,
+    ))
+    app.router.add_get("/admin/status", admin_status)
+    app.router.add_get("/admin/sd", admin_sd)
     return app

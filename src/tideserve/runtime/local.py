@@ -33,6 +33,7 @@ from typing import Callable
 
 import aiohttp
 
+from tideserve.aio import cancel_and_wait
 from tideserve.errors import EngineMismatchError, SourceError
 from tideserve.provisioner import Node, ReplicaRequest, SpotMarket, local_node, plan_launches
 from tideserve.replicas import ReplicaEndpoint
@@ -329,12 +330,7 @@ class LocalRuntime:
     async def stop(self, timeout_s: float = 30.0) -> None:
         """Stop every replica: SIGTERM (they drain), then SIGKILL after ``timeout_s``."""
         self._stopping = True
-        if self._task:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self._task)
         procs = []
         for ps in self.pools.values():
             for r in ps.replicas:

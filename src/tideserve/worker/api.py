@@ -29,7 +29,7 @@ from tideserve.errors import (
     UnauthorizedError,
     UnknownModelError,
 )
-from tideserve.httpcommon import request_id_and_errors
+from tideserve.httpcommon import ApiHandlers, add_api_routes, request_id_and_errors
 from tideserve.metrics.gpu import GpuMetrics
 from tideserve.metrics.triton import TritonMetrics
 from tideserve.protocol import TranscriptionRequest, TranscriptionResult, kserve, openai, sagemaker
@@ -264,18 +264,10 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
             "queued_windows": service.batcher.queued, "executions": service.batcher.executions,
         })
 
-    r = app.router
-    r.add_get("/ping", ping)
-    r.add_post("/invocations", invocations)
-    r.add_get("/v2/health/live", live)
-    r.add_get("/v2/health/ready", ready_h)
-    r.add_get("/v2", server_meta)
-    for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
-        r.add_get(prefix, model_meta)
-        r.add_get(prefix + "/ready", model_ready)
-        r.add_post(prefix + "/infer", infer)
-    r.add_post("/v1/audio/transcriptions", transcriptions)
-    r.add_get("/v1/models", models)
-    r.add_get("/metrics", metrics)
-    r.add_get("/admin/worker", admin)
+    add_api_routes(app.router, ApiHandlers(
+        ping=ping, invocations=invocations, live=live, ready=ready_h, server_metadata=server_meta,
+        model_metadata=model_meta, model_ready=model_ready, infer=infer, transcriptions=transcriptions,
+        models=models, metrics=metrics,
+    ))
+    app.router.add_get("/admin/worker", admin)
     return app

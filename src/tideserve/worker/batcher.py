@@ -17,7 +17,9 @@ import collections
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, Protocol, Sequence, TypeVar
+from typing import Callable, Generic, Protocol, Sequence, TypeVar
+
+from tideserve.aio import cancel_and_wait
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -110,13 +112,8 @@ class DynamicBatcher(Generic[T, R]):
             self._task = asyncio.get_running_loop().create_task(self._run(), name="batcher")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         for item in self._queue:
             if not item.future.done():
                 item.future.cancel()
