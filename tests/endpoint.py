@@ -18,6 +18,15 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "whisper-tiny-en.yaml"
 
 
+def _die_with_parent() -> None:
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 def _merge(base: dict, over: dict) -> dict:
     out = dict(base)
     for k, v in over.items():
@@ -129,7 +138,9 @@ class EndpointProcess:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         env.pop("TIDESERVE_CONFIG", None)
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=self.tmp)
+        # The endpoint dies with the test process, even if a test forgets to stop it.
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=self.tmp,
+                                     preexec_fn=_die_with_parent)
         deadline = time.monotonic() + self.start_timeout_s
         while not port_file.exists():
             self._check_alive()

@@ -166,6 +166,13 @@ def test_alerting_rules_load_and_pass_promtool(observed):
     assert {r["name"] for r in rules} == {r["alert"] for r in alert_rules()["groups"][0]["rules"]}
 
 
+def test_shipped_prometheus_config_is_valid():
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is not installed: `make test` installs Debian's prometheus package"
+    check = subprocess.run([promtool, "check", "config", str(ALERTS.parent / "prometheus.yml")], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
 def test_committed_dashboard_and_rules_are_generated_from_code():
     assert json.loads(DASHBOARD.read_text()) == build_dashboard()
     assert yaml.safe_load(ALERTS.read_text()) == alert_rules()

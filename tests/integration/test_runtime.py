@@ -143,28 +143,28 @@ def test_no_build_refuses_a_pool_without_an_engine(tmp_path):
 
 def test_sigterm_stops_everything(tmp_path):
     path = write_endpoint(tmp_path)
-    ep = EndpointProcess(path, tmp_path).__enter__()
-    pids = ep.worker_pids()
-    run_dir = ep.status()["run_dir"]
-    assert pids and os.path.isdir(run_dir)
-    assert ep.stop(signal.SIGTERM) == 0
+    with EndpointProcess(path, tmp_path) as ep:
+        pids = ep.worker_pids()
+        run_dir = ep.status()["run_dir"]
+        assert pids and os.path.isdir(run_dir)
+        assert ep.stop(signal.SIGTERM) == 0
     _wait_gone(pids, 5)
     assert not os.path.exists(run_dir), "the temporary run directory is removed on a clean stop"
 
 
 def test_sigint_stops_everything(tmp_path):
     path = write_endpoint(tmp_path)
-    ep = EndpointProcess(path, tmp_path).__enter__()
-    pids = ep.worker_pids()
-    assert ep.stop(signal.SIGINT) == 0
+    with EndpointProcess(path, tmp_path) as ep:
+        pids = ep.worker_pids()
+        assert ep.stop(signal.SIGINT) == 0
     _wait_gone(pids, 5)
 
 
 def test_workers_die_with_a_killed_gateway(tmp_path):
     path = write_endpoint(tmp_path)
-    ep = EndpointProcess(path, tmp_path).__enter__()
-    pids = ep.worker_pids()
-    ep.stop(signal.SIGKILL)
+    with EndpointProcess(path, tmp_path) as ep:
+        pids = ep.worker_pids()
+        ep.stop(signal.SIGKILL)
     _wait_gone(pids, 30)
 
 

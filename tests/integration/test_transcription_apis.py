@@ -45,7 +45,7 @@ def test_sagemaker_prompt_is_whisper_initial_prompt(endpoint, en_clips):
 def test_kserve_v2_with_tritonclient(endpoint, en_clips, long_clip):
     client = triton.InferenceServerClient(url=f"127.0.0.1:{endpoint.port}", network_timeout=120, connection_timeout=10)
     assert client.is_server_live() and client.is_server_ready()
-    assert client.is_model_ready("whisper-tiny.en")
+    assert client.is_model_ready("whisper-tiny.en")  # at zero replicas too: requests are held
     meta = client.get_model_metadata("whisper-tiny.en")
     assert [i["name"] for i in meta["inputs"]] == ["AUDIO", "PROMPT"]
     for clip in _clips(en_clips, long_clip):

@@ -93,6 +93,28 @@ def _base_url(file: Optional[Path], url: Optional[str], config: Optional[Path]) 
     return f"{scheme}://{host}:{gw.port}"
 
 
+def _cacert(cacert: Optional[Path], config: Optional[Path], url: str) -> Optional[Path]:
+    """--cacert, else the certificate the local config serves with (often self-signed)."""
+    if cacert is not None or not url.startswith("https://"):
+        return cacert
+    try:
+        cfg = load_local_config(config)
+    except SpecError:
+        return None
+    return cfg.tls_cert_file
+
+
+def _check_endpoint(file: Optional[Path], url: Optional[str], served: str) -> None:
+    """Warn when the gateway reached serves another endpoint than FILE names (e.g. FILE's port
+    was overridden with `up --port`)."""
+    if file is None or url is not None:
+        return
+    expected = _load(file).metadata.name
+    if served != expected:
+        err.print(f"[yellow]warning:[/yellow] the gateway at {_base_url(file, None, None)} serves endpoint "
+                  f"'{served}', not '{expected}' from {file}; pass --url to reach the right one", highlight=False)
+
+
 def _request(url: str, data: bytes | None, api_key: Optional[str], cacert: Optional[Path], timeout: float,
              raw: bool = False):
     req = urllib.request.Request(url, data=data, method="POST" if data is not None else "GET")
@@ -120,7 +142,10 @@ def _request(url: str, data: bytes | None, api_key: Optional[str], cacert: Optio
     except urllib.error.URLError as exc:
         hint = "; is `tideserve up` running?"
         if isinstance(exc.reason, ssl.SSLError):
-            hint = "; pass --cacert with the CA that signed the server's certificate"
+            if "WRONG_VERSION_NUMBER" in str(exc.reason):
+                hint = "; the server speaks plain HTTP: use an http:// URL"
+            else:
+                hint = "; pass --cacert with the CA that signed the server's certificate"
         err.print(f"[red]error:[/red] cannot reach {url}: {exc.reason}{hint}", highlight=False)
         raise typer.Exit(1)
     except (http.client.HTTPException, ConnectionError, TimeoutError) as exc:
@@ -150,7 +175,7 @@ def invoke(
             err.print(f"[red]error:[/red] cannot read {path}: {exc.strerror}")
             raise typer.Exit(1)
         body = json.dumps({"audio_data": base64.b64encode(data).decode(), "whisper_prompt": prompt}).encode()
-        result = _request(base + "/invocations", body, api_key, cacert, timeout)
+        result = _request(base + "/invocations", body, api_key, _cacert(cacert, config, base), timeout)
         text = result.get("transcribe_text", "")
         print(f"{path}: {text}" if len(audio) > 1 else text)
 
@@ -165,7 +190,9 @@ def status(
     as_json: bool = typer.Option(False, "--json", help="print the raw admin status"),
 ) -> None:
     """Pools, replicas and their state, in-flight and pending requests."""
-    st = _request(_base_url(file, url, config) + "/admin/status", None, api_key, cacert, 10)
+    base = _base_url(file, url, config)
+    st = _request(base + "/admin/status", None, api_key, _cacert(cacert, config, base), 10)
+    _check_endpoint(file, url, st["endpoint"])
     if as_json:
         print(json.dumps(st, indent=2))
         return
@@ -244,10 +271,13 @@ def top(
     from tideserve.cli.top import run_top
 
     base = _base_url(file, url, config)
+    ca = _cacert(cacert, config, base)
 
     def fetch() -> tuple[dict, str]:
-        return (_request(base + "/admin/status", None, api_key, cacert, 10),
-                _request(base + "/metrics", None, api_key, cacert, 10, raw=True))
+        status = _request(base + "/admin/status", None, api_key, ca, 10)
+        return status, _request(base + "/metrics", None, api_key, ca, 10, raw=True)
+
+    _check_endpoint(file, url, fetch()[0]["endpoint"])
 
     run_top(fetch, interval, iterations, out)
 

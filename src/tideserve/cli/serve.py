@@ -84,14 +84,18 @@ async def run_endpoint(
     auth = ' -H "Authorization: Bearer $TIDESERVE_API_KEY"' if cfg.all_api_keys() else ""
     cli_opts = f" --url {url}"
     if ctx:
-        cli_opts += " --cacert <CA file that signed the certificate>"
+        cli_opts += f" --cacert {cfg.tls_cert_file}"
     if cfg.all_api_keys():
         cli_opts += "  (with $TIDESERVE_API_KEY set)"
+    mins = sum(p.replicas.min for p in endpoint.spec.pools)
+    starting = ("replicas start in the background" if mins else
+                "no replica runs until the first request, which is held while one starts")
+    cacert = f" --cacert {cfg.tls_cert_file}" if ctx else ""
     print(
         f"tideserve: endpoint '{endpoint.metadata.name}' serves model '{endpoint.spec.model.name}' at {url}\n"
-        f"  replicas start in the background; `tideserve status{cli_opts}` shows them.\n"
-        f"  try:  curl -X POST {url}/invocations{auth} -H 'Content-Type: application/json' "
-        "-d \"{\\\"audio_data\\\": \\\"$(base64 -w0 clip.wav)\\\"}\"\n"
+        f"  {starting}; `tideserve status{cli_opts}` shows them.\n"
+        f"  try:  (printf '{{\"audio_data\": \"'; base64 -w0 clip.wav; printf '\"}}') | "
+        f"curl{cacert} -X POST {url}/invocations{auth} -H 'Content-Type: application/json' --data-binary @-\n"
         f"  or:   tideserve invoke {endpoint_file} clip.wav{cli_opts}\n"
         "  Ctrl-C stops the endpoint and every replica.",
         file=sys.stderr, flush=True,

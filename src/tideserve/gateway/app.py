@@ -249,9 +249,11 @@ def build_gateway_app(
         return web.json_response(kserve.model_metadata(model, spec.model.backend))
 
     async def model_ready(request: web.Request) -> web.Response:
+        # Ready = requests for the model are accepted: true at zero replicas too (they are held
+        # and wake a replica), as for /v2/health/ready; false once every pool has failed.
         check_model(request.match_info["name"])
-        ok = any_ready()
-        return web.json_response({"name": model, "ready": ok}, status=200 if ok else 503)
+        ok = runtime.accepting()
+        return web.json_response({"name": model, "ready": ok, "replicas_ready": any_ready()}, status=200 if ok else 503)
 
     async def models(request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": model, "object": "model", "owned_by": "tideserve"}]})

@@ -38,7 +38,12 @@ def build_dashboard(datasource_uid: str = "${DS_PROMETHEUS}") -> dict:
         for j, q in enumerate(spec.queries):
             panel = panel.with_target(gprom.Dataquery().expr(q.expr).legend_format(q.legend).ref_id(chr(65 + j)))
         board = board.with_panel(panel)
-    return json.loads(json.dumps(board.build(), cls=JSONEncoder))
+    out = json.loads(json.dumps(board.build(), cls=JSONEncoder))
+    if datasource_uid == "${DS_PROMETHEUS}":
+        # Grafana's import form asks for the data source that ${DS_PROMETHEUS} stands for.
+        out["__inputs"] = [{"name": "DS_PROMETHEUS", "label": "Prometheus", "description": "",
+                            "type": "datasource", "pluginId": "prometheus", "pluginName": "Prometheus"}]
+    return out
 
 
 def dashboard_exprs(board: dict) -> list[tuple[str, str]]:
