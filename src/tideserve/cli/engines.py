@@ -64,7 +64,7 @@ def prepare_engine(endpoint: InferenceEndpoint, pool: Pool, cfg: LocalConfig, bu
     return engine
 
 
-def build(endpoint: InferenceEndpoint, target: Target, cfg: LocalConfig, verify: bool = True) -> Path:
+def build(endpoint: InferenceEndpoint, target: Target, cfg: LocalConfig, verify: bool = True, force: bool = False) -> Path:
     """``tideserve build``: the engine of the endpoint's model for ``target``. When the target
     runs on this machine and ``verify`` is set, the engine is loaded once before it is published."""
     spec = endpoint.spec
@@ -86,4 +86,5 @@ def build(endpoint: InferenceEndpoint, target: Target, cfg: LocalConfig, verify:
         backend_class(spec.model.backend)(engine_dir, target, spec.model.decoding)
 
     return build_engine(cfg.cache_dir, model_dir, spec.model.source, target, spec.model.backend,
-                        backend_version(spec.model.backend), verify=load if (verify and runs_here) else None)
+                        backend_version(spec.model.backend), verify=load if (verify and runs_here) else None,
+                        force=force)

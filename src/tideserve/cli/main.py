@@ -117,7 +117,11 @@ def _check_endpoint(file: Optional[Path], url: Optional[str], served: str) -> No
 
 def _request(url: str, data: bytes | None, api_key: Optional[str], cacert: Optional[Path], timeout: float,
              raw: bool = False):
-    req = urllib.request.Request(url, data=data, method="POST" if data is not None else "GET")
+    try:
+        req = urllib.request.Request(url, data=data, method="POST" if data is not None else "GET")
+    except ValueError as exc:
+        err.print(f"[red]error:[/red] {url} is not a usable URL ({exc}); e.g. http://127.0.0.1:8080", highlight=False)
+        raise typer.Exit(2)
     req.add_header("Content-Type", "application/json")
     if api_key:
         req.add_header("Authorization", f"Bearer {api_key}")
@@ -148,11 +152,17 @@ def _request(url: str, data: bytes | None, api_key: Optional[str], cacert: Optio
                 hint = "; pass --cacert with the CA that signed the server's certificate"
         err.print(f"[red]error:[/red] cannot reach {url}: {exc.reason}{hint}", highlight=False)
         raise typer.Exit(1)
-    except (http.client.HTTPException, ConnectionError, TimeoutError) as exc:
+    except TimeoutError:
+        err.print(f"[red]error:[/red] {url}: no answer within {timeout:g} s (raise --timeout for long audio)", highlight=False)
+        raise typer.Exit(1)
+    except (http.client.HTTPException, ConnectionError) as exc:
         hint = " (the server may speak HTTPS: use --url https://... or --config with its TLS settings)" \
             if url.startswith("http://") else ""
         err.print(f"[red]error:[/red] {url}: the connection failed: {exc!r}{hint}", highlight=False)
         raise typer.Exit(1)
+    except ValueError as exc:  # a malformed --url
+        err.print(f"[red]error:[/red] {url} is not a usable URL ({exc}); e.g. http://127.0.0.1:8080", highlight=False)
+        raise typer.Exit(2)
 
 
 @app.command()
@@ -164,7 +174,7 @@ def invoke(
     config: Optional[Path] = typer.Option(None, help="local config (tells whether the gateway uses TLS)"),
     api_key: Optional[str] = typer.Option(None, envvar="TIDESERVE_API_KEY", help="API key (or $TIDESERVE_API_KEY)"),
     cacert: Optional[Path] = typer.Option(None, help="CA bundle to trust for TLS"),
-    timeout: float = typer.Option(600.0, help="seconds to wait for each answer"),
+    timeout: float = typer.Option(600.0, min=0.001, help="seconds to wait for each answer"),
 ) -> None:
     """Transcribe audio files through the endpoint; print one line of text per file."""
     base = _base_url(file, url, config)
@@ -225,6 +235,7 @@ def build(
     target: Optional[str] = typer.Option(None, help="engine target, e.g. cpu-x86_64-int8; default: every pool's"),
     config: Optional[Path] = typer.Option(None, help="local config (cache directory, allowed file roots)"),
     verify: bool = typer.Option(True, "--verify/--no-verify", help="load the engine once before publishing it"),
+    force: bool = typer.Option(False, "--force", help="rebuild even if an engine exists (e.g. one with a bad manifest)"),
 ) -> None:
     """Build the engine of the endpoint's model for a target; print the engine directory."""
     from tideserve.cli.engines import build as build_engine
@@ -243,8 +254,8 @@ def build(
         raise typer.Exit(2)
     for t in targets:
         try:
-            path = build_engine(ep, t, cfg, verify)
-        except (EngineMismatchError, SourceError) as exc:
+            path = build_engine(ep, t, cfg, verify, force)
+        except (EngineMismatchError, SourceError, OSError, RuntimeError) as exc:
             err.print(f"[red]error:[/red] {t.name}: {exc}", highlight=False)
             raise typer.Exit(1)
         note = ""

@@ -79,7 +79,18 @@ async def run_endpoint(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
 
-    await runtime.start()
+    # Start-up (engine preparation may fetch a model) stays interruptible by Ctrl-C / SIGTERM.
+    starting = asyncio.ensure_future(runtime.start())
+    stopped_early = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({starting, stopped_early}, return_when=asyncio.FIRST_COMPLETED)
+    if not starting.done():
+        starting.cancel()
+        log.info("stopping during start-up")
+        await runner.cleanup()
+        await runtime.stop()
+        return 0
+    stopped_early.cancel()
+    starting.result()
     autoscaler.start()
     auth = ' -H "Authorization: Bearer $TIDESERVE_API_KEY"' if cfg.all_api_keys() else ""
     cli_opts = f" --url {url}"

@@ -54,7 +54,8 @@ class EngineManifest:
             data = json.loads(path.read_text())
             return cls(**data)
         except (OSError, ValueError, TypeError) as exc:
-            raise EngineMismatchError(f"{path}: not a readable engine manifest ({exc}); rebuild with `tideserve build`") from None
+            raise EngineMismatchError(
+            f"{path}: not a readable engine manifest ({exc}); rebuild it with `tideserve build FILE --force`") from None
 
 
 def _files(model_dir: Path) -> list[Path]:
@@ -103,17 +104,19 @@ def build_engine(
     backend: str,
     backend_version: str,
     verify: Callable[[Path], None] | None = None,
+    force: bool = False,
 ) -> Path:
     """Build (or return the existing) engine of ``model_dir`` for ``target``.
 
-    Files are hard-linked into the engine directory where the file system allows (else
-    copied); ``verify(engine_dir)`` may load it to prove it works before it is published.
-    Returns the engine directory. Raises whatever ``verify`` raises, publishing nothing.
+    Files are copied into the engine directory; ``verify(engine_dir)`` may load it to prove it
+    works before it is published. An existing engine is returned unless ``force`` is set or its
+    files no longer match its manifest (then it is rebuilt). Returns the engine directory.
+    Raises whatever ``verify`` raises, publishing nothing.
     """
     model_dir = Path(model_dir)
     key = model_key(model_dir)
     final = engine_dir(cache_dir, key, target.name)
-    if (final / MANIFEST).is_file():
+    if (final / MANIFEST).is_file() and not force and not _damaged(final):
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=final.parent))
@@ -123,10 +126,9 @@ def build_engine(
             rel = p.relative_to(model_dir)
             dst = tmp / rel
             dst.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.link(p, dst)
-            except OSError:
-                shutil.copy2(p, dst)
+            # A copy, not a hard link: an engine file changed in place must not change the
+            # source model (or the package that ships it) too.
+            shutil.copy2(p, dst)
             files[str(rel)] = {"size": p.stat().st_size, "sha256": _sha256(p)}
         digest = hashlib.sha256("".join(f"{k}:{v['sha256']}\n" for k, v in sorted(files.items())).encode()).hexdigest()
         manifest = EngineManifest(
@@ -138,6 +140,10 @@ def build_engine(
         (tmp / MANIFEST).write_text(json.dumps(asdict(manifest), indent=2))
         if verify is not None:
             verify(tmp)
+        if final.exists() and (force or not (final / MANIFEST).is_file() or _damaged(final)):
+            stale = final.with_name(f".stale-{final.name}-{os.getpid()}")
+            os.rename(final, stale)  # out of the way first, so the new engine lands atomically
+            shutil.rmtree(stale, ignore_errors=True)
         try:
             os.rename(tmp, final)
         except OSError:
@@ -149,6 +155,21 @@ def build_engine(
     return final
 
 
+def _damaged(engine: Path) -> str | None:
+    """What is wrong with an engine's files compared with its manifest (sizes), or None."""
+    try:
+        m = EngineManifest.read(engine)
+    except EngineMismatchError as exc:
+        return str(exc)
+    for name, info in m.files.items():
+        p = engine / name
+        if not p.is_file():
+            return f"{name} is missing"
+        if p.stat().st_size != info.get("size"):
+            return f"{name} is {p.stat().st_size} bytes, the manifest says {info.get('size')}"
+    return None
+
+
 def check_engine(engine: Path, expected_target: str, device: DeviceInfo) -> EngineManifest:
     """The engine's manifest, after checking it is the pool's target and runs on ``device``.
 
@@ -156,10 +177,16 @@ def check_engine(engine: Path, expected_target: str, device: DeviceInfo) -> Engi
     pool's, another CPU ISA or CUDA architecture than this machine's, or CPU flags missing.
     """
     m = EngineManifest.read(engine)
+    damage = _damaged(engine)
+    if damage:
+        raise EngineMismatchError(
+            f"engine {engine} is damaged ({damage}); rebuild it with `tideserve build FILE --target {m.target}` "
+            "(a damaged engine is rebuilt)"
+        )
     if m.target != expected_target:
         raise EngineMismatchError(
             f"engine {engine} was built for {m.target}, but the pool's target is {expected_target}; "
-            f"build one with `tideserve build FILE --target {expected_target}`"
+            f"rebuild it with `tideserve build FILE --target {expected_target} --force`"
         )
     check_target(Target.parse(m.target), device)
     missing = sorted(set(m.required_cpu_flags) - set(device.cpu_flags))

@@ -110,8 +110,10 @@ class Dispatcher:
                     raise CapacityError(f"no replica can serve this endpoint: {self.source.failure_reason()}", retry_after_s=30)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
+                    # Retry soon: a replica is probably starting, and a long wait could outlast
+                    # scale_to_zero_after_s and let it go again.
                     raise CapacityError(
-                        f"no replica could take the request within hold_timeout_s={self.hold_timeout_s:g}", retry_after_s=5
+                        f"no replica could take the request within hold_timeout_s={self.hold_timeout_s:g}", retry_after_s=1
                     )
                 try:
                     # Also wake periodically: replica readiness may change without a notify.

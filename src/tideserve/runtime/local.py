@@ -26,6 +26,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,7 @@ from typing import Callable
 import aiohttp
 
 from tideserve.aio import cancel_and_wait
+from tideserve.autoscaler.policy import PoolSnapshot, place
 from tideserve.errors import EngineMismatchError, SourceError
 from tideserve.provisioner import Node, ReplicaRequest, SpotMarket, local_node, plan_launches
 from tideserve.replicas import ReplicaEndpoint
@@ -43,6 +45,38 @@ from tideserve.spec import InferenceEndpoint, LocalConfig, Pool
 log = logging.getLogger("tideserve.runtime")
 EX_CONFIG = 78
 HEALTH_FAILURES_BEFORE_RESTART = 3
+
+
+def _remove_stale_run_dirs() -> None:
+    """Remove temporary run directories whose `tideserve up` is gone (killed with SIGKILL, so
+    it could not clean up): those with an owner.pid naming no live process."""
+    for d in Path(tempfile.gettempdir()).glob("tideserve-*"):
+        try:
+            pid = int((d / "owner.pid").read_text())
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except (OSError, ValueError):
+            continue  # no owner file (not ours, or not yet written), or another user's process
+
+
+async def _in_daemon_thread(fn: Callable, *args):
+    """Run ``fn(*args)`` on a daemon thread: a fetch stuck on the network must not keep the
+    process from exiting on SIGTERM (executor threads are joined at exit)."""
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+
+    def run() -> None:
+        try:
+            result = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+            # Bound now: the name `exc` is unset once this except block ends.
+            loop.call_soon_threadsafe(lambda e=exc: fut.done() or fut.set_exception(e))
+        else:
+            loop.call_soon_threadsafe(lambda r=result: fut.done() or fut.set_result(r))
+
+    threading.Thread(target=run, name="prepare", daemon=True).start()
+    return await fut
 
 
 def _set_pdeathsig() -> None:  # runs in the child between fork and exec
@@ -125,8 +159,11 @@ class LocalRuntime:
         self.tick_s = tick_s
         self.prepare = prepare
         self._own_run_dir = not config.run_dir
+        if self._own_run_dir:
+            _remove_stale_run_dirs()
         self.run_dir = Path(config.run_dir) if config.run_dir else Path(tempfile.mkdtemp(prefix="tideserve-"))
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "owner.pid").write_text(str(os.getpid()))
         self.pools = {p.name: PoolState(spec=p) for p in endpoint.spec.pools}
         self._listeners: list[Callable[[], None]] = []
         self._task: asyncio.Task | None = None
@@ -264,8 +301,10 @@ class LocalRuntime:
             return True
         if time.monotonic() < ps.prepare_retry_at:
             return False
+        previous = ps.reason
+        ps.reason = f"preparing the engine (fetching {self.endpoint.spec.model.source} if needed)"
         try:
-            ps.engine_dir = await asyncio.get_running_loop().run_in_executor(None, self.prepare, ps.spec)
+            ps.engine_dir = await _in_daemon_thread(self.prepare, ps.spec)
         except SourceError as exc:
             if not exc.retryable:
                 return self._unschedulable(ps, exc)
@@ -278,11 +317,15 @@ class LocalRuntime:
             return False
         except EngineMismatchError as exc:
             return self._unschedulable(ps, exc)
-        ps.prepare_failures, ps.reason = 0, ""
+        except Exception as exc:  # noqa: BLE001 - an unreadable cache or model path: say so, don't crash
+            log.debug("preparing pool %s failed", ps.spec.name, exc_info=True)
+            return self._unschedulable(ps, f"cannot prepare the engine: {type(exc).__name__}: {exc}")
+        ps.prepare_failures = 0
+        ps.reason = "" if previous.startswith("fetching the model failed") else previous
         log.info("engine ready", extra={"pool": ps.spec.name, "engine": str(ps.engine_dir)})
         return True
 
-    def _unschedulable(self, ps: PoolState, exc: Exception) -> bool:
+    def _unschedulable(self, ps: PoolState, exc: Exception | str) -> bool:
         ps.state, ps.reason = "unschedulable", str(exc)
         log.error("pool %s is unschedulable: %s", ps.spec.name, exc, extra={"pool": ps.spec.name})
         self._notify()
@@ -323,7 +366,13 @@ class LocalRuntime:
         for ps in self.pools.values():  # prefetch: engines ready before the first request needs them
             if ps.spec.prefetch:
                 await self._prepare(ps)
-        await self.apply({name: ps.spec.replicas.min for name, ps in self.pools.items()}, [])
+        # The pools' minimums, placed as the autoscaler would (cheapest first when the slots
+        # cannot hold them all), so its first decision does not undo them.
+        mins = place(sum(ps.spec.replicas.min for ps in self.pools.values()), tuple(
+            PoolSnapshot(n, ps.spec.replicas.min, ps.spec.replicas.max, ps.spec.cost_usd_per_h,
+                         schedulable=ps.state == "running") for n, ps in self.pools.items()
+        ), self.config.replica_slots)
+        await self.apply(mins, [])
         self._started = True
         self._task = asyncio.get_running_loop().create_task(self._supervise(), name="runtime-supervisor")
 
@@ -388,7 +437,12 @@ class LocalRuntime:
         if self.worker_token:
             env["TIDESERVE_WORKER_TOKEN"] = self.worker_token
         r.spawned_at = time.time()
+        r.started_at = time.monotonic()  # before any await: the ready timeout counts from here
         r.proc = None
+        if self._zygote is not None and not self._zygote.alive and self.config.zygote and not self._stopping:
+            await self._zygote.stop()
+            self._zygote = Zygote()  # the last one died: start another for the replicas to come
+            await self._zygote.start(_set_pdeathsig)
         if self._zygote is not None and await self._zygote.wait_ready(120):
             try:
                 r.proc = await self._zygote.spawn(argv, env)  # type: ignore[assignment]

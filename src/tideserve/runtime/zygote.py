@@ -54,11 +54,11 @@ class Zygote:
         self._sock: socket.socket | None = None
         self._proc: asyncio.subprocess.Process | None = None
         self._ready = asyncio.Event()
-        self._spawned: asyncio.Queue[int] = asyncio.Queue()
+        self._seq = 0
+        self._pending: dict[int, asyncio.Future[int]] = {}  # spawn seq -> future of the forked pid
         self._children: dict[int, ForkedProcess] = {}
         self._early_exits: dict[int, int] = {}
         self._reader: asyncio.Task | None = None
-        self._lock = asyncio.Lock()
         self.alive = False
 
     async def start(self, preexec: Callable[[], None] | None) -> None:
@@ -86,7 +86,15 @@ class Zygote:
                 if op == "ready":
                     self._ready.set()
                 elif op == "spawned":
-                    self._spawned.put_nowait(msg["pid"])
+                    fut = self._pending.pop(msg.get("seq"), None)
+                    if fut is not None and not fut.done():
+                        fut.set_result(msg["pid"])
+                    else:  # the runtime gave up on this spawn: the late fork must not live on
+                        log.warning("zygote forked pid %s after its spawn timed out; killing it", msg["pid"])
+                        try:
+                            os.kill(msg["pid"], signal.SIGKILL)
+                        except ProcessLookupError:
+                            pass
                 elif op == "exit":
                     child = self._children.pop(msg["pid"], None)
                     if child is not None:
@@ -96,8 +104,14 @@ class Zygote:
         except (OSError, ValueError) as exc:
             log.warning("zygote channel failed: %s", exc)
         finally:
+            if self.alive:
+                log.error("the zygote exited; replicas start as fresh processes until it is restarted")
             self.alive = False
             self._ready.set()
+            for fut in self._pending.values():
+                if not fut.done():
+                    fut.set_exception(OSError("the zygote exited"))
+            self._pending.clear()
             for child in self._children.values():  # the zygote is gone: so are its children's reports
                 child._exited(-signal.SIGKILL)
             self._children.clear()
@@ -125,16 +139,21 @@ class Zygote:
         assert self._sock is not None
         loop = asyncio.get_running_loop()
         read_fd, write_fd = os.pipe()
-        async with self._lock:  # one spawn at a time: "spawned" answers come in order
+        self._seq += 1
+        seq = self._seq
+        fut: asyncio.Future[int] = loop.create_future()
+        self._pending[seq] = fut
+        try:
             try:
-                msg = json.dumps({"op": "spawn", "argv": argv, "env": env}).encode()
+                msg = json.dumps({"op": "spawn", "seq": seq, "argv": argv, "env": env}).encode()
                 await loop.run_in_executor(None, socket.send_fds, self._sock, [msg], [write_fd])
-            except OSError:
-                os.close(read_fd)
-                raise
             finally:
                 os.close(write_fd)
-            pid = await asyncio.wait_for(self._spawned.get(), 10)
+            pid = await asyncio.wait_for(fut, 10)
+        except BaseException:
+            self._pending.pop(seq, None)  # a late answer for this seq kills its fork
+            os.close(read_fd)
+            raise
         reader = asyncio.StreamReader(limit=1 << 20)
         await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(read_fd, "rb", 0))
         child = ForkedProcess(pid, reader)

@@ -97,7 +97,8 @@ class Target(BaseModel):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    # Unknown fields are typos; inf and nan are never a sensible setting.
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
 
 class Decoding(_Strict):
@@ -216,7 +217,7 @@ class Autoscaling(_Strict):
     """
 
     metric: Literal["requests_per_replica"] = "requests_per_replica"
-    target: float = Field(4, gt=0, description="Pending + in-flight requests per replica.")
+    target: float = Field(4, ge=0.01, le=100_000, description="Pending + in-flight requests per replica.")
     tolerance: float = Field(
         0.1, ge=0, lt=1, description="No change while |load/target ratio - 1| <= tolerance (Kubernetes HPA default 0.1)."
     )

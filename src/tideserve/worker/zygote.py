@@ -6,11 +6,11 @@ endpoint: it imports everything once, then forks a replica per request, which on
 load its model. Nothing runs threads or an event loop in the zygote before a fork.
 
 Protocol on the ``SOCK_SEQPACKET`` socket given as ``--fd`` (one JSON message per packet):
-- runtime -> zygote: ``{"op": "spawn", "argv": [...], "env": {...}}`` with one file
+- runtime -> zygote: ``{"op": "spawn", "seq": S, "argv": [...], "env": {...}}`` with one file
   descriptor attached (SCM_RIGHTS): the write end of the replica's log pipe, which becomes
   the child's stdout and stderr.
-- zygote -> runtime: ``{"op": "ready"}`` once imported; ``{"op": "spawned", "pid": N}`` after
-  each fork; ``{"op": "exit", "pid": N, "code": C}`` when a child ends (C < 0: killed by
+- zygote -> runtime: ``{"op": "ready"}`` once imported; ``{"op": "spawned", "seq": S, "pid": N}``
+  after each fork (``seq`` echoes the spawn request's); ``{"op": "exit", "pid": N, "code": C}`` when a child ends (C < 0: killed by
   signal -C), the same convention as ``asyncio.subprocess.Process.returncode``.
 The zygote exits when the socket closes; it dies with the runtime (parent-death signal).
 """
@@ -117,7 +117,7 @@ def run(fd: int) -> int:
             if pid == 0:
                 _child(sock, wakeup_r, wakeup_w, fds[0], msg["argv"], msg["env"])
             os.close(fds[0])
-            _send(sock, {"op": "spawned", "pid": pid})
+            _send(sock, {"op": "spawned", "seq": msg.get("seq"), "pid": pid})
 
 
 def main() -> int:

@@ -168,3 +168,14 @@ def test_home_in_config_paths_is_expanded(tmp_path, monkeypatch):
     p = tmp_path / "c.yaml"
     p.write_text("cache_dir: ~/.cache/tideserve\n")
     assert load_local_config(p).cache_dir == tmp_path / "home" / ".cache" / "tideserve"
+
+
+@pytest.mark.parametrize("old,new", [
+    ("target: 4", "target: 1.0e-320"),
+    ("target: 4", "target: .inf"),
+    ("cost_usd_per_h: 0.10", "cost_usd_per_h: .inf"),
+    ("hold_timeout_s: 120", "hold_timeout_s: .nan"),
+])
+def test_tiny_infinite_or_nan_numbers_refused(old, new):
+    e = _err(TEXT.replace(old, new))
+    assert e.problems, e
