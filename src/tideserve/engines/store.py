@@ -116,7 +116,9 @@ def build_engine(
     model_dir = Path(model_dir)
     key = model_key(model_dir)
     final = engine_dir(cache_dir, key, target.name)
-    if (final / MANIFEST).is_file() and not force and not _damaged(final):
+    had_manifest = (final / MANIFEST).is_file()
+    existing_damage = _damaged(final) if had_manifest else "no manifest"
+    if not force and existing_damage is None:
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=final.parent))
@@ -140,7 +142,9 @@ def build_engine(
         (tmp / MANIFEST).write_text(json.dumps(asdict(manifest), indent=2))
         if verify is not None:
             verify(tmp)
-        if final.exists() and (force or not (final / MANIFEST).is_file() or _damaged(final)):
+        if final.exists() and not had_manifest and (final / MANIFEST).is_file():
+            existing_damage = _damaged(final)  # published by another builder meanwhile: check theirs
+        if final.exists() and (force or existing_damage is not None):
             stale = final.with_name(f".stale-{final.name}-{os.getpid()}")
             os.rename(final, stale)  # out of the way first, so the new engine lands atomically
             shutil.rmtree(stale, ignore_errors=True)
@@ -155,12 +159,14 @@ def build_engine(
     return final
 
 
-def _damaged(engine: Path) -> str | None:
-    """What is wrong with an engine's files compared with its manifest (sizes), or None."""
-    try:
-        m = EngineManifest.read(engine)
-    except EngineMismatchError as exc:
-        return str(exc)
+def _damaged(engine: Path, m: EngineManifest | None = None) -> str | None:
+    """What is wrong with an engine's files compared with its manifest ``m`` (read from the
+    engine when not given): a missing file, a size that differs; None when intact."""
+    if m is None:
+        try:
+            m = EngineManifest.read(engine)
+        except EngineMismatchError as exc:
+            return str(exc)
     for name, info in m.files.items():
         p = engine / name
         if not p.is_file():
@@ -177,7 +183,7 @@ def check_engine(engine: Path, expected_target: str, device: DeviceInfo) -> Engi
     pool's, another CPU ISA or CUDA architecture than this machine's, or CPU flags missing.
     """
     m = EngineManifest.read(engine)
-    damage = _damaged(engine)
+    damage = _damaged(engine, m)
     if damage:
         raise EngineMismatchError(
             f"engine {engine} is damaged ({damage}); rebuild it with `tideserve build FILE --target {m.target}` "
