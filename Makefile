@@ -23,8 +23,13 @@ $(VENV)/.run-installed: $(PY) requirements/run.lock pyproject.toml
 	$(UV) pip install -q --python $(PY) --no-deps -e .
 	touch $@
 
+# torch comes from the CPU wheel on this machine's disk through plain pip (uv would download
+# a multi-GB CUDA build); see ../shared/FACTS.md. Only the torch backend and its tests need it.
+TORCH_VERSION := 2.13.0
+
 $(VENV)/.test-installed: $(VENV)/.run-installed requirements/test.lock
 	$(UV) pip install -q --python $(PY) -r requirements/test.lock
+	$(PY) -m pip install -q --disable-pip-version-check torch==$(TORCH_VERSION)
 	touch $@
 
 run: $(VENV)/.run-installed
