@@ -1,0 +1,41 @@
+"""Object names and ports shared by the renderers, the gateway's Kubernetes mode and the operator.
+
+One place so a Deployment, its Service, the ScaledObject and the gateway's discovery agree.
+"""
+
+from __future__ import annotations
+
+GROUP = "tideserve.io"
+VERSION = "v1alpha1"
+PLURAL = "inferenceendpoints"
+KIND = "InferenceEndpoint"
+FIELD_MANAGER = "tideserve"
+
+WORKER_PORT = 8000  # worker HTTP (APIs, /metrics)
+GATEWAY_PORT = 8080  # gateway HTTP (APIs, /admin, /metrics)
+SCALER_PORT = 9090  # gateway gRPC, KEDA external scaler
+
+LABEL_ENDPOINT = "tideserve.io/endpoint"
+LABEL_POOL = "tideserve.io/pool"
+LABEL_COMPONENT = "tideserve.io/component"  # gateway | worker
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+
+
+def worker_name(endpoint: str, pool: str) -> str:
+    """Deployment, headless Service, ScaledObject and PDB of one pool: ``<endpoint>-<pool>``."""
+    return f"{endpoint}-{pool}"
+
+
+def gateway_name(endpoint: str) -> str:
+    """Gateway Deployment and its LoadBalancer Service: ``<endpoint>-gateway``."""
+    return f"{endpoint}-gateway"
+
+
+def worker_dns(endpoint: str, pool: str, namespace: str) -> str:
+    """The pool's headless Service DNS name; it resolves to the pool's ready pods."""
+    return f"{worker_name(endpoint, pool)}.{namespace}.svc"
+
+
+def scaler_address(endpoint: str, namespace: str) -> str:
+    """``host:port`` KEDA dials for the external scaler."""
+    return f"{gateway_name(endpoint)}.{namespace}.svc:{SCALER_PORT}"
