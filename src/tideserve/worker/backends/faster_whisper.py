@@ -15,7 +15,6 @@ fallback is not applied (deterministic decoding at temperature 0).
 from __future__ import annotations
 
 import time
-import zlib
 from pathlib import Path
 
 import ctranslate2
@@ -26,21 +25,12 @@ from faster_whisper.tokenizer import _LANGUAGE_CODES, Tokenizer
 from faster_whisper.transcribe import get_suppressed_tokens
 
 from tideserve.errors import EngineMismatchError
-from tideserve.protocol.types import Segment
 from tideserve.spec.models import Decoding, Target
 from tideserve.worker.backends.base import WindowResult, WindowTask
+from tideserve.worker.backends.whisper_text import MAX_LENGTH as _MAX_LENGTH
+from tideserve.worker.backends.whisper_text import TIME_PRECISION_S as _TIME_PRECISION_S
+from tideserve.worker.backends.whisper_text import window_result
 from tideserve.worker.batcher import ExecutionTimings
-
-_TIME_PRECISION_S = 0.02  # one timestamp token = 20 ms (Whisper)
-_MAX_LENGTH = 448  # Whisper decoder context
-_NO_SPEECH_THRESHOLD = 0.6
-_LOGPROB_THRESHOLD = -1.0
-_MIN_TAIL_S = 0.5  # an untranscribed tail shorter than this is not decoded again
-
-
-def _compression_ratio(text: str) -> float:
-    b = text.encode()
-    return len(b) / len(zlib.compress(b)) if b else 0.0
 
 
 class FasterWhisperBackend:
@@ -135,58 +125,7 @@ class FasterWhisperBackend:
         return out, ExecutionTimings(input_s=t1 - t0, infer_s=t2 - t1, output_s=t3 - t2)
 
     def _window_result(self, task: WindowTask, tok: Tokenizer, language: str, res) -> WindowResult:
-        tokens = list(res.sequences_ids[0])
+        tokens = [t for t in res.sequences_ids[0]]
         avg_logprob = res.scores[0] * len(tokens) / (len(tokens) + 1)  # length_penalty 1 (faster-whisper)
-        text_tokens = [t for t in tokens if t < tok.eot]
-        text = tok.decode(text_tokens).strip()
-        if res.no_speech_prob > _NO_SPEECH_THRESHOLD and avg_logprob < _LOGPROB_THRESHOLD:
-            return WindowResult(text="", language=language)
-        unfinished = None
-        stamps = [t for t in tokens if t >= tok.timestamp_begin]
-        if stamps:
-            # Whisper's long-form rule: output ending in "text <|t|>" closed its last segment and
-            # the window is done; otherwise (ending in "<|t|><|t|>" or in text) the model left
-            # the speech after its last timestamp for the next window.
-            duration = len(task.samples) / 16_000
-            single_ending = len(tokens) >= 2 and tokens[-2] < tok.timestamp_begin <= tokens[-1]
-            last = (stamps[-1] - tok.timestamp_begin) * _TIME_PRECISION_S
-            if not single_ending and duration - last > _MIN_TAIL_S:
-                unfinished = last
-        segments = []
-        if task.timestamps:
-            duration = len(task.samples) / 16_000
-            for start, end, seg_tokens in _split_by_timestamps(tokens, tok.timestamp_begin, duration):
-                seg_text = tok.decode(seg_tokens).strip()
-                if seg_text:
-                    segments.append(Segment(
-                        start_s=task.offset_s + start, end_s=task.offset_s + end, text=seg_text,
-                        tokens=tuple(seg_tokens), avg_logprob=float(avg_logprob),
-                        no_speech_prob=float(res.no_speech_prob), compression_ratio=_compression_ratio(seg_text),
-                    ))
-        return WindowResult(text=text, language=language, segments=segments, unfinished_from_s=unfinished)
-
-
-def _split_by_timestamps(
-    tokens: list[int], timestamp_begin: int, duration_s: float
-) -> list[tuple[float, float, list[int]]]:
-    """Segments ``(start_s, end_s, text tokens)`` from Whisper's ``<|t0|> text <|t1|>`` output.
-
-    A segment is closed by the first timestamp after some text; text left open at the end
-    runs to ``duration_s``. Times are relative to the window.
-    """
-    segments: list[tuple[float, float, list[int]]] = []
-    start: float | None = None
-    text: list[int] = []
-    for t in tokens:
-        if t >= timestamp_begin:
-            ts = (t - timestamp_begin) * _TIME_PRECISION_S
-            if text:
-                segments.append((start if start is not None else 0.0, min(ts, duration_s), text))
-                text, start = [], None
-            else:
-                start = ts
-        else:
-            text.append(t)
-    if text:
-        segments.append((start if start is not None else 0.0, duration_s, text))
-    return segments
+        return window_result(task, tokens, language, avg_logprob, res.no_speech_prob, tok.eot, tok.timestamp_begin,
+                             tok.decode)

@@ -1,0 +1,161 @@
+"""Backend adapter: a Hugging Face-format Whisper directory -> batched transcription on PyTorch.
+
+One execution = log-mel features of every window (on the device), one batched encoder pass,
+and one batched greedy decode over a static KV cache with the step replayed as a CUDA graph
+(decode.py). Rules and thresholds follow Whisper's reference decoder at temperature 0, as the
+faster-whisper backend does, so both backends give the same text for the same weights (the
+converter's parity test checks this on CPU).
+
+Targets: ``cuda-smXY-{bf16,fp16,fp32}`` runs only on a GPU of compute capability X.Y (checked
+against ``torch.cuda.get_device_capability`` before loading: EngineMismatchError otherwise);
+``cpu-<isa>-fp32`` runs on the CPU (tests, parity). Beam search is not implemented: the
+backend refuses ``beam_size`` > 1 with a clear error.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer
+
+from tideserve.errors import EngineMismatchError
+from tideserve.spec.models import Decoding, Target
+from tideserve.worker.backends.base import WindowResult, WindowTask
+from tideserve.worker.backends.torch_whisper.decode import GreedyDecoder, SpecialTokens
+from tideserve.worker.backends.torch_whisper.features import LogMel
+from tideserve.worker.backends.torch_whisper.model import Whisper, load_hf_dir
+from tideserve.worker.backends.whisper_text import MAX_LENGTH, window_result
+from tideserve.worker.batcher import ExecutionTimings
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+# Symbols Whisper never transcribes as speech (its reference decoder's non-speech list); each
+# is suppressed when the tokenizer spells it as one token, with or without a leading space.
+_NON_SPEECH = (list('"#()*+/:;<=>@[\\]^_`{|}~「」『』')
+               + ["<<", ">>", "<<<", ">>>", "--", "---", "-(", "-[", "('", '("', "((", "))", "(((", ")))",
+                  "[[", "]]", "{{", "}}", "♪♪", "♪♪♪", "♩", "♪", "♫", "♬", "♭", "♮", "♯"])
+
+_LANGS_EN_ONLY = frozenset({"en"})
+
+
+def _token(tok: Tokenizer, text: str) -> int:
+    i = tok.token_to_id(text)
+    if i is None:
+        raise ValueError(f"the tokenizer has no {text} token; is this a Whisper tokenizer.json?")
+    return i
+
+
+def special_tokens(tok: Tokenizer) -> SpecialTokens:
+    """The ids the decoder needs, from a Whisper ``tokenizer.json``. Raises ValueError when one
+    is missing."""
+    no_ts = _token(tok, "<|notimestamps|>")
+    no_speech = tok.token_to_id("<|nospeech|>") or _token(tok, "<|nocaptions|>")
+    suppress = set()
+    for sym in _NON_SPEECH:
+        for variant in (sym, " " + sym):
+            ids = tok.encode(variant, add_special_tokens=False).ids
+            if len(ids) == 1:
+                suppress.add(ids[0])
+    suppress.add(tok.encode(" -", add_special_tokens=False).ids[0])
+    suppress.add(tok.encode(" '", add_special_tokens=False).ids[0])
+    return SpecialTokens(eot=_token(tok, "<|endoftext|>"), sot=_token(tok, "<|startoftranscript|>"),
+                         no_timestamps=no_ts, timestamp_begin=no_ts + 1, no_speech=no_speech,
+                         blank=tok.encode(" ", add_special_tokens=False).ids[0], suppress=tuple(sorted(suppress)))
+
+
+class TorchWhisperBackend:
+    """Load ``model_dir`` (Hugging Face format: config.json, model.safetensors, tokenizer.json)
+    for ``target``.
+
+    Raises EngineMismatchError when the target's device, architecture or compute type cannot
+    run here, ValueError when the directory is not a Whisper model or decoding asks for beam
+    search.
+    """
+
+    def __init__(self, model_dir: Path, target: Target, decoding: Decoding, cpu_threads: int = 0,
+                 max_batch_size: int = 64, use_cuda_graphs: bool | None = None) -> None:
+        self.device = _device_for(target)
+        if decoding.beam_size != 1:
+            raise ValueError(f"the torch backend decodes greedily; set model.decoding.beam_size: 1 "
+                             f"(got {decoding.beam_size})")
+        if cpu_threads and self.device.type == "cpu":
+            torch.set_num_threads(cpu_threads)
+        dtype = DTYPES[target.backend_compute_type]
+        if self.device.type == "cpu" and dtype != torch.float32:
+            raise EngineMismatchError(f"{target.name}: the torch backend runs fp32 on the CPU")
+        model_dir = Path(model_dir)
+        try:
+            self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        except Exception as exc:  # tokenizers raises its own Exception type
+            raise ValueError(f"{model_dir}: no readable tokenizer.json ({exc})") from None
+        self.model: Whisper = load_hf_dir(model_dir, dtype, self.device)
+        self.special = special_tokens(self.tokenizer)
+        self.multilingual = self.model.dims.vocab_size >= 51865
+        self.languages = _languages(self.tokenizer) if self.multilingual else _LANGS_EN_ONLY
+        self.decoding = decoding
+        self.features = LogMel(self.model.dims.num_mel_bins, self.device)
+        self.decoder = GreedyDecoder(self.model, self.special, max_batch=max_batch_size,
+                                     use_cuda_graphs=use_cuda_graphs)
+
+    def prompt(self, language: str | None, timestamps: bool, previous: str | None) -> list[int]:
+        """Whisper's decoder prompt: [<|startofprev|> previous…] <|startoftranscript|>
+        [<|lang|> <|transcribe|>] [<|notimestamps|>]. The previous text keeps its last 223 tokens."""
+        tok, s = self.tokenizer, self.special
+        out: list[int] = []
+        if previous and previous.strip():
+            ids = tok.encode(" " + previous.strip(), add_special_tokens=False).ids
+            out = [_token(tok, "<|startofprev|>")] + ids[-(MAX_LENGTH // 2 - 1):]
+        out.append(s.sot)
+        if self.multilingual:
+            out += [_token(tok, f"<|{language or 'en'}|>"), _token(tok, "<|transcribe|>")]
+        if not timestamps:
+            out.append(s.no_timestamps)
+        return out
+
+    @torch.inference_mode()
+    def transcribe_batch(self, tasks: list[WindowTask]) -> tuple[list[WindowResult], ExecutionTimings]:
+        """Run all ``tasks`` as one execution (at most max_batch_size windows); results in order."""
+        t0 = time.perf_counter()
+        feats = self.features([t.samples for t in tasks]).to(self.decoder.dtype)
+        t1 = time.perf_counter()
+        encoded = self.model.encode(feats)
+        languages = [t.language or self.decoding.language or "en" for t in tasks]
+        with_ts = [t.timestamps or not self.decoding.without_timestamps for t in tasks]
+        prompts = [self.prompt(lang, ts, t.prompt) for t, lang, ts in zip(tasks, languages, with_ts)]
+        rows = self.decoder.decode(encoded, prompts, with_ts, max_new_tokens=self.decoding.max_new_tokens)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        s = self.special
+        out = []
+        for task, lang, row in zip(tasks, languages, rows):
+            avg = row.sum_logprob / (len(row.tokens) + 1)
+            out.append(window_result(task, row.tokens, lang, avg, row.no_speech_prob, s.eot, s.timestamp_begin,
+                                     lambda ids: self.tokenizer.decode(ids)))
+        t3 = time.perf_counter()
+        return out, ExecutionTimings(input_s=t1 - t0, infer_s=t2 - t1, output_s=t3 - t2)
+
+
+def _languages(tok: Tokenizer) -> frozenset[str]:
+    codes = set()
+    for name in tok.get_vocab():
+        if name.startswith("<|") and name.endswith("|>") and 2 <= len(name) - 4 <= 3 and name[2:-2].isalpha():
+            codes.add(name[2:-2])
+    return frozenset(codes) or _LANGS_EN_ONLY
+
+
+def _device_for(target: Target) -> torch.device:
+    """The torch device for ``target``; raises EngineMismatchError when this machine cannot run it."""
+    if target.device == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise EngineMismatchError(f"engine target {target.name} needs a CUDA GPU; torch sees none here")
+    major, minor = torch.cuda.get_device_capability(0)
+    here = f"sm{major}{minor}"
+    if here != target.arch:
+        raise EngineMismatchError(f"engine target {target.name} is built for {target.arch}, but this GPU is {here}; "
+                                  f"build an engine for cuda-{here}-{target.compute_type}")
+    return torch.device("cuda", 0)

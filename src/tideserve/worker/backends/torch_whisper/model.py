@@ -1,0 +1,256 @@
+"""Whisper in plain PyTorch, laid out for serving: a batched encoder and a one-token decoder
+step over a static KV cache, so the step can be captured once as a CUDA graph and replayed.
+
+Architecture: Radford et al., "Robust Speech Recognition via Large-Scale Weak Supervision"
+(2022): two strided 1-D convolutions (GELU) over the log-mel input, sinusoidal positions, pre-
+norm Transformer encoder; a Transformer decoder with learned positions, self-attention over the
+tokens so far and cross-attention over the 1500 encoder positions; output projection tied to
+the token embedding. Parameter names follow the Hugging Face ``WhisperForConditionalGeneration``
+layout (``model.encoder.layers.0.self_attn.q_proj.weight`` …) so a Hugging Face-format
+directory loads as is; ``k_proj`` has no bias (as in Whisper).
+
+Shapes: features ``[B, n_mels, 3000]`` -> encoder states ``[B, 1500, d_model]``; decoder step:
+tokens ``[B]``, positions ``[B]`` -> logits ``[B, vocab]``. Caches: self-attention K/V
+``[B, heads, max_target_positions, head_dim]`` per layer, cross-attention K/V
+``[B, heads, 1500, head_dim]`` per layer, all preallocated for the largest batch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class WhisperDims:
+    """Model sizes, read from a Hugging Face ``config.json`` (same key names)."""
+
+    num_mel_bins: int = 80
+    d_model: int = 384
+    encoder_layers: int = 4
+    encoder_attention_heads: int = 6
+    encoder_ffn_dim: int = 1536
+    decoder_layers: int = 4
+    decoder_attention_heads: int = 6
+    decoder_ffn_dim: int = 1536
+    vocab_size: int = 51864
+    max_source_positions: int = 1500
+    max_target_positions: int = 448
+
+    @classmethod
+    def from_config(cls, config: dict) -> "WhisperDims":
+        """Raises ValueError naming a missing key."""
+        try:
+            return cls(**{k: int(config[k]) for k in cls.__dataclass_fields__})
+        except KeyError as exc:
+            raise ValueError(f"config.json lacks {exc.args[0]!r}, which a Whisper model config has") from None
+
+    @classmethod
+    def tiny(cls) -> "WhisperDims":
+        """tiny / tiny.en sizes (39 M parameters)."""
+        return cls()
+
+    @classmethod
+    def large_v3(cls) -> "WhisperDims":
+        """large-v3 sizes (1.55 B parameters; 128 mel bins, 51866 tokens)."""
+        return cls(num_mel_bins=128, d_model=1280, encoder_layers=32, encoder_attention_heads=20, encoder_ffn_dim=5120,
+                   decoder_layers=32, decoder_attention_heads=20, decoder_ffn_dim=5120, vocab_size=51866)
+
+
+def sinusoids(length: int, channels: int, max_timescale: float = 10_000.0) -> torch.Tensor:
+    """Whisper's encoder positions ``[length, channels]``: sin on the first half, cos on the second."""
+    log_inc = math.log(max_timescale) / (channels // 2 - 1)
+    inv = torch.exp(-log_inc * torch.arange(channels // 2, dtype=torch.float32))
+    t = torch.arange(length, dtype=torch.float32)[:, None] * inv[None, :]
+    return torch.cat([torch.sin(t), torch.cos(t)], dim=1)
+
+
+class Attention(nn.Module):
+    def __init__(self, d_model: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.head_dim = d_model // heads
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.k_proj = nn.Linear(d_model, d_model, bias=False)
+        self.v_proj = nn.Linear(d_model, d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def split(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.heads, self.head_dim).transpose(1, 2)
+
+    def merge(self, x: torch.Tensor) -> torch.Tensor:
+        b, h, t, d = x.shape
+        return x.transpose(1, 2).reshape(b, t, h * d)
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, d_model: int, heads: int, ffn: int) -> None:
+        super().__init__()
+        self.self_attn = Attention(d_model, heads)
+        self.self_attn_layer_norm = nn.LayerNorm(d_model)
+        self.fc1 = nn.Linear(d_model, ffn)
+        self.fc2 = nn.Linear(ffn, d_model)
+        self.final_layer_norm = nn.LayerNorm(d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.self_attn
+        h = self.self_attn_layer_norm(x)
+        q, k, v = a.split(a.q_proj(h)), a.split(a.k_proj(h)), a.split(a.v_proj(h))
+        x = x + a.out_proj(a.merge(F.scaled_dot_product_attention(q, k, v)))
+        return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
+
+
+class Encoder(nn.Module):
+    def __init__(self, d: WhisperDims) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv1d(d.num_mel_bins, d.d_model, kernel_size=3, padding=1)
+        self.conv2 = nn.Conv1d(d.d_model, d.d_model, kernel_size=3, stride=2, padding=1)
+        self.embed_positions = nn.Embedding(d.max_source_positions, d.d_model)
+        with torch.no_grad():
+            self.embed_positions.weight.copy_(sinusoids(d.max_source_positions, d.d_model))
+        self.layers = nn.ModuleList(
+            EncoderLayer(d.d_model, d.encoder_attention_heads, d.encoder_ffn_dim) for _ in range(d.encoder_layers))
+        self.layer_norm = nn.LayerNorm(d.d_model)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        """``[B, n_mels, 3000]`` -> ``[B, 1500, d_model]``."""
+        x = F.gelu(self.conv1(features))
+        x = F.gelu(self.conv2(x)).transpose(1, 2)
+        x = x + self.embed_positions.weight[: x.shape[1]]
+        for layer in self.layers:
+            x = layer(x)
+        return self.layer_norm(x)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, d_model: int, heads: int, ffn: int) -> None:
+        super().__init__()
+        self.self_attn = Attention(d_model, heads)
+        self.self_attn_layer_norm = nn.LayerNorm(d_model)
+        self.encoder_attn = Attention(d_model, heads)
+        self.encoder_attn_layer_norm = nn.LayerNorm(d_model)
+        self.fc1 = nn.Linear(d_model, ffn)
+        self.fc2 = nn.Linear(ffn, d_model)
+        self.final_layer_norm = nn.LayerNorm(d_model)
+
+
+class Decoder(nn.Module):
+    def __init__(self, d: WhisperDims) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(d.vocab_size, d.d_model)
+        self.embed_positions = nn.Embedding(d.max_target_positions, d.d_model)
+        self.layers = nn.ModuleList(
+            DecoderLayer(d.d_model, d.decoder_attention_heads, d.decoder_ffn_dim) for _ in range(d.decoder_layers))
+        self.layer_norm = nn.LayerNorm(d.d_model)
+
+
+class KVCache:
+    """Preallocated K/V for ``max_batch`` rows: per decoder layer, self-attention
+    ``[max_batch, heads, max_target_positions, head_dim]`` and cross-attention
+    ``[max_batch, heads, max_source_positions, head_dim]``. A batch of B uses rows ``[:B]``
+    (contiguous views, so a CUDA graph captured on them stays valid)."""
+
+    def __init__(self, dims: WhisperDims, max_batch: int, dtype: torch.dtype, device: torch.device) -> None:
+        h, hd = dims.decoder_attention_heads, dims.d_model // dims.decoder_attention_heads
+        def alloc(t: int) -> list[torch.Tensor]:
+            return [torch.zeros(max_batch, h, t, hd, dtype=dtype, device=device) for _ in range(dims.decoder_layers)]
+        self.max_batch = max_batch
+        self.self_k, self.self_v = alloc(dims.max_target_positions), alloc(dims.max_target_positions)
+        self.cross_k, self.cross_v = alloc(dims.max_source_positions), alloc(dims.max_source_positions)
+
+
+class Whisper(nn.Module):
+    """Whisper with a serving decoder step. ``encode`` runs the encoder; ``fill_cross`` puts the
+    cross-attention K/V of a batch into the cache; ``step`` decodes one token per row."""
+
+    def __init__(self, dims: WhisperDims) -> None:
+        super().__init__()
+        self.dims = dims
+        self.model = nn.Module()
+        self.model.encoder = Encoder(dims)
+        self.model.decoder = Decoder(dims)
+
+    @property
+    def encoder(self) -> Encoder:
+        return self.model.encoder
+
+    @property
+    def decoder(self) -> Decoder:
+        return self.model.decoder
+
+    def encode(self, features: torch.Tensor) -> torch.Tensor:
+        return self.encoder(features)
+
+    def fill_cross(self, cache: KVCache, encoded: torch.Tensor) -> None:
+        """Cross-attention K/V of ``encoded`` ``[B, 1500, d_model]`` into cache rows ``[:B]``."""
+        b = encoded.shape[0]
+        for i, layer in enumerate(self.decoder.layers):
+            a = layer.encoder_attn
+            cache.cross_k[i][:b].copy_(a.split(a.k_proj(encoded)))
+            cache.cross_v[i][:b].copy_(a.split(a.v_proj(encoded)))
+
+    def step(self, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor, span: int | None = None) -> torch.Tensor:
+        """One decoder step for B rows, each at its own position.
+
+        tokens, positions: ``[B]`` int64, every position < ``span`` (default: the whole
+        448-token context). Writes this step's self-attention K/V at ``positions`` and attends
+        to positions <= it, reading only the first ``span`` cache positions. Returns logits
+        ``[B, vocab]`` in float32. Static shapes, no host sync: safe to capture in a CUDA graph.
+        """
+        dec = self.decoder
+        b = tokens.shape[0]
+        span = span or self.dims.max_target_positions
+        x = (dec.embed_tokens(tokens) + dec.embed_positions(positions))[:, None, :]  # [B, 1, D]
+        visible = (torch.arange(span, device=tokens.device)[None, :] <= positions[:, None])[:, None, None, :]
+        for i, layer in enumerate(dec.layers):
+            a = layer.self_attn
+            h = layer.self_attn_layer_norm(x)
+            q, k, v = a.split(a.q_proj(h)), a.split(a.k_proj(h)), a.split(a.v_proj(h))  # [B, H, 1, hd]
+            index = positions.view(b, 1, 1, 1).expand(b, a.heads, 1, a.head_dim)
+            ks, vs = cache.self_k[i][:b], cache.self_v[i][:b]
+            ks.scatter_(2, index, k)
+            vs.scatter_(2, index, v)
+            att = F.scaled_dot_product_attention(q, ks[:, :, :span], vs[:, :, :span], attn_mask=visible)
+            x = x + a.out_proj(a.merge(att))
+            c = layer.encoder_attn
+            h = layer.encoder_attn_layer_norm(x)
+            q = c.split(c.q_proj(h))
+            x = x + c.out_proj(c.merge(F.scaled_dot_product_attention(q, cache.cross_k[i][:b], cache.cross_v[i][:b])))
+            x = x + layer.fc2(F.gelu(layer.fc1(layer.final_layer_norm(x))))
+        x = dec.layer_norm(x)[:, 0, :]
+        return (x @ dec.embed_tokens.weight.T).float()
+
+
+def load_hf_dir(model_dir: Path, dtype: torch.dtype, device: torch.device) -> Whisper:
+    """A Whisper from a Hugging Face-format directory: ``config.json`` and ``model.safetensors``
+    (or ``pytorch_model.bin``). Raises ValueError naming what is missing or mismatched."""
+    model_dir = Path(model_dir)
+    try:
+        config = json.loads((model_dir / "config.json").read_text())
+    except OSError as exc:
+        raise ValueError(f"{model_dir}: no readable config.json ({exc.strerror}); a Hugging Face Whisper "
+                         "directory has config.json and model.safetensors") from None
+    dims = WhisperDims.from_config(config)
+    if (model_dir / "model.safetensors").is_file():
+        from safetensors.torch import load_file
+        state = load_file(str(model_dir / "model.safetensors"))
+    elif (model_dir / "pytorch_model.bin").is_file():
+        state = torch.load(model_dir / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    else:
+        raise ValueError(f"{model_dir}: no model.safetensors or pytorch_model.bin")
+    with torch.device("meta"):
+        model = Whisper(dims)
+    state = {k: v for k, v in state.items() if k != "proj_out.weight"}  # tied to the token embedding
+    if "model.encoder.embed_positions.weight" not in state:
+        state["model.encoder.embed_positions.weight"] = sinusoids(dims.max_source_positions, dims.d_model)
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    if missing or unexpected:
+        raise ValueError(f"{model_dir}: weights do not match the config: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    return model.to(device=device, dtype=dtype).eval()
