@@ -16,7 +16,18 @@ from tideserve.spec import InferenceEndpoint, LocalConfig, Pool, Target
 log = logging.getLogger("tideserve.engines")
 
 #: The library whose version an engine of each backend records.
-BACKEND_LIBRARY = {"faster-whisper": "ctranslate2"}
+BACKEND_LIBRARY = {"faster-whisper": "ctranslate2", "torch": "torch"}
+
+
+def engine_converter(backend: str, model_dir: Path):
+    """How a model directory becomes a ``backend`` engine: None to copy it as is, or a
+    ``convert(src, dst)``. The torch backend reads Hugging Face-format directories; a
+    CTranslate2 model (``model.bin``, as the bundled model is) is converted on the way."""
+    if backend == "torch" and (Path(model_dir) / "model.bin").is_file():
+        from tideserve.engines.convert import convert_ct2_whisper
+
+        return lambda src, dst: convert_ct2_whisper(src, dst, dtype="float16")
+    return None
 
 
 def backend_version(backend: str) -> str:
@@ -56,8 +67,9 @@ def prepare_engine(endpoint: InferenceEndpoint, pool: Pool, cfg: LocalConfig, bu
                 f"no engine of {endpoint.spec.model.source} for target {target.name}; "
                 f"build it with `tideserve build FILE --target {target.name}`"
             )
-        engine = build_engine(cfg.cache_dir, model_dir, endpoint.spec.model.source, target, endpoint.spec.model.backend,
-                              backend_version(endpoint.spec.model.backend))
+        backend = endpoint.spec.model.backend
+        engine = build_engine(cfg.cache_dir, model_dir, endpoint.spec.model.source, target, backend,
+                              backend_version(backend), convert=engine_converter(backend, model_dir))
         log.info("engine built", extra={"pool": pool.name, "target": target.name, "engine": str(engine)})
     check_engine(engine, target.name, device)
     _warm_page_cache(engine)
@@ -87,4 +99,4 @@ def build(endpoint: InferenceEndpoint, target: Target, cfg: LocalConfig, verify:
 
     return build_engine(cfg.cache_dir, model_dir, spec.model.source, target, spec.model.backend,
                         backend_version(spec.model.backend), verify=load if (verify and runs_here) else None,
-                        force=force)
+                        force=force, convert=engine_converter(spec.model.backend, model_dir))

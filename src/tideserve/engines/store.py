@@ -105,11 +105,13 @@ def build_engine(
     backend_version: str,
     verify: Callable[[Path], None] | None = None,
     force: bool = False,
+    convert: Callable[[Path, Path], None] | None = None,
 ) -> Path:
     """Build (or return the existing) engine of ``model_dir`` for ``target``.
 
-    Files are copied into the engine directory; ``verify(engine_dir)`` may load it to prove it
-    works before it is published. An existing engine is returned unless ``force`` is set or its
+    Files are copied into the engine directory, or, when ``convert`` is given, written there by
+    ``convert(model_dir, engine_dir)`` (e.g. a CTranslate2 model turned into the torch backend's
+    format); ``verify(engine_dir)`` may load it to prove it works before it is published. An existing engine is returned unless ``force`` is set or its
     files no longer match its manifest (then it is rebuilt). Returns the engine directory.
     Raises whatever ``verify`` raises, publishing nothing.
     """
@@ -124,7 +126,11 @@ def build_engine(
     tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=final.parent))
     try:
         files = {}
-        for p in _files(model_dir):
+        if convert is not None:
+            convert(model_dir, tmp)
+            for p in _files(tmp):
+                files[str(p.relative_to(tmp))] = {"size": p.stat().st_size, "sha256": _sha256(p)}
+        for p in _files(model_dir) if convert is None else ():
             rel = p.relative_to(model_dir)
             dst = tmp / rel
             dst.parent.mkdir(parents=True, exist_ok=True)

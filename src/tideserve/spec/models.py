@@ -124,8 +124,10 @@ class ModelSpec(_Strict):
         pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
     )
     task: Literal["transcription"] = "transcription"
-    backend: Literal["faster-whisper"] = Field(
-        "faster-whisper", description="Model backend; faster-whisper (CTranslate2) on CPU."
+    backend: Literal["faster-whisper", "torch"] = Field(
+        "faster-whisper",
+        description="Model backend: faster-whisper (CTranslate2) for CPU targets; torch (PyTorch, greedy "
+        "decoding, CUDA graphs) for CUDA targets (and cpu-*-fp32 for checks).",
     )
     source: str = Field(
         description="pkg://<import package>/<subpath>, file:///path, s3://bucket/prefix or hf://org/name@revision."
@@ -142,6 +144,14 @@ class ModelSpec(_Strict):
                 "file:///absolute/path, s3://bucket/prefix, hf://org/name@revision"
             )
         return v
+
+    @model_validator(mode="after")
+    def _backend_decoding(self) -> "ModelSpec":
+        if self.backend == "torch" and self.decoding.beam_size != 1:
+            raise ValueError(
+                f"the torch backend decodes greedily: set decoding.beam_size to 1 (it is {self.decoding.beam_size})"
+            )
+        return self
 
 
 class Batching(_Strict):
@@ -268,6 +278,22 @@ class EndpointSpec(_Strict):
         if dupes:
             raise ValueError(f"pool names must be unique; repeated: {', '.join(dupes)}")
         return pools
+
+    @model_validator(mode="after")
+    def _targets_fit_backend(self) -> "EndpointSpec":
+        for p in self.pools:
+            t = Target.parse(p.target)
+            if self.model.backend == "faster-whisper" and t.device == "cuda":
+                raise ValueError(
+                    f"pool '{p.name}': target {p.target} needs the torch backend (model.backend: torch); "
+                    "faster-whisper builds CPU engines here (CTranslate2's CUDA build needs libcublas 12)"
+                )
+            if self.model.backend == "torch" and t.device == "cpu" and t.backend_compute_type != "float32":
+                raise ValueError(
+                    f"pool '{p.name}': the torch backend runs fp32 on the CPU; use cpu-{t.arch}-fp32 "
+                    "or the faster-whisper backend for int8"
+                )
+        return self
 
     def pool(self, name: str) -> Pool:
         for p in self.pools:

@@ -73,7 +73,8 @@ async def serve(args: argparse.Namespace, phases: dict[str, float]) -> int:
     loop = asyncio.get_running_loop()
     phases["imported"] = time.time()
     loading = loop.run_in_executor(
-        None, lambda: backend_class(spec.model.backend)(model_dir, target, spec.model.decoding, cpu_threads=threads)
+        None, lambda: backend_class(spec.model.backend)(model_dir, target, spec.model.decoding, cpu_threads=threads,
+                                                max_batch_size=spec.batching.max_batch_size)
     )
 
     from aiohttp import web

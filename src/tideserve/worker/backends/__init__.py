@@ -13,6 +13,7 @@ from tideserve.worker.backends.base import Backend, WindowResult, WindowTask
 #: spec ``model.backend`` -> "module:class"
 BACKENDS: dict[str, str] = {
     "faster-whisper": "tideserve.worker.backends.faster_whisper:FasterWhisperBackend",
+    "torch": "tideserve.worker.backends.torch_whisper.backend:TorchWhisperBackend",
 }
 
 

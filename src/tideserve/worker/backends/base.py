@@ -36,7 +36,11 @@ class WindowResult:
 
 
 class Backend(Protocol):
-    """A loaded model. ``transcribe_batch`` runs all tasks as ONE model execution."""
+    """A loaded model. ``transcribe_batch`` runs all tasks as ONE model execution.
+
+    Constructed as ``cls(model_dir, target, decoding, cpu_threads=…, max_batch_size=…)``; a
+    backend that preallocates per batch (the torch backend's KV cache) sizes itself by
+    ``max_batch_size`` (the endpoint's ``batching.max_batch_size``)."""
 
     #: Language codes the model can transcribe (e.g. {"en"} for an English-only model).
     languages: frozenset[str]

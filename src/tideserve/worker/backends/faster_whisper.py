@@ -40,7 +40,8 @@ class FasterWhisperBackend:
     supported by this CPU.
     """
 
-    def __init__(self, model_dir: Path, target: Target, decoding: Decoding, cpu_threads: int = 0) -> None:
+    def __init__(self, model_dir: Path, target: Target, decoding: Decoding, cpu_threads: int = 0,
+                 max_batch_size: int | None = None) -> None:  # batches of any size: no preallocation
         if target.device != "cpu":
             raise EngineMismatchError(
                 f"the faster-whisper backend runs CPU targets here; {target.name} needs a CUDA backend"

@@ -1,0 +1,51 @@
+"""Write a Hugging Face-format Whisper directory with RANDOM weights (seeded), for serving and
+benchmark runs where real weights cannot travel (the GPU machine has no internet and a 64 MiB
+transfer limit). The transcripts such a model writes are meaningless; its compute is real.
+
+    python bench/make_whisper_dir.py --size tiny --tokenizer path/to/tokenizer.json --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from tideserve.worker.backends.torch_whisper.model import Whisper, WhisperDims  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", choices=["tiny", "large-v3"], default="tiny")
+    ap.add_argument("--tokenizer", type=Path, required=True, help="a Whisper tokenizer.json of the same vocabulary")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    dims = WhisperDims.tiny() if a.size == "tiny" else WhisperDims.large_v3()
+    torch.manual_seed(a.seed)
+    model = Whisper(dims)
+    with torch.no_grad():  # small weights keep random activations finite in fp16/bf16
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.02)
+    from safetensors.torch import save_file
+
+    a.out.mkdir(parents=True, exist_ok=True)
+    state = {k: v.to(torch.float16).contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(a.out / "model.safetensors"), metadata={"format": "pt"})
+    (a.out / "config.json").write_text(json.dumps({"model_type": "whisper", **asdict(dims),
+                                                    "weights": f"random, seed {a.seed}"}, indent=2))
+    shutil.copy2(a.tokenizer, a.out / "tokenizer.json")
+    print(a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
