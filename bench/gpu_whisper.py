@@ -110,6 +110,7 @@ def main() -> int:
     ap.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--no-baseline", action="store_true", help="skip Hugging Face generate")
+    ap.add_argument("--compile", action="store_true", help="also time our decoder with torch.compile'd steps")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[a.dtype]
@@ -132,6 +133,7 @@ def main() -> int:
             del hf
             hf = None
         decoder = GreedyDecoder(ours, special, max_batch=max(batch_sizes))
+        compiled = GreedyDecoder(ours, special, max_batch=max(batch_sizes), compile_step=True) if a.compile else None
         logmel = LogMel(dims.num_mel_bins, torch.device(a.device))
         for bs in batch_sizes:
             g = torch.Generator(device="cpu").manual_seed(bs)
@@ -153,6 +155,21 @@ def main() -> int:
             feat_s = timed(lambda: logmel(audio), 3, a.device)
             row = {"size": size, "batch": bs, "ours_p50_s": pct(ours_s, 50), "ours_p99_s": pct(ours_s, 99),
                    "ours_rtfx": bs * WINDOW_S / statistics.median(ours_s), "features_p50_s": pct(feat_s, 50)}
+            if compiled is not None:
+                def run_compiled() -> None:
+                    with torch.inference_mode():
+                        enc = ours.encode(feats)
+                        res = compiled.decode(enc, prompts, [False] * bs, max_new_tokens=a.tokens,
+                                              min_new_tokens=a.tokens)
+                    produced[:] = [len(r.tokens) for r in res]
+
+                t0 = time.perf_counter()
+                timed(run_compiled, 2, a.device)
+                row["compile_s"] = time.perf_counter() - t0
+                comp_s = timed(run_compiled, a.repeats, a.device)
+                assert all(n == a.tokens for n in produced)
+                row.update({"compiled_p50_s": pct(comp_s, 50), "compiled_p99_s": pct(comp_s, 99),
+                            "compiled_rtfx": bs * WINDOW_S / statistics.median(comp_s)})
             if hf is not None:
                 ids = torch.tensor(prompts, device=a.device)
                 shape: list[int] = []
@@ -169,9 +186,11 @@ def main() -> int:
                 row.update({"hf_p50_s": pct(hf_s, 50), "hf_p99_s": pct(hf_s, 99),
                             "hf_rtfx": bs * WINDOW_S / statistics.median(hf_s), "hf_output_shape": shape})
                 row["speedup"] = row["ours_rtfx"] / row["hf_rtfx"]
+                if "compiled_rtfx" in row:
+                    row["compiled_speedup"] = row["compiled_rtfx"] / row["hf_rtfx"]
             rows.append(row)
             print(json.dumps(row), flush=True)
-        del decoder, ours, hf
+        del decoder, compiled, ours, hf
         if a.device == "cuda":
             torch.cuda.empty_cache()
     print()
@@ -180,7 +199,10 @@ def main() -> int:
     for r in rows:
         hf_cols = (f"{r['hf_p50_s']:9.3f} {r['hf_p99_s']:9.3f} {r['hf_rtfx']:8.1f} {r['speedup']:7.2f}"
                    if "hf_rtfx" in r else f"{'-':>9} {'-':>9} {'-':>8} {'-':>7}")
-        print(f"{r['size']:9} {r['batch']:5d} {r['ours_p50_s']:10.3f} {r['ours_p99_s']:10.3f} {r['ours_rtfx']:9.1f} {hf_cols}")
+        comp = (f"  compiled: p50 {r['compiled_p50_s']:.3f} s, RTFx {r['compiled_rtfx']:.1f}, "
+                f"x{r.get('compiled_speedup', float('nan')):.2f} vs HF (compile {r['compile_s']:.0f} s)"
+                if "compiled_rtfx" in r else "")
+        print(f"{r['size']:9} {r['batch']:5d} {r['ours_p50_s']:10.3f} {r['ours_p99_s']:10.3f} {r['ours_rtfx']:9.1f} {hf_cols}{comp}")
     if a.json:
         a.json.write_text(json.dumps({"env": env, "rows": rows}, indent=2))
     return 0

@@ -60,14 +60,16 @@ class GreedyDecoder:
     """Decode batches of up to ``max_batch`` rows with ``model``.
 
     ``use_cuda_graphs`` (default: on CUDA) captures the step per (batch size, attention span)
-    bucket on first use. ``max_prompt`` bounds prompt length in tokens (Whisper: at most half
+    bucket on first use. ``compile_step`` runs the step through ``torch.compile`` first (fusing
+    its many small kernels; costs a compilation per bucket, tens of seconds at large-v3 size). ``max_prompt`` bounds prompt length in tokens (Whisper: at most half
     the 448-token context is previous text).
     """
 
     SPANS = (128, 256, 448)  # self-attention span buckets (positions); the last is the full context
 
     def __init__(self, model: Whisper, special: SpecialTokens, max_batch: int = 64, max_prompt: int = 228,
-                 max_initial_timestamp_s: float = 1.0, use_cuda_graphs: bool | None = None) -> None:
+                 max_initial_timestamp_s: float = 1.0, use_cuda_graphs: bool | None = None,
+                 compile_step: bool = False) -> None:
         p = next(model.parameters())
         self.model, self.special, self.device, self.dtype = model, special, p.device, p.dtype
         self.dims = model.dims
@@ -105,6 +107,7 @@ class GreedyDecoder:
         self.blank_eot[[s.blank, s.eot]] = True
         self.ids = ids
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self._step_fn = torch.compile(self._step, dynamic=False) if compile_step else self._step
         self._pool = None
 
     # --- the step: static shapes, in-place state, no host sync ---------------------------------
@@ -163,7 +166,7 @@ class GreedyDecoder:
 
     def _run_step(self, b: int, span: int) -> None:
         if not self.graphs_enabled:
-            self._step(b, span)
+            self._step_fn(b, span)
             return
         key = (b, span)
         graph = self._graphs.get(key)
@@ -172,8 +175,8 @@ class GreedyDecoder:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                for _ in range(2):  # warm-up before capture (allocations, autotuning)
-                    self._step(b, span)
+                for _ in range(2):  # warm-up before capture (allocations, autotuning, compilation)
+                    self._step_fn(b, span)
             torch.cuda.current_stream().wait_stream(side)
             for n, v in saved.items():  # the warm-up must not change the batch's state
                 getattr(self, n).copy_(v)
@@ -181,7 +184,7 @@ class GreedyDecoder:
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             with torch.cuda.graph(graph, pool=self._pool):
-                self._step(b, span)
+                self._step_fn(b, span)
             for n, v in saved.items():
                 getattr(self, n).copy_(v)
             self._graphs[key] = graph

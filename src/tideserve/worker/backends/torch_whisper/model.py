@@ -166,13 +166,28 @@ class KVCache:
         self.cross_k, self.cross_v = alloc(dims.max_source_positions), alloc(dims.max_source_positions)
 
 
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, impl: str) -> torch.Tensor:
+    """Attention of one query position: ``q [B, H, 1, d]`` over ``k, v [B, H, T, d]``.
+
+    ``sdpa`` uses PyTorch's fused kernels; ``matmul`` two batched matrix products with a float32
+    softmax between them (for one query these are memory-bound reads of K and V)."""
+    if impl == "sdpa":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    scores = torch.matmul(q, k.transpose(-1, -2)).float() * (q.shape[-1] ** -0.5)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1).to(v.dtype), v)
+
+
 class Whisper(nn.Module):
     """Whisper with a serving decoder step. ``encode`` runs the encoder; ``fill_cross`` puts the
-    cross-attention K/V of a batch into the cache; ``step`` decodes one token per row."""
+    cross-attention K/V of a batch into the cache; ``step`` decodes one token per row.
+    ``attention`` picks the decoder step's attention kernels (``sdpa`` or ``matmul``)."""
 
-    def __init__(self, dims: WhisperDims) -> None:
+    def __init__(self, dims: WhisperDims, attention: str = "sdpa") -> None:
         super().__init__()
         self.dims = dims
+        self.attention = attention
         self.model = nn.Module()
         self.model.encoder = Encoder(dims)
         self.model.decoder = Decoder(dims)
@@ -217,12 +232,12 @@ class Whisper(nn.Module):
             ks, vs = cache.self_k[i][:b], cache.self_v[i][:b]
             ks.scatter_(2, index, k)
             vs.scatter_(2, index, v)
-            att = F.scaled_dot_product_attention(q, ks[:, :, :span], vs[:, :, :span], attn_mask=visible)
+            att = _attend(q, ks[:, :, :span], vs[:, :, :span], visible, self.attention)
             x = x + a.out_proj(a.merge(att))
             c = layer.encoder_attn
             h = layer.encoder_attn_layer_norm(x)
             q = c.split(c.q_proj(h))
-            x = x + c.out_proj(c.merge(F.scaled_dot_product_attention(q, cache.cross_k[i][:b], cache.cross_v[i][:b])))
+            x = x + c.out_proj(c.merge(_attend(q, cache.cross_k[i][:b], cache.cross_v[i][:b], None, self.attention)))
             x = x + layer.fc2(F.gelu(layer.fc1(layer.final_layer_norm(x))))
         x = dec.layer_norm(x)[:, 0, :]
         return (x @ dec.embed_tokens.weight.T).float()
