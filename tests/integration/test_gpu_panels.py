@@ -1,0 +1,81 @@
+"""The dashboard's GPU panels against real GPU metrics: the /metrics text a torch-backend worker
+served on the lent H200 (bench/results/h200_worker_metrics.txt, captured by
+bench/gpu_session.sh) is served here on loopback, a real Prometheus scrapes it, and every GPU
+panel query must return the values NVML reported there."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import yaml
+from endpoint import ROOT
+from test_observability import Prometheus, _free_port, _ready
+
+from tideserve.metrics.dashboard import build_dashboard, dashboard_exprs
+from tideserve.metrics.panels import PANELS
+from tideserve.metrics.parse import sample_value
+
+CAPTURED = ROOT / "bench" / "results" / "h200_worker_metrics.txt"
+
+
+@pytest.fixture(scope="module")
+def prom_on_h200_metrics(tmp_path_factory):
+    text = CAPTURED.read_bytes()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.end_headers()
+            self.wfile.write(text)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    prom_bin = shutil.which("prometheus")
+    assert prom_bin, "prometheus is not installed: `make test` installs Debian's prometheus package"
+    tmp = tmp_path_factory.mktemp("gpu-panels")
+    cfg = {"global": {"scrape_interval": "1s"},
+           "scrape_configs": [{"job_name": "tideserve-workers",
+                               "static_configs": [{"targets": [f"127.0.0.1:{server.server_port}"]}]}]}
+    (tmp / "prometheus.yml").write_text(yaml.safe_dump(cfg))
+    port = _free_port()
+    log = open(tmp / "prometheus.log", "wb")
+    proc = subprocess.Popen([prom_bin, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
+                             f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        prom = Prometheus(f"http://127.0.0.1:{port}")
+        prom.wait(lambda: _ready(prom.url), "ready", 60)
+        prom.wait(lambda: prom.query("nv_gpu_utilization"), "the captured GPU series")
+        yield prom, text.decode()
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        log.close()
+        server.shutdown()
+
+
+def test_every_gpu_panel_query_returns_the_h200_values(prom_on_h200_metrics):
+    prom, text = prom_on_h200_metrics
+    gpu_titles = {p.title for p in PANELS if p.gpu}
+    checked = 0
+    for title, expr in dashboard_exprs(build_dashboard()):
+        if title not in gpu_titles:
+            continue
+        result = prom.query(expr)
+        assert result, f"GPU panel {title!r}: {expr} returned no data on the H200 metrics"
+        for series in result:
+            uuid = series["metric"]["gpu_uuid"]
+            assert uuid.startswith("GPU-")
+        checked += 1
+    assert checked == sum(len(p.queries) for p in PANELS if p.gpu) >= 4
+    uuid = prom.query("nv_gpu_memory_total_bytes")[0]["metric"]["gpu_uuid"]
+    # The H200's memory as NVML reported it there, through the panel's own query.
+    assert prom.value("sum by (gpu_uuid) (nv_gpu_memory_total_bytes)") == sample_value(
+        text, "nv_gpu_memory_total_bytes", {"gpu_uuid": uuid}) == 150754820096.0

