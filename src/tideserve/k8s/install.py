@@ -5,7 +5,9 @@
 least rights it needs: read and patch InferenceEndpoints and their status; server-side apply
 (get, create, patch) and delete of each kind ``render_endpoint`` emits; patch on pods (it
 removes ``karpenter.sh/do-not-disrupt`` once a pod is Ready); create the worker-token Secret;
-post Events; list CRDs and namespaces (kopf's resource and namespace discovery).
+post Events; list CRDs and namespaces (kopf's resource and namespace discovery). The operator
+runs ``tideserve operator --all-namespaces --image IMAGE``: an overlay that changes the image
+must change that argument too (kustomize's ``images:`` rewrites only the container image).
 """
 
 from __future__ import annotations
@@ -33,7 +35,9 @@ def cluster_role() -> dict:
             {"apiGroups": [names.GROUP], "resources": [f"{names.PLURAL}/status"], "verbs": ["get", "patch"]},
             {"apiGroups": [""], "resources": ["configmaps", "services", "persistentvolumeclaims", "persistentvolumes"],
              "verbs": _APPLY},
-            {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create", "delete"]},
+            # The worker-token Secret: created once, pruned with the endpoint; the applier finds
+            # it by label, which needs list (and list returns the data of every listed Secret).
+            {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "list", "create", "delete"]},
             {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
             {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
             {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
@@ -76,7 +80,12 @@ def install_objects(image: str, namespace: str = "tideserve-system") -> list[dic
                     "containers": [{
                         "name": "operator",
                         "image": image,
-                        "command": ["tideserve", "operator"],
+                        # Cluster-wide (the ClusterRole); the rendered gateway and workers run the same image.
+                        "command": ["tideserve", "operator", "--all-namespaces", "--image", image],
+                        "ports": [{"name": "health", "containerPort": 8081, "protocol": "TCP"}],
+                        # kopf's liveness endpoint (tideserve operator --liveness, default :8081/healthz)
+                        "livenessProbe": {"httpGet": {"path": "/healthz", "port": "health"}, "periodSeconds": 30,
+                                          "timeoutSeconds": 5, "failureThreshold": 3},
                         "env": [{"name": "HOME", "value": "/tmp"}, {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
                                 {"name": "PYTHONUNBUFFERED", "value": "1"}],
                         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}},

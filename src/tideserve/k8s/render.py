@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +37,7 @@ import yaml
 
 from tideserve.errors import SpecError
 from tideserve.k8s import names
-from tideserve.spec.models import GPU_COMPUTE_CAPABILITY, InferenceEndpoint, Pool
+from tideserve.spec.models import _DNS_LABEL, GPU_COMPUTE_CAPABILITY, InferenceEndpoint, Pool
 
 #: ``karpenter.k8s.aws/instance-gpu-name`` value of each accelerator, as Karpenter labels nodes
 #: (the EC2 GPU name in lower case: g5 -> a10g, g6 -> l4, g6e -> l40s, p4d -> a100, p5 -> h100,
@@ -154,6 +155,18 @@ def check_pool(index: int, pool: Pool) -> None:
             path, f"{pool.target} is not an engine for {pool.accelerator} (sm_{sm[2:]}): its pods would be "
             f"pinned to {pool.accelerator} nodes that cannot run it; set target: cuda-{sm}-{compute} "
             f"or an accelerator of {t.arch if t.device == 'cuda' else 'type cpu'}")])
+
+
+def _check_options(options: RenderOptions) -> None:
+    problems = []
+    if not re.fullmatch(_DNS_LABEL, options.namespace):
+        problems.append(("namespace", f"'{options.namespace}' is not a namespace name (a DNS label: lower case, digits, '-')"))
+    if options.load_balancer_scheme not in ("internal", "internet-facing"):
+        problems.append(("load_balancer_scheme", f"'{options.load_balancer_scheme}' must be internal or internet-facing"))
+    if not options.image or any(ch.isspace() for ch in options.image):
+        problems.append(("image", f"'{options.image}' is not an image reference"))
+    if problems:
+        raise SpecError("render options are invalid:", problems)
 
 
 def _check_names(endpoint: InferenceEndpoint) -> None:
@@ -599,10 +612,12 @@ def render_endpoint(endpoint: InferenceEndpoint, options: RenderOptions = Render
     """Every object of one endpoint, in apply order (see the module docstring); deterministic:
     the same endpoint and options give equal output.
 
-    Raises SpecError (with field paths) when a pool's target does not match its accelerator's
+    Raises SpecError (with field paths) when the options are invalid (namespace, load balancer
+    scheme, image), a pool's target does not match its accelerator's
     compute capability, an object name would exceed 63 characters, or a ``file://`` source is
     not on FSx or the FSx options are missing.
     """
+    _check_options(options)
     for i, pool in enumerate(endpoint.spec.pools):
         check_pool(i, pool)
     _check_names(endpoint)

@@ -243,3 +243,9 @@ def test_the_validators_catch_mistakes():
     pm = by(objs, "PodMonitor")[0]
     pm["spec"]["podMetricsEndpoints"] = []
     assert validate(pm) == ["no metrics endpoints"]
+
+
+def test_invalid_options_are_refused():
+    with pytest.raises(SpecError) as exc:
+        render_endpoint(load_endpoint(TWO_POOLS), RenderOptions(namespace="ML_prod", load_balancer_scheme="public"))
+    assert [p[0] for p in exc.value.problems] == ["namespace", "load_balancer_scheme"]
