@@ -322,7 +322,7 @@ def render_k8s(
     file: Path = typer.Argument(..., help="InferenceEndpoint YAML file"),
     namespace: str = typer.Option("default", help="namespace of the endpoint's objects"),
     image: str = typer.Option("ghcr.io/tideserve/tideserve:0.1.0", help="tideserve image (deploy/docker/Dockerfile)"),
-    gpu_image: Optional[str] = typer.Option(None, help="image for GPU pools (the Dockerfile's cuda target); default --image"),
+    gpu_image: Optional[str] = typer.Option(None, help="image for GPU pools (the Dockerfile's cuda target); default: --image with -cuda appended to its tag"),
     lb_scheme: str = typer.Option("internal", help="NLB scheme of the gateway: internal or internet-facing"),
     s3_region: Optional[str] = typer.Option(None, help="region of an s3:// model source's bucket"),
     fsx_file_system_id: Optional[str] = typer.Option(None, help="FSx for Lustre file system id (file:///fsx/... sources)"),

@@ -69,8 +69,8 @@ HF_CACHE = f"{CACHE_DIR}/hf"
 class RenderOptions:
     """Cluster facts an endpoint spec does not hold.
 
-    ``image``: the tideserve image (deploy/docker/Dockerfile; the CUDA variant for GPU pools
-    unless ``gpu_image`` is set). ``fsx_*``: the FSx for Lustre file system a ``file://`` source
+    ``image``: the tideserve image (deploy/docker/Dockerfile, cpu target); GPU pools run
+    ``gpu_image``, by default ``image``'s tag with ``-cuda`` appended (the cuda target). ``fsx_*``: the FSx for Lustre file system a ``file://`` source
     lies on (needed only then). ``s3_region``: the bucket's region for Mountpoint (optional).
     Sizes are Kubernetes quantities. Times are seconds.
     """
@@ -128,6 +128,20 @@ def _meta(name: str, namespace: str | None, labels: dict[str, str], annotations:
     if annotations:
         m["annotations"] = annotations
     return m
+
+
+def gpu_image(options: RenderOptions) -> str:
+    """Image of GPU pools: ``gpu_image``, else the CUDA build of ``image`` by the Dockerfile's tag
+    convention (``repo:0.1.0`` -> ``repo:0.1.0-cuda``, untagged ``repo`` -> ``repo:cuda``); an image
+    pinned by digest cannot be derived and is used as is."""
+    if options.gpu_image:
+        return options.gpu_image
+    if "@" in options.image:
+        return options.image
+    repo, sep, tag = options.image.rpartition(":")
+    if sep and "/" not in tag:
+        return f"{repo}:{tag}-cuda"
+    return f"{options.image}:cuda"
 
 
 def grace_period_s(endpoint: InferenceEndpoint, options: RenderOptions) -> int:
@@ -354,7 +368,7 @@ def _worker_deployment(endpoint: InferenceEndpoint, pool: Pool, options: RenderO
     ep, ns = endpoint.metadata.name, options.namespace
     name = names.worker_name(ep, pool.name)
     gpu = pool.accelerator != "cpu"
-    image = (options.gpu_image or options.image) if gpu else options.image
+    image = gpu_image(options) if gpu else options.image
     grace = grace_period_s(endpoint, options)
     resources: dict[str, dict[str, Any]] = {
         "requests": {"cpu": options.worker_cpu, "memory": options.worker_memory},

@@ -249,3 +249,15 @@ def test_invalid_options_are_refused():
     with pytest.raises(SpecError) as exc:
         render_endpoint(load_endpoint(TWO_POOLS), RenderOptions(namespace="ML_prod", load_balancer_scheme="public"))
     assert [p[0] for p in exc.value.problems] == ["namespace", "load_balancer_scheme"]
+
+
+def test_gpu_pools_default_to_the_cuda_build_of_the_image():
+    from tideserve.k8s.render import gpu_image
+
+    assert gpu_image(RenderOptions(image="reg:5000/ts:1.0")) == "reg:5000/ts:1.0-cuda"
+    assert gpu_image(RenderOptions(image="reg:5000/ts")) == "reg:5000/ts:cuda"
+    assert gpu_image(RenderOptions(image="ts@sha256:abc")) == "ts@sha256:abc"
+    assert gpu_image(RenderOptions(image="ts:1", gpu_image="other:2")) == "other:2"
+    objs = render_endpoint(load_endpoint(TWO_POOLS), RenderOptions(image="reg/ts:1.0"))
+    assert by(objs, "Deployment", "whisper-gpu-a10g")["spec"]["template"]["spec"]["containers"][0]["image"] == "reg/ts:1.0-cuda"
+    assert by(objs, "Deployment", "whisper-gpu-gateway")["spec"]["template"]["spec"]["containers"][0]["image"] == "reg/ts:1.0"
