@@ -317,6 +317,69 @@ def render_alerts(
     _emit(yaml.safe_dump(alert_rules(), sort_keys=False, width=120), out_file)
 
 
+@render_app.command("k8s")
+def render_k8s(
+    file: Path = typer.Argument(..., help="InferenceEndpoint YAML file"),
+    namespace: str = typer.Option("default", help="namespace of the endpoint's objects"),
+    image: str = typer.Option("ghcr.io/tideserve/tideserve:0.1.0", help="tideserve image (deploy/docker/Dockerfile)"),
+    gpu_image: Optional[str] = typer.Option(None, help="image for GPU pools (the Dockerfile's cuda target); default: --image with -cuda appended to its tag"),
+    lb_scheme: str = typer.Option("internal", help="NLB scheme of the gateway: internal or internet-facing"),
+    s3_region: Optional[str] = typer.Option(None, help="region of an s3:// model source's bucket"),
+    fsx_file_system_id: Optional[str] = typer.Option(None, help="FSx for Lustre file system id (file:///fsx/... sources)"),
+    fsx_dns_name: Optional[str] = typer.Option(None, help="FSx for Lustre DNS name"),
+    fsx_mount_name: Optional[str] = typer.Option(None, help="FSx for Lustre mount name"),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="write here instead of standard output"),
+) -> None:
+    """The endpoint's Kubernetes manifests (multi-document YAML): workers, gateway, KEDA, volumes."""
+    from tideserve.k8s.render import RenderOptions, render_endpoint, to_yaml
+
+    if lb_scheme not in ("internal", "internet-facing"):
+        err.print("[red]error:[/red] --lb-scheme must be internal or internet-facing", highlight=False)
+        raise typer.Exit(2)
+    ep = _load(file)
+    opts = RenderOptions(namespace=namespace, image=image, gpu_image=gpu_image, load_balancer_scheme=lb_scheme,
+                         s3_region=s3_region, fsx_file_system_id=fsx_file_system_id, fsx_dns_name=fsx_dns_name,
+                         fsx_mount_name=fsx_mount_name)
+    try:
+        objects = render_endpoint(ep, opts)
+    except SpecError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(2)
+    _emit(to_yaml(objects), output)
+
+
+@render_app.command("cluster")
+def render_cluster_cmd(
+    file: Path = typer.Argument(..., help="cluster config YAML (see examples/cluster.yaml)"),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="write here instead of standard output"),
+) -> None:
+    """Cluster-level objects: Karpenter NodePools and EC2NodeClass, PriorityClasses, dashboard ConfigMap."""
+    from tideserve.k8s.cluster import ClusterConfig, render_cluster
+    from tideserve.k8s.render import to_yaml
+    from tideserve.spec import load_model_text
+
+    try:
+        cfg = load_model_text(ClusterConfig, file.read_text(), str(file))
+    except OSError as exc:
+        err.print(f"[red]error:[/red] cannot read {file}: {exc.strerror}", highlight=False)
+        raise typer.Exit(2)
+    except SpecError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(2)
+    _emit(to_yaml(render_cluster(cfg)), output)
+
+
+@render_app.command("crd")
+def render_crd_cmd(
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="write here instead of standard output"),
+) -> None:
+    """The InferenceEndpoint CustomResourceDefinition (YAML), generated from the spec."""
+    from tideserve.k8s.crd import render_crd
+    from tideserve.k8s.render import to_yaml
+
+    _emit(to_yaml([render_crd()]), output)
+
+
 def _emit(text: str, out_file: Optional[Path]) -> None:
     if out_file is None:
         sys.stdout.write(text)

@@ -19,6 +19,10 @@ LABEL_ENDPOINT = "tideserve.io/endpoint"
 LABEL_POOL = "tideserve.io/pool"
 LABEL_COMPONENT = "tideserve.io/component"  # gateway | worker
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_NAME = "app.kubernetes.io/name"  # always "tideserve"
+
+PRIORITY_CLASS_INFERENCE = "tideserve-inference"  # rendered by tideserve.k8s.cluster
+PRIORITY_CLASS_TRAINING = "training"
 
 
 def worker_name(endpoint: str, pool: str) -> str:
@@ -27,8 +31,30 @@ def worker_name(endpoint: str, pool: str) -> str:
 
 
 def gateway_name(endpoint: str) -> str:
-    """Gateway Deployment and its LoadBalancer Service: ``<endpoint>-gateway``."""
+    """Gateway Deployment and its LoadBalancer Service (HTTP only): ``<endpoint>-gateway``."""
     return f"{endpoint}-gateway"
+
+
+def scaler_name(endpoint: str) -> str:
+    """The gateway's ClusterIP Service for the KEDA external scaler (gRPC), kept off the load
+    balancer so that only the cluster reaches it: ``<endpoint>-scaler``."""
+    return f"{endpoint}-scaler"
+
+
+def config_name(endpoint: str) -> str:
+    """ConfigMap holding the endpoint YAML (``endpoint.yaml``) and the worker's local config."""
+    return f"{endpoint}-config"
+
+
+def token_secret_name(endpoint: str) -> str:
+    """Secret (key ``token``) the operator creates; workers accept only callers sending it."""
+    return f"{endpoint}-worker-token"
+
+
+def model_volume_name(endpoint: str, namespace: str) -> str:
+    """PersistentVolume (cluster-scoped, hence the namespace in it) of an S3/FSx model source;
+    its claim in the namespace is ``<endpoint>-model``."""
+    return f"{namespace}-{endpoint}-model"
 
 
 def worker_dns(endpoint: str, pool: str, namespace: str) -> str:
@@ -37,5 +63,5 @@ def worker_dns(endpoint: str, pool: str, namespace: str) -> str:
 
 
 def scaler_address(endpoint: str, namespace: str) -> str:
-    """``host:port`` KEDA dials for the external scaler."""
-    return f"{gateway_name(endpoint)}.{namespace}.svc:{SCALER_PORT}"
+    """``host:port`` KEDA dials for the external scaler: the in-cluster scaler Service."""
+    return f"{scaler_name(endpoint)}.{namespace}.svc:{SCALER_PORT}"
