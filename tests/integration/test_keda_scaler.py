@@ -339,9 +339,17 @@ def test_tideserve_gateway_command_serves_http_and_the_scaler(keda_stubs, tmp_pa
                 assert await post(session, f"http://127.0.0.1:{ports['port']}") == 200
                 async with session.get(f"http://127.0.0.1:{ports['port']}/admin/status") as resp:
                     status = await resp.json()
+                async with session.get(f"http://127.0.0.1:{ports['port']}/metrics") as resp:
+                    metrics = await resp.text()
+                async with session.get(f"http://127.0.0.1:{ports['port']}/admin/sd") as resp:
+                    sd = await resp.json()
             assert worker.tokens == ["s3cret"]
             assert status["runtime"] == "kubernetes" and status["discovery"] == "static"
             assert [r["url"] for r in status["pools"][0]["replicas"]] == [worker.url]
+            assert 'tideserve_replicas{endpoint="whisper",pool="a10g",state="ready"} 1.0' in metrics
+            assert 'tideserve_requests_total{api="sagemaker",code="200",endpoint="whisper",pool="a10g"} 1.0' in metrics
+            assert sd == [{"targets": [worker.url.removeprefix("http://")],
+                           "labels": {"endpoint": "whisper", "pool": "a10g", "replica": f"a10g@{worker.url.removeprefix('http://')}"}}]
             # The control loop runs: one replica ready, a recent arrival -> a10g wants 1.
             deadline = time.monotonic() + WAIT_S
             while await keda.hpa_replicas("a10g") != 1:
@@ -358,3 +366,39 @@ def test_tideserve_gateway_command_serves_http_and_the_scaler(keda_stubs, tmp_pa
             await worker.stop()
 
     asyncio.run(main())
+
+
+def test_dns_discovery_resolves_each_pools_headless_service():
+    async def main():
+        asked: list[tuple[str, int]] = []
+        answers = {"whisper-a10g.ml.svc": ["10.1.0.7", "10.1.0.5"], "whisper-l40s.ml.svc": []}
+
+        async def resolver(host: str, port: int) -> list[str]:
+            asked.append((host, port))
+            if isinstance(answers[host], Exception):
+                raise answers[host]
+            return answers[host]
+
+        kg = build_kube_gateway(endpoint(), "ml", discovery="dns", resolver=resolver, dns_interval_s=0.05)
+        await kg.start("127.0.0.1", 0, 0, autoscale=False)
+        try:
+            assert sorted(set(asked)) == [("whisper-a10g.ml.svc", 8000), ("whisper-l40s.ml.svc", 8000)]
+            assert [(e.pool, e.url, e.ready) for e in kg.runtime.endpoints()] == [
+                ("a10g", "http://10.1.0.5:8000", True), ("a10g", "http://10.1.0.7:8000", True)]
+            answers["whisper-l40s.ml.svc"] = ["10.2.0.1"]  # a pod became ready
+            await until(lambda: len(kg.runtime.endpoints()) == 3, "the new l40s replica")
+            answers["whisper-a10g.ml.svc"] = LookupError("SERVFAIL")
+            await until(lambda: kg.runtime.status()["pools"][0]["reason"] == "whisper-a10g.ml.svc: SERVFAIL",
+                        "the failed lookup in status")
+            assert len(kg.runtime.endpoints()) == 3  # the last known a10g replicas stay
+        finally:
+            await kg.stop()
+
+    asyncio.run(main())
+
+
+def test_dns_discovery_needs_a_namespace():
+    with pytest.raises(ValueError, match="--namespace is required with --discovery dns"):
+        build_kube_gateway(endpoint(), None, discovery="dns")
+    with pytest.raises(ValueError, match="--replica: unknown pool 'h100'"):
+        build_kube_gateway(endpoint(), "ml", discovery="static", static_replicas={"h100": ["http://10.0.0.1:8000"]})
