@@ -12,7 +12,7 @@ ENDPOINT ?= examples/whisper-tiny-en.yaml
 # Extra arguments for `tideserve up`, e.g. make run UP_ARGS="--port 8081 --config local.yaml"
 UP_ARGS ?=
 
-.PHONY: run test bench lock clean prometheus
+.PHONY: run test bench lock clean prometheus proto
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,11 @@ prometheus:
 
 bench: $(VENV)/.test-installed
 	$(PY) bench/gateway_overhead.py
+
+# Regenerate the KEDA external-scaler modules from src/tideserve/gateway/externalscaler.proto
+# (commit the result; tests/unit/gateway/test_externalscaler_proto.py checks they are current).
+proto: $(VENV)/.test-installed
+	$(PY) scripts/gen_proto.py
 
 # Re-pin every dependency (needs network to PyPI).
 lock: $(PY)

@@ -1,4 +1,4 @@
-"""``tideserve`` commands: up, validate, invoke, status."""
+"""``tideserve`` commands: up, gateway, validate, invoke, status, top, build, render."""
 
 from __future__ import annotations
 
@@ -73,6 +73,56 @@ def up(
         ep = ep.model_copy(update={"spec": ep.spec.model_copy(update={"gateway": gw})})
     setup_logging("gateway", log_format)
     raise typer.Exit(asyncio.run(run_endpoint(file, ep, cfg, config, log_format, port_file, build_engines)))
+
+
+@app.command()
+def gateway(
+    file: Path = typer.Argument(..., help="InferenceEndpoint YAML file"),
+    namespace: Optional[str] = typer.Option(None, help="Kubernetes namespace of the pools' headless Services"),
+    host: str = typer.Option("0.0.0.0", help="address to bind (HTTP and the KEDA scaler)"),
+    port: int = typer.Option(8080, min=0, max=65535, help="HTTP port (0 = any free port)"),
+    scaler_port: int = typer.Option(9090, min=0, max=65535, help="KEDA external-scaler gRPC port (0 = any free port)"),
+    discovery: str = typer.Option("dns", help="dns (each pool's headless Service) or static (--replica)"),
+    replica: List[str] = typer.Option([], help="with --discovery static: POOL=URL, repeatable"),
+    api_keys_file: Optional[Path] = typer.Option(None, envvar="TIDESERVE_API_KEYS_FILE",
+                                                 help="file of accepted API keys, one a line (default: no auth)"),
+    port_file: Optional[Path] = typer.Option(None, help='write {"port": ..., "scaler_port": ...} here once listening'),
+    log_format: str = typer.Option("json", help="json (one object a line) or text"),
+) -> None:
+    """Run the gateway alone (Kubernetes mode): replicas from DNS, scaling published to KEDA.
+
+    The worker token comes from $TIDESERVE_WORKER_TOKEN when set.
+    """
+    from tideserve.cli.gateway import run_gateway
+    from tideserve.logs import setup_logging
+    from tideserve.spec import LocalConfig
+
+    if log_format not in ("json", "text"):
+        err.print("--log-format must be json or text")
+        raise typer.Exit(2)
+    if discovery not in ("dns", "static"):
+        err.print(f"[red]error:[/red] --discovery must be dns or static, not '{discovery}'", highlight=False)
+        raise typer.Exit(2)
+    if replica and discovery != "static":
+        err.print("[red]error:[/red] --replica needs --discovery static", highlight=False)
+        raise typer.Exit(2)
+    ep = _load(file)
+    static: dict[str, list[str]] = {}
+    for item in replica:
+        pool, sep, url = item.partition("=")
+        if not sep or not pool or not url.startswith(("http://", "https://")):
+            err.print(f"[red]error:[/red] --replica '{item}': write POOL=URL, e.g. cpu=http://127.0.0.1:8000", highlight=False)
+            raise typer.Exit(2)
+        static.setdefault(pool, []).append(url.rstrip("/"))
+    keys: list[str] = []
+    if api_keys_file is not None:
+        try:
+            keys = LocalConfig(api_keys_file=api_keys_file).all_api_keys()
+        except (OSError, ValueError) as exc:
+            err.print(f"[red]error:[/red] --api-keys-file {api_keys_file}: {exc}", highlight=False)
+            raise typer.Exit(2)
+    setup_logging("gateway", log_format)
+    raise typer.Exit(asyncio.run(run_gateway(ep, namespace, host, port, scaler_port, discovery, static, keys, port_file)))
 
 
 def _base_url(file: Optional[Path], url: Optional[str], config: Optional[Path]) -> str:
