@@ -1,7 +1,7 @@
 """The gateway's KEDA external scaler: gRPC (``grpc.aio``) in the gateway's event loop.
 
 Kubernetes mode only. One KEDA ScaledObject per pool names this server as its
-``scalerAddress`` (``<endpoint>-gateway.<namespace>.svc:9090``) with trigger metadata
+``scalerAddress`` (``<endpoint>-scaler.<namespace>.svc:9090``, the in-cluster Service in front of the gateway's gRPC port) with trigger metadata
 ``{endpoint: <endpoint name>, pool: <pool name>}``. The autoscaler (the same policy and control
 loop as embedded mode) decides each pool's desired replicas; this module only publishes them:
 
@@ -190,7 +190,7 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
         if ep is not None and ep != self.view.endpoint:
             raise _Invalid(grpc.StatusCode.NOT_FOUND,
                            f"this gateway serves endpoint '{self.view.endpoint}', not '{ep}': point the "
-                           f"ScaledObject's scalerAddress at {ep}-gateway.<namespace>.svc:9090, or fix scalerMetadata.endpoint")
+                           f"ScaledObject's scalerAddress at {ep}-scaler.<namespace>.svc:9090, or fix scalerMetadata.endpoint")
         pool = md.get(METADATA_POOL)
         if not pool:
             raise _Invalid(grpc.StatusCode.INVALID_ARGUMENT,

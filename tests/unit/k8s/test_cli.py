@@ -27,7 +27,7 @@ def test_render_k8s_prints_the_manifests(tmp_path):
 
 def test_render_k8s_errors_name_the_fix(tmp_path):
     ep = tmp_path / "fsx.yaml"
-    ep.write_text(TWO_POOLS.read_text().replace("s3://tideserve-models/whisper/large-v3-ct2", "file:///fsx/models/x"))
+    ep.write_text(TWO_POOLS.read_text().replace("s3://tideserve-models/whisper/large-v3", "file:///fsx/models/x"))
     r = runner.invoke(app, ["render", "k8s", str(ep)])
     assert r.exit_code == 2
     assert "fsx_file_system_id (--fsx-file-system-id)" in r.output

@@ -176,7 +176,7 @@ def test_s3_volume():
     assert pv["csi"] == {"driver": "s3.csi.aws.com", "volumeHandle": "ml-whisper-gpu-model",
                          "volumeAttributes": {"bucketName": "tideserve-models"}}
     assert pv["mountOptions"] == ["read-only", "allow-other", "uid=10001", "gid=10001",
-                                  "prefix whisper/large-v3-ct2/", "region us-east-1"]
+                                  "prefix whisper/large-v3/", "region us-east-1"]
     assert pv["claimRef"] == {"namespace": "ml", "name": "whisper-gpu-model"}
     pvc = by(objs, "PersistentVolumeClaim", "whisper-gpu-model")["spec"]
     assert (pvc["volumeName"], pvc["storageClassName"], pvc["accessModes"]) == ("ml-whisper-gpu-model", "", ["ReadOnlyMany"])

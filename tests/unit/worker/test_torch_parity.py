@@ -90,3 +90,14 @@ def test_converter_errors_name_the_problem(tmp_path, ct2_dir, hf_dir):
     cut.write_bytes((ct2_dir / "model.bin").read_bytes()[:5000])
     with pytest.raises(ConversionError, match="truncated"):
         read_ct2(cut)
+
+
+def test_a_ctranslate2_directory_loads_directly_with_the_converted_weights(ct2_dir, hf_dir):
+    import torch
+
+    from tideserve.worker.backends.torch_whisper.model import load_hf_dir
+
+    direct = load_hf_dir(ct2_dir, torch.float32, torch.device("cpu")).state_dict()
+    converted = load_hf_dir(hf_dir, torch.float32, torch.device("cpu")).state_dict()
+    assert direct.keys() == converted.keys()
+    assert all(torch.equal(direct[k], converted[k]) for k in direct)

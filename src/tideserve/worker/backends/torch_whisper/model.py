@@ -245,8 +245,16 @@ class Whisper(nn.Module):
 
 def load_hf_dir(model_dir: Path, dtype: torch.dtype, device: torch.device) -> Whisper:
     """A Whisper from a Hugging Face-format directory: ``config.json`` and ``model.safetensors``
-    (or ``pytorch_model.bin``). Raises ValueError naming what is missing or mismatched."""
+    (or ``pytorch_model.bin``), or from a CTranslate2 directory (``model.bin``), converted in
+    memory (tideserve.engines.convert). Raises ValueError naming what is missing or mismatched."""
     model_dir = Path(model_dir)
+    if (model_dir / "model.bin").is_file() and not (model_dir / "model.safetensors").is_file():
+        from tideserve.engines.convert import ct2_to_hf_state, read_ct2
+
+        _, variables = read_ct2(model_dir / "model.bin")
+        arrays, sizes = ct2_to_hf_state(variables)
+        return _build(WhisperDims.from_config(sizes), {k: torch.from_numpy(a.copy()) for k, a in arrays.items()},
+                      model_dir, dtype, device)
     try:
         config = json.loads((model_dir / "config.json").read_text())
     except OSError as exc:
@@ -260,6 +268,11 @@ def load_hf_dir(model_dir: Path, dtype: torch.dtype, device: torch.device) -> Wh
         state = torch.load(model_dir / "pytorch_model.bin", map_location="cpu", weights_only=True)
     else:
         raise ValueError(f"{model_dir}: no model.safetensors or pytorch_model.bin")
+    return _build(dims, state, model_dir, dtype, device)
+
+
+def _build(dims: WhisperDims, state: dict[str, torch.Tensor], model_dir: Path, dtype: torch.dtype,
+           device: torch.device) -> Whisper:
     with torch.device("meta"):
         model = Whisper(dims)
     state = {k: v for k, v in state.items() if k != "proj_out.weight"}  # tied to the token embedding
