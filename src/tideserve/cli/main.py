@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from tideserve.cli.operator import operator_command
 from tideserve.errors import SpecError
 from tideserve.spec import InferenceEndpoint, load_endpoint, load_local_config
 
@@ -315,6 +316,9 @@ def render_alerts(
     from tideserve.metrics.panels import alert_rules
 
     _emit(yaml.safe_dump(alert_rules(), sort_keys=False, width=120), out_file)
+
+
+app.command("operator")(operator_command)
 
 
 def _emit(text: str, out_file: Optional[Path]) -> None:

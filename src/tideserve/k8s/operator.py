@@ -1,0 +1,214 @@
+"""The tideserve operator: InferenceEndpoint -> render -> server-side apply -> status.
+
+The only module of tideserve that imports kopf (DESIGN.md, rule 2); the API calls themselves go
+through :mod:`tideserve.k8s.apply`. The operator is thin:
+
+* create / update / resume of an InferenceEndpoint: validate the object with the pydantic spec,
+  render it (``render`` is a parameter, :func:`tideserve.k8s.render.render_endpoint` by
+  default), apply the manifests, prune what the render no longer has, and patch
+  ``status.conditions``:
+
+  - ``Ready`` True (reason ``Applied``) once every object was applied. It says the cluster
+    accepted the desired state; replica readiness is the Deployments' own status (a pool may
+    sit at zero replicas by design), so it is not folded in here.
+  - ``Degraded`` True with a reason when the endpoint cannot be brought to its desired state:
+    ``InvalidSpec`` (the object fails the pydantic spec; the message lists the field paths),
+    ``RendererNotImplemented``, ``RenderFailed`` (SpecError/ValueError from the renderer),
+    ``ApplyFailed`` (the API server refused or could not be reached). Spec and render errors
+    are final until the object changes (no retry: the same input gives the same error); a
+    retryable apply error is retried after ``retry_delay_s``.
+
+  ``status.observedGeneration`` is the generation handled and ``status.appliedKinds`` the kinds
+  applied (``apiVersion/kind``), so the next apply also prunes kinds no longer rendered.
+* delete: the namespaced children carry a controller owner reference to the endpoint, so the
+  Kubernetes garbage collector deletes them; the handler only deletes cluster-scoped objects
+  labelled for the endpoint (owner references cannot cover those), if any.
+* worker pods (labels ``tideserve.io/component=worker`` and ``tideserve.io/endpoint``): once a
+  pod is Ready, its ``karpenter.sh/do-not-disrupt`` annotation (set while the model loads, so
+  Karpenter's consolidation does not evict a pod mid-load) is removed.
+
+The CRD needs the ``status`` subresource and a status schema that keeps these fields
+(``x-kubernetes-preserve-unknown-fields`` or the same fields declared).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import kopf
+
+from tideserve.errors import SpecError
+from tideserve.k8s import names
+from tideserve.k8s.apply import ApplyError, Cluster, Owner, apply_endpoint, delete_cluster_scoped
+from tideserve.k8s.render import RenderOptions, render_endpoint
+from tideserve.spec.load import endpoint_from_dict
+from tideserve.spec.models import InferenceEndpoint
+
+RenderFn = Callable[[InferenceEndpoint, RenderOptions], list[dict]]
+DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
+FINALIZER = f"{names.GROUP}/cleanup"
+MAX_MESSAGE_CHARS = 2000
+DEFAULT_RETRY_DELAY_S = 30.0
+
+
+def condition(kind: str, ok: bool, reason: str, message: str, now: datetime.datetime,
+              previous: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """One status condition (Kubernetes API conventions: type, status "True"/"False", reason in
+    CamelCase, message, lastTransitionTime). ``lastTransitionTime`` is kept from ``previous``
+    when the status did not change. Pure: ``now`` is an argument."""
+    status = "True" if ok else "False"
+    prev = next((c for c in previous or [] if isinstance(c, dict) and c.get("type") == kind), None)
+    since = prev.get("lastTransitionTime") if prev and prev.get("status") == status else None
+    return {"type": kind, "status": status, "reason": reason, "message": message[:MAX_MESSAGE_CHARS],
+            "lastTransitionTime": since or now.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+
+
+def conditions(ready: bool, reason: str, message: str, now: datetime.datetime,
+               previous: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """``[Ready, Degraded]``: Ready with ``reason`` when ``ready``, else Degraded with it."""
+    if ready:
+        return [condition("Ready", True, reason, message, now, previous),
+                condition("Degraded", False, "AsExpected", "", now, previous)]
+    return [condition("Ready", False, reason, message, now, previous),
+            condition("Degraded", True, reason, message, now, previous)]
+
+
+def endpoint_document(body: Any) -> dict[str, Any]:
+    """The parts of a Kubernetes object the pydantic spec describes (no server-set metadata)."""
+    meta = body.get("metadata") or {}
+    doc: dict[str, Any] = {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
+                           "metadata": {"name": meta.get("name")}, "spec": dict(body.get("spec") or {})}
+    if meta.get("labels"):
+        doc["metadata"]["labels"] = dict(meta["labels"])
+    return doc
+
+
+def _render(body: Any, render: RenderFn, options: RenderOptions) -> tuple[list[dict] | None, str, str]:
+    """``(manifests, "", "")``, or ``(None, reason, message)`` when the spec or render fails."""
+    name = (body.get("metadata") or {}).get("name")
+    try:
+        endpoint = endpoint_from_dict(endpoint_document(body), f"InferenceEndpoint {name}")
+    except SpecError as exc:
+        return None, "InvalidSpec", str(exc)
+    try:
+        return list(render(endpoint, options)), "", ""
+    except NotImplementedError as exc:
+        return None, "RendererNotImplemented", f"the Kubernetes renderer is not implemented in this build: {exc}"
+    except (SpecError, ValueError) as exc:
+        return None, "RenderFailed", f"cannot render {name}: {exc}"
+
+
+def _pod_ready(body: Any, type: str | None = None, **_: Any) -> bool:
+    if type == "DELETED":
+        return False
+    for cond in (body.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Ready":
+            return cond.get("status") == "True"
+    return False
+
+
+def make_registry(cluster: Cluster, *, image: str | None = None, render: RenderFn = render_endpoint,
+                  retry_delay_s: float = DEFAULT_RETRY_DELAY_S,
+                  clock: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.timezone.utc),
+                  ) -> kopf.OperatorRegistry:
+    """A kopf registry with the operator's handlers, bound to ``cluster`` and ``render``.
+
+    ``image``: the tideserve image the manifests reference (RenderOptions' default when None).
+    """
+    registry = kopf.OperatorRegistry()
+    resource = (names.GROUP, names.VERSION, names.PLURAL)
+
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        c = cluster.connection()
+        return kopf.ConnectionInfo(server=c.server, ca_path=c.ca_path, insecure=c.insecure, scheme=c.scheme,
+                                   token=c.token, certificate_path=c.certificate_path,
+                                   private_key_path=c.private_key_path)
+
+    @kopf.on.resume(*resource, registry=registry)
+    @kopf.on.create(*resource, registry=registry)
+    @kopf.on.update(*resource, registry=registry)
+    def reconcile(body: Any, meta: Any, status: Any, namespace: str, name: str, uid: str, patch: Any,
+                  logger: logging.Logger, **_: Any) -> None:
+        previous = list(status.get("conditions") or [])
+        patch.status["observedGeneration"] = meta.get("generation")
+        opts = RenderOptions(namespace=namespace, image=image) if image else RenderOptions(namespace=namespace)
+        manifests, reason, message = _render(body, render, opts)
+        if manifests is None:
+            logger.error("%s: %s", reason, message)
+            patch.status["conditions"] = conditions(False, reason, message, clock(), previous)
+            return  # final for this generation: the same spec gives the same error
+        owner = Owner(name=name, namespace=namespace, uid=uid)
+        try:
+            result = apply_endpoint(cluster, owner, manifests, previous_kinds=status.get("appliedKinds") or [])
+        except ApplyError as exc:
+            logger.error("ApplyFailed: %s", exc)
+            patch.status["conditions"] = conditions(False, "ApplyFailed", str(exc), clock(), previous)
+            if exc.retryable:
+                raise kopf.TemporaryError(str(exc), delay=retry_delay_s)
+            return
+        patch.status["appliedKinds"] = result.kinds
+        msg = (f"{len(result.applied)} objects applied"
+               + (f", {len(result.pruned)} pruned ({', '.join(map(str, result.pruned))})" if result.pruned else "")
+               + "; replica readiness is each pool Deployment's status")
+        logger.info("%s", msg)
+        patch.status["conditions"] = conditions(True, "Applied", msg, clock(), previous)
+
+    @kopf.on.delete(*resource, registry=registry)
+    def cleanup(status: Any, namespace: str, name: str, uid: str, logger: logging.Logger, **_: Any) -> None:
+        owner = Owner(name=name, namespace=namespace, uid=uid)
+        try:
+            deleted = delete_cluster_scoped(cluster, owner, status.get("appliedKinds") or [])
+        except ApplyError as exc:
+            if exc.retryable:
+                raise kopf.TemporaryError(str(exc), delay=retry_delay_s)
+            logger.error("cannot delete the cluster-scoped objects of %s (delete them by label %s): %s",
+                         name, owner.selector(), exc)
+            return
+        logger.info("namespaced objects go with the endpoint through their owner reference (garbage "
+                    "collector); cluster-scoped objects deleted: %s", ", ".join(map(str, deleted)) or "none")
+
+    @kopf.on.event("", "v1", "pods", registry=registry,
+                   labels={names.LABEL_COMPONENT: "worker", names.LABEL_ENDPOINT: kopf.PRESENT},
+                   annotations={DO_NOT_DISRUPT: kopf.PRESENT}, when=_pod_ready)
+    def release_ready_worker(patch: Any, name: str, logger: logging.Logger, **_: Any) -> None:
+        patch.metadata.annotations[DO_NOT_DISRUPT] = None
+        logger.info("worker pod %s is Ready: removed %s, Karpenter may consolidate its node again",
+                    name, DO_NOT_DISRUPT)
+
+    return registry
+
+
+def make_settings(*, batch_window_s: float = 0.1, consistency_timeout_s: float = 5.0) -> kopf.OperatorSettings:
+    """kopf settings: tideserve's own finalizer and annotation prefix (progress and diff base
+    kept in annotations, so ``status`` holds only what the operator reports)."""
+    s = kopf.OperatorSettings()
+    s.persistence.finalizer = FINALIZER
+    s.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.GROUP)
+    s.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=names.GROUP)
+    s.persistence.consistency_timeout = consistency_timeout_s
+    s.queueing.batch_window = batch_window_s
+    s.posting.reporting_component = "tideserve-operator"
+    return s
+
+
+async def run_operator(cluster: Cluster, *, namespaces: list[str] | None = None, image: str | None = None,
+                       render: RenderFn = render_endpoint, liveness_endpoint: str | None = None,
+                       stop_flag: asyncio.Event | None = None, ready_flag: asyncio.Event | None = None,
+                       retry_delay_s: float = DEFAULT_RETRY_DELAY_S,
+                       settings: kopf.OperatorSettings | None = None) -> None:
+    """Run the operator in this event loop until ``stop_flag`` is set (or the task cancelled).
+
+    ``namespaces``: watch only these; None or empty: every namespace (cluster-wide). Standalone
+    (no peering objects needed). ``liveness_endpoint``: e.g. ``http://0.0.0.0:8081/healthz``.
+    """
+    await kopf.operator(
+        registry=make_registry(cluster, image=image, render=render, retry_delay_s=retry_delay_s),
+        settings=settings or make_settings(), standalone=True,
+        clusterwide=not namespaces, namespaces=list(namespaces or []),
+        liveness_endpoint=liveness_endpoint, stop_flag=stop_flag, ready_flag=ready_flag,
+    )
