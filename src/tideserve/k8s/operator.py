@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -183,7 +184,7 @@ def make_registry(cluster: Cluster, *, image: str | None = None, render: RenderF
     return registry
 
 
-def make_settings(*, batch_window_s: float = 0.1, consistency_timeout_s: float = 5.0) -> kopf.OperatorSettings:
+def make_settings(*, consistency_timeout_s: float = 5.0) -> kopf.OperatorSettings:
     """kopf settings: tideserve's own finalizer and annotation prefix (progress and diff base
     kept in annotations, so ``status`` holds only what the operator reports)."""
     s = kopf.OperatorSettings()
@@ -191,14 +192,14 @@ def make_settings(*, batch_window_s: float = 0.1, consistency_timeout_s: float =
     s.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.GROUP)
     s.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=names.GROUP)
     s.persistence.consistency_timeout = consistency_timeout_s
-    s.queueing.batch_window = batch_window_s
     s.posting.reporting_component = "tideserve-operator"
     return s
 
 
 async def run_operator(cluster: Cluster, *, namespaces: list[str] | None = None, image: str | None = None,
                        render: RenderFn = render_endpoint, liveness_endpoint: str | None = None,
-                       stop_flag: asyncio.Event | None = None, ready_flag: asyncio.Event | None = None,
+                       stop_flag: asyncio.Event | threading.Event | None = None,
+                       ready_flag: asyncio.Event | threading.Event | None = None,
                        retry_delay_s: float = DEFAULT_RETRY_DELAY_S,
                        settings: kopf.OperatorSettings | None = None) -> None:
     """Run the operator in this event loop until ``stop_flag`` is set (or the task cancelled).
