@@ -318,15 +318,15 @@ def render_alerts(
     _emit(yaml.safe_dump(alert_rules(), sort_keys=False, width=120), out_file)
 
 
-app.command("operator")(operator_command)
-
-
 def _emit(text: str, out_file: Optional[Path]) -> None:
     if out_file is None:
         sys.stdout.write(text)
     else:
         out_file.write_text(text)
         err.print(f"wrote {out_file}", highlight=False)
+
+
+app.command("operator")(operator_command)
 
 
 def main() -> None:  # pragma: no cover

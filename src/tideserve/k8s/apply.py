@@ -41,6 +41,7 @@ from typing import Any, Iterable
 
 import kubernetes.client
 import kubernetes.config
+import urllib3
 
 from tideserve.errors import TideserveError
 from tideserve.k8s import names
@@ -232,7 +233,7 @@ class Cluster:
                 body=body, auth_settings=["BearerToken"])
             resp = self._api.call_api(m, url, hdrs, ser_body, post, _request_timeout=REQUEST_TIMEOUT_S)
             data = resp.read()
-        except Exception as exc:  # urllib3 errors (connection refused, timeout, TLS)
+        except (urllib3.exceptions.HTTPError, OSError) as exc:  # refused, timeout, TLS, DNS
             raise ApplyError(f"{method} {path}: cannot reach the API server at {self._cfg.host}: {exc}",
                              retryable=True) from None
         if 200 <= resp.status < 300:
@@ -286,6 +287,8 @@ class Cluster:
             "PATCH", res.path(meta.get("namespace"), meta["name"]),
             query={"fieldManager": names.FIELD_MANAGER, "force": "true"},
             body=obj, content_type="application/apply-patch+yaml")
+        if status == 404:  # the kind went away since discovery (CRD removed): discover again next time
+            self._discovered.pop(res.api_version, None)
         return self._check(f"apply {_ref(obj, res)}", status, data) or {}
 
     def create_if_absent(self, obj: dict[str, Any]) -> bool:
@@ -380,15 +383,19 @@ def apply_endpoint(cluster: Cluster, owner: Owner, manifests: Iterable[dict[str,
                    previous_kinds: Iterable[str] = ()) -> ApplyResult:
     """Apply one endpoint's rendered ``manifests`` in order, create the worker token once, and
     prune this endpoint's objects the render no longer has. ``previous_kinds``: the ``kinds``
-    of the previous result (``apiVersion/kind`` strings). Raises ApplyError."""
+    of the previous result (``apiVersion/kind`` strings). A rendered Secret named like the
+    worker token is skipped (the token is never overwritten). Every kind is resolved before
+    anything is written, so an unserved kind leaves the cluster untouched. Raises ApplyError."""
     result = ApplyResult()
     desired: list[tuple[Resource, dict[str, Any]]] = []
+    secret = token_secret(owner)
     for obj in manifests:
         _check_shape(obj)
+        if (obj["apiVersion"], obj["kind"], obj["metadata"]["name"]) == ("v1", "Secret", secret["metadata"]["name"]):
+            continue  # the token is created here once; applying a rendered one would rotate it
         res = cluster.require(obj["apiVersion"], obj["kind"])
         desired.append((res, decorate(obj, owner, res.namespaced)))
 
-    secret = token_secret(owner)
     secret_res = cluster.require("v1", "Secret")
     result.token_created = cluster.create_if_absent(secret)
 

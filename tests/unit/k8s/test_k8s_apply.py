@@ -136,7 +136,11 @@ def test_apply_prune_token_and_cluster_scoped_cleanup(tmp_path: Path) -> None:
             token = mock.objects["v1/secrets", "prod", "whisper-worker-token"]["data"]["token"]
 
             # b and the PriorityClass kind are gone from the render: pruned (the kind through previous_kinds).
-            r2 = await asyncio.to_thread(apply_endpoint, cluster, OWNER, [dep("whisper-a")], r1.kinds)
+            # A rendered token Secret is skipped: re-applying never rotates the token.
+            rendered_token = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "whisper-worker-token"},
+                              "data": {"token": "cm90YXRlZA=="}}
+            r2 = await asyncio.to_thread(apply_endpoint, cluster, OWNER, [dep("whisper-a"), rendered_token], r1.kinds)
+            assert r2.applied == [ObjectRef("apps/v1", "Deployment", "prod", "whisper-a")]
             assert sorted(r2.pruned) == [ObjectRef("apps/v1", "Deployment", "prod", "whisper-b"),
                                          ObjectRef("scheduling.k8s.io/v1", "PriorityClass", None, "whisper-pc")]
             assert not r2.token_created
