@@ -301,6 +301,16 @@ class Cluster:
         self._check(f"create {_ref(obj, res)}", status, data)
         return True
 
+    def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
+        """One object, or None when it (or its kind) does not exist. Raises ApplyError."""
+        res = self.resource(api_version, kind)
+        if res is None:
+            return None
+        status, data = self.request("GET", res.path(namespace, name))
+        if status == 404:
+            return None
+        return self._check(f"get {kind} {name}", status, data)
+
     def list(self, res: Resource, namespace: str | None, label_selector: str) -> list[dict[str, Any]]:
         status, data = self.request("GET", res.path(namespace), query={"labelSelector": label_selector})
         data = self._check(f"list {res.kind}", status, data) or {}

@@ -8,9 +8,11 @@ through :mod:`tideserve.k8s.apply`. The operator is thin:
   default), apply the manifests, prune what the render no longer has, and patch
   ``status.conditions``:
 
-  - ``Ready`` True (reason ``Applied``) once every object was applied. It says the cluster
-    accepted the desired state; replica readiness is the Deployments' own status (a pool may
-    sit at zero replicas by design), so it is not folded in here.
+  - ``Ready`` True (reason ``Available``) once every object was applied, the gateway
+    Deployment has a ready replica and every pool's Deployment has at least ``replicas.min``
+    ready replicas (a pool with ``min: 0`` counts as ready at zero: requests are held while it
+    scales up, as the gateway's own readiness says). While that is not yet so: False with reason
+    ``Progressing`` and the missing parts in the message (Degraded stays False).
   - ``Degraded`` True with a reason when the endpoint cannot be brought to its desired state:
     ``InvalidSpec`` (the object fails the pydantic spec; the message lists the field paths),
     ``RendererNotImplemented``, ``RenderFailed`` (SpecError/ValueError from the renderer),
@@ -18,8 +20,13 @@ through :mod:`tideserve.k8s.apply`. The operator is thin:
     are final until the object changes (no retry: the same input gives the same error); a
     retryable apply error is retried after ``retry_delay_s``.
 
-  ``status.observedGeneration`` is the generation handled and ``status.appliedKinds`` the kinds
-  applied (``apiVersion/kind``), so the next apply also prunes kinds no longer rendered.
+  ``status.observedGeneration`` is the generation handled, ``status.appliedKinds`` the kinds
+  applied (``apiVersion/kind``, so the next apply also prunes kinds no longer rendered),
+  ``status.appliedObjects`` / ``status.pruned`` what the last apply did, ``status.pools`` each
+  pool's replicas / readyReplicas / desiredReplicas and ``status.address`` the gateway load
+  balancer's hostname (or IP) once it has one.
+* a timer (every ``observe_interval_s``) re-reads the Deployments and the gateway Service of each
+  endpoint that is not Degraded and updates Ready, ``pools`` and ``address`` when they changed.
 * delete: the namespaced children carry a controller owner reference to the endpoint, so the
   Kubernetes garbage collector deletes them; the handler only deletes cluster-scoped objects
   labelled for the endpoint (owner references cannot cover those), if any.
@@ -38,6 +45,7 @@ import datetime
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import kopf
@@ -54,6 +62,7 @@ DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 FINALIZER = f"{names.GROUP}/cleanup"
 MAX_MESSAGE_CHARS = 2000
 DEFAULT_RETRY_DELAY_S = 30.0
+DEFAULT_OBSERVE_INTERVAL_S = 15.0
 
 
 def condition(kind: str, ok: bool, reason: str, message: str, now: datetime.datetime,
@@ -68,14 +77,84 @@ def condition(kind: str, ok: bool, reason: str, message: str, now: datetime.date
             "lastTransitionTime": since or now.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
 
 
-def conditions(ready: bool, reason: str, message: str, now: datetime.datetime,
+def conditions(*, ready: bool, reason: str, message: str, degraded: bool, now: datetime.datetime,
                previous: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
-    """``[Ready, Degraded]``: Ready with ``reason`` when ``ready``, else Degraded with it."""
-    if ready:
-        return [condition("Ready", True, reason, message, now, previous),
-                condition("Degraded", False, "AsExpected", "", now, previous)]
-    return [condition("Ready", False, reason, message, now, previous),
-            condition("Degraded", True, reason, message, now, previous)]
+    """``[Ready, Degraded]``. Degraded True repeats Ready's reason and message (what is wrong);
+    Degraded False has reason ``AsExpected``. Pure."""
+    return [condition("Ready", ready, reason, message, now, previous),
+            condition("Degraded", True, reason, message, now, previous) if degraded
+            else condition("Degraded", False, "AsExpected", "", now, previous)]
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the cluster says about an applied endpoint: ``ready`` as Ready defines it, a
+    ``message`` naming what is (not) ready, ``pools`` for ``status.pools``, the gateway's
+    load-balancer ``address`` (None until it has one)."""
+
+    ready: bool
+    message: str
+    pools: list[dict[str, Any]]
+    address: str | None
+
+
+def _ready_replicas(deployment: dict[str, Any] | None) -> int:
+    return int(((deployment or {}).get("status") or {}).get("readyReplicas") or 0)
+
+
+def assess(pools: list[dict[str, Any]], gateway: dict[str, Any] | None,
+           deployments: dict[str, dict[str, Any] | None], service: dict[str, Any] | None) -> Observation:
+    """Readiness of an endpoint from its objects (None: not found). ``pools``: the spec's pools
+    (``name``, ``accelerator``, ``target``, ``replicas.min``); ``deployments``: pool name ->
+    its Deployment. Pure."""
+    waiting, report, ok = [], [], []
+    gw_ready = _ready_replicas(gateway)
+    if gateway is None:
+        waiting.append("gateway Deployment missing")
+    elif gw_ready < 1:
+        waiting.append("gateway 0 ready")
+    for pool in pools:
+        dep = deployments.get(pool["name"])
+        minimum = int((pool.get("replicas") or {}).get("min") or 0)
+        ready = _ready_replicas(dep)
+        st = (dep or {}).get("status") or {}
+        report.append({"name": pool["name"], "accelerator": pool.get("accelerator", ""), "target": pool.get("target", ""),
+                       "replicas": int(st.get("replicas") or 0), "readyReplicas": ready,
+                       "desiredReplicas": int(((dep or {}).get("spec") or {}).get("replicas") or 0)})
+        if dep is None:
+            waiting.append(f"pool {pool['name']}: Deployment missing")
+        elif ready < minimum:
+            waiting.append(f"pool {pool['name']}: {ready} ready < minimum {minimum}")
+        else:
+            ok.append(f"{pool['name']} {ready} ready (min {minimum})")
+    ingress = (((service or {}).get("status") or {}).get("loadBalancer") or {}).get("ingress") or []
+    address = next((i.get("hostname") or i.get("ip") for i in ingress if i.get("hostname") or i.get("ip")), None)
+    if waiting:
+        return Observation(False, "waiting for: " + "; ".join(waiting), report, address)
+    return Observation(True, f"gateway {gw_ready} ready; pools: " + ", ".join(ok), report, address)
+
+
+def observe(cluster: Cluster, name: str, namespace: str, pools: list[dict[str, Any]]) -> Observation:
+    """Read the gateway Deployment and Service and each pool's Deployment, then :func:`assess`.
+    Raises ApplyError."""
+    gateway = cluster.get("apps/v1", "Deployment", namespace, names.gateway_name(name))
+    service = cluster.get("v1", "Service", namespace, names.gateway_name(name))
+    deployments = {p["name"]: cluster.get("apps/v1", "Deployment", namespace, names.worker_name(name, p["name"]))
+                   for p in pools}
+    return assess(pools, gateway, deployments, service)
+
+
+def _report(patch: Any, status: Any, obs: Observation, now: datetime.datetime) -> None:
+    """Write Ready/Degraded, pools and address into ``patch`` where they differ from ``status``."""
+    previous = list(status.get("conditions") or [])
+    conds = conditions(ready=obs.ready, reason="Available" if obs.ready else "Progressing", message=obs.message,
+                       degraded=False, now=now, previous=previous)
+    if conds != previous:
+        patch.status["conditions"] = conds
+    if obs.pools != list(status.get("pools") or []):
+        patch.status["pools"] = obs.pools
+    if obs.address and obs.address != status.get("address"):
+        patch.status["address"] = obs.address
 
 
 def endpoint_document(body: Any) -> dict[str, Any]:
@@ -113,12 +192,14 @@ def _pod_ready(body: Any, type: str | None = None, **_: Any) -> bool:
 
 
 def make_registry(cluster: Cluster, *, image: str | None = None, render: RenderFn = render_endpoint,
-                  retry_delay_s: float = DEFAULT_RETRY_DELAY_S,
+                  retry_delay_s: float = DEFAULT_RETRY_DELAY_S, observe_interval_s: float = DEFAULT_OBSERVE_INTERVAL_S,
                   clock: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.timezone.utc),
                   ) -> kopf.OperatorRegistry:
     """A kopf registry with the operator's handlers, bound to ``cluster`` and ``render``.
 
-    ``image``: the tideserve image the manifests reference (RenderOptions' default when None).
+    ``image``: the tideserve image the manifests reference (RenderOptions' default when None);
+    ``retry_delay_s``: wait before retrying a retryable apply error; ``observe_interval_s``: how
+    often Ready, pools and address are refreshed from the cluster.
     """
     registry = kopf.OperatorRegistry()
     resource = (names.GROUP, names.VERSION, names.PLURAL)
@@ -141,23 +222,39 @@ def make_registry(cluster: Cluster, *, image: str | None = None, render: RenderF
         manifests, reason, message = _render(body, render, opts)
         if manifests is None:
             logger.error("%s: %s", reason, message)
-            patch.status["conditions"] = conditions(False, reason, message, clock(), previous)
+            patch.status["conditions"] = conditions(ready=False, reason=reason, message=message, degraded=True,
+                                                    now=clock(), previous=previous)
             return  # final for this generation: the same spec gives the same error
         owner = Owner(name=name, namespace=namespace, uid=uid)
         try:
             result = apply_endpoint(cluster, owner, manifests, previous_kinds=status.get("appliedKinds") or [])
+            obs = observe(cluster, name, namespace, list(body.get("spec", {}).get("pools") or []))
         except ApplyError as exc:
             logger.error("ApplyFailed: %s", exc)
-            patch.status["conditions"] = conditions(False, "ApplyFailed", str(exc), clock(), previous)
+            patch.status["conditions"] = conditions(ready=False, reason="ApplyFailed", message=str(exc), degraded=True,
+                                                    now=clock(), previous=previous)
             if exc.retryable:
                 raise kopf.TemporaryError(str(exc), delay=retry_delay_s)
             return
         patch.status["appliedKinds"] = result.kinds
-        msg = (f"{len(result.applied)} objects applied"
-               + (f", {len(result.pruned)} pruned ({', '.join(map(str, result.pruned))})" if result.pruned else "")
-               + "; replica readiness is each pool Deployment's status")
-        logger.info("%s", msg)
-        patch.status["conditions"] = conditions(True, "Applied", msg, clock(), previous)
+        patch.status["appliedObjects"] = len(result.applied)
+        patch.status["pruned"] = [str(r) for r in result.pruned]
+        logger.info("%d objects applied, %d pruned%s; %s", len(result.applied), len(result.pruned),
+                    f" ({', '.join(map(str, result.pruned))})" if result.pruned else "", obs.message)
+        _report(patch, status, obs, clock())
+
+    @kopf.timer(*resource, interval=observe_interval_s, registry=registry)
+    def watch_readiness(spec: Any, status: Any, namespace: str, name: str, patch: Any, logger: logging.Logger,
+                        **_: Any) -> None:
+        degraded = next((c for c in status.get("conditions") or [] if c.get("type") == "Degraded"), None)
+        if degraded is None or degraded.get("status") != "False":
+            return  # not applied yet, or Degraded: the create/update handler owns the conditions then
+        try:
+            obs = observe(cluster, name, namespace, list(spec.get("pools") or []))
+        except ApplyError as exc:
+            logger.warning("cannot read the state of %s: %s", name, exc)
+            return
+        _report(patch, status, obs, clock())
 
     @kopf.on.delete(*resource, registry=registry)
     def cleanup(status: Any, namespace: str, name: str, uid: str, logger: logging.Logger, **_: Any) -> None:
@@ -192,6 +289,9 @@ def make_settings(*, consistency_timeout_s: float = 5.0) -> kopf.OperatorSetting
     s.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.GROUP)
     s.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=names.GROUP)
     s.persistence.consistency_timeout = consistency_timeout_s
+    # The readiness timer runs blocking API reads in a thread; give a run in flight this long to
+    # finish when the operator stops or an endpoint goes, instead of orphaning it.
+    s.background.instant_exit_timeout = 0.5
     s.posting.reporting_component = "tideserve-operator"
     return s
 
@@ -201,6 +301,7 @@ async def run_operator(cluster: Cluster, *, namespaces: list[str] | None = None,
                        stop_flag: asyncio.Event | threading.Event | None = None,
                        ready_flag: asyncio.Event | threading.Event | None = None,
                        retry_delay_s: float = DEFAULT_RETRY_DELAY_S,
+                       observe_interval_s: float = DEFAULT_OBSERVE_INTERVAL_S,
                        settings: kopf.OperatorSettings | None = None) -> None:
     """Run the operator in this event loop until ``stop_flag`` is set (or the task cancelled).
 
@@ -208,7 +309,8 @@ async def run_operator(cluster: Cluster, *, namespaces: list[str] | None = None,
     (no peering objects needed). ``liveness_endpoint``: e.g. ``http://0.0.0.0:8081/healthz``.
     """
     await kopf.operator(
-        registry=make_registry(cluster, image=image, render=render, retry_delay_s=retry_delay_s),
+        registry=make_registry(cluster, image=image, render=render, retry_delay_s=retry_delay_s,
+                               observe_interval_s=observe_interval_s),
         settings=settings or make_settings(), standalone=True,
         clusterwide=not namespaces, namespaces=list(namespaces or []),
         liveness_endpoint=liveness_endpoint, stop_flag=stop_flag, ready_flag=ready_flag,

@@ -46,7 +46,13 @@ VERBS = ("list", "watch", "get", "create", "patch", "update", "delete")
 
 @attrs.define(kw_only=True)
 class ApplyingEmulator(kmock.KubernetesEmulator):
-    """KubernetesEmulator + server-side apply of objects that do not exist yet (upsert)."""
+    """KubernetesEmulator + server-side apply of objects that do not exist yet (upsert), and
+    list/watch resource versions: a list answers with the current write counter and a watch from
+    that version replays only objects written since (kmock's emulator replays every object, so a
+    client would see each existing object twice, as a real API server never shows it)."""
+
+    _writes: int = attrs.field(default=0, init=False)
+    _written_at: dict[tuple[Any, Any, Any], int] = attrs.field(factory=dict, init=False)
 
     async def _handle(self, request: kmock.Request) -> Any:
         ctype = (request.headers.get("Content-Type") or "").split(";")[0].strip()
@@ -58,7 +64,29 @@ class ApplyingEmulator(kmock.KubernetesEmulator):
                     self.objects[key] = request.data
                 elif self.objects[key].deleted:
                     self.objects[key].create(request.data)
+        if request.resource is not None and request.action in (kmock.action.CREATE, kmock.action.UPDATE,
+                                                               kmock.action.DELETE):
+            meta = (request.data or {}).get("metadata", {}) if isinstance(request.data, dict) else {}
+            key = (request.resource, request.namespace or meta.get("namespace"), request.name or meta.get("name"))
+            self._writes += 1
+            self._written_at[key] = self._writes
         return await super()._handle(request)
+
+    async def _serve_list(self, request: kmock.Request) -> Any:
+        result = await super()._serve_list(request)
+        result["metadata"]["resourceVersion"] = str(self._writes)
+        return result
+
+    async def _serve_watch(self, request: kmock.Request) -> AsyncIterator[Any]:
+        since = request.params.get("resourceVersion", "")
+        since_n = int(since) if since.isdigit() else -1
+        async for event in super()._serve_watch(request):
+            if isinstance(event, dict) and since_n >= 0:
+                meta = (event.get("object") or {}).get("metadata") or {}
+                key = (request.resource, meta.get("namespace"), meta.get("name"))
+                if self._written_at.get(key, 0) <= since_n:
+                    continue  # already in the list the client made
+            yield event
 
 
 def declare_resources(mock: kmock.KubernetesEmulator) -> None:

@@ -21,7 +21,7 @@ from tideserve.k8s import names  # noqa: E402
 from tideserve.k8s.apply import (  # noqa: E402
     ApplyError, Cluster, ObjectRef, Owner, apply_endpoint, decorate, delete_cluster_scoped, token_secret,
 )
-from tideserve.k8s.operator import conditions, endpoint_document  # noqa: E402
+from tideserve.k8s.operator import Observation, assess, conditions, endpoint_document  # noqa: E402
 
 OWNER = Owner(name="whisper", namespace="prod", uid="u-1")
 LABELS = {names.LABEL_ENDPOINT: "whisper", names.LABEL_MANAGED_BY: "tideserve"}
@@ -77,22 +77,52 @@ def test_token_secret_is_random_url_safe_and_owned() -> None:
 def test_conditions_keep_transition_time_while_status_holds() -> None:
     t0 = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.timezone.utc)
     t1 = t0 + datetime.timedelta(minutes=5)
-    first = conditions(True, "Applied", "3 objects applied", t0, None)
+    first = conditions(ready=True, reason="Available", message="all ready", degraded=False, now=t0, previous=None)
     assert first == [
-        {"type": "Ready", "status": "True", "reason": "Applied", "message": "3 objects applied",
+        {"type": "Ready", "status": "True", "reason": "Available", "message": "all ready",
          "lastTransitionTime": "2026-01-01T12:00:00Z"},
         {"type": "Degraded", "status": "False", "reason": "AsExpected", "message": "",
          "lastTransitionTime": "2026-01-01T12:00:00Z"},
     ]
-    again = conditions(True, "Applied", "4 objects applied", t1, first)
+    again = conditions(ready=True, reason="Available", message="still", degraded=False, now=t1, previous=first)
     assert [c["lastTransitionTime"] for c in again] == ["2026-01-01T12:00:00Z"] * 2
-    broken = conditions(False, "RenderFailed", "boom", t1, again)
+    broken = conditions(ready=False, reason="RenderFailed", message="boom", degraded=True, now=t1, previous=again)
     assert broken == [
         {"type": "Ready", "status": "False", "reason": "RenderFailed", "message": "boom",
          "lastTransitionTime": "2026-01-01T12:05:00Z"},
         {"type": "Degraded", "status": "True", "reason": "RenderFailed", "message": "boom",
          "lastTransitionTime": "2026-01-01T12:05:00Z"},
     ]
+    waiting = conditions(ready=False, reason="Progressing", message="w", degraded=False, now=t1, previous=first)
+    assert [(c["status"], c["reason"], c["lastTransitionTime"]) for c in waiting] == [
+        ("False", "Progressing", "2026-01-01T12:05:00Z"), ("False", "AsExpected", "2026-01-01T12:00:00Z")]
+
+
+POOLS = [{"name": "a10g", "accelerator": "a10g", "target": "cuda-sm86-fp16", "replicas": {"min": 1, "max": 4}},
+         {"name": "cpu", "accelerator": "cpu", "target": "cpu-x86_64-int8", "replicas": {"min": 0, "max": 2}}]
+
+
+def _deployment(ready: int, replicas: int, desired: int) -> dict[str, Any]:
+    return {"spec": {"replicas": desired}, "status": {"replicas": replicas, "readyReplicas": ready}}
+
+
+def test_assess_ready_when_gateway_up_and_pools_at_minimum() -> None:
+    svc = {"status": {"loadBalancer": {"ingress": [{"ip": "10.0.0.7"}]}}}
+    obs = assess(POOLS, _deployment(1, 1, 1), {"a10g": _deployment(1, 2, 2), "cpu": {"spec": {"replicas": 0}}}, svc)
+    assert obs == Observation(True, "gateway 1 ready; pools: a10g 1 ready (min 1), cpu 0 ready (min 0)", [
+        {"name": "a10g", "accelerator": "a10g", "target": "cuda-sm86-fp16", "replicas": 2, "readyReplicas": 1,
+         "desiredReplicas": 2},
+        {"name": "cpu", "accelerator": "cpu", "target": "cpu-x86_64-int8", "replicas": 0, "readyReplicas": 0,
+         "desiredReplicas": 0}], "10.0.0.7")
+
+
+def test_assess_names_everything_it_waits_for() -> None:
+    obs = assess(POOLS, _deployment(0, 1, 1), {"a10g": _deployment(0, 1, 1), "cpu": None}, None)
+    assert not obs.ready and obs.address is None
+    assert obs.message == ("waiting for: gateway 0 ready; pool a10g: 0 ready < minimum 1; "
+                           "pool cpu: Deployment missing")
+    assert assess(POOLS[1:], None, {"cpu": _deployment(0, 0, 0)}, None).message == \
+        "waiting for: gateway Deployment missing"
 
 
 def test_endpoint_document_keeps_only_what_the_spec_describes() -> None:

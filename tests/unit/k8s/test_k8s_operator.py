@@ -87,7 +87,8 @@ async def operator(tmp_path: Path, mock: ApplyingEmulator, **kwargs: Any) -> Asy
     def main() -> None:
         try:
             asyncio.run(run_operator(cluster, namespaces=None, stop_flag=stop, ready_flag=ready,
-                                     settings=make_settings(consistency_timeout_s=0.5), **kwargs))
+                                     settings=make_settings(consistency_timeout_s=0.5), observe_interval_s=0.2,
+                                     **kwargs))
         except BaseException as exc:  # reported to the test below
             crashed.append(exc)
 
@@ -102,6 +103,14 @@ async def operator(tmp_path: Path, mock: ApplyingEmulator, **kwargs: Any) -> Asy
         await asyncio.to_thread(thread.join, 10)
         assert not thread.is_alive(), "the operator did not stop within 10 s"
         cluster.close()
+
+
+async def set_status(mock: ApplyingEmulator, api_version: str, plural: str, name: str, status: dict) -> None:
+    """Play the controller that owns an object's status (Deployment controller, cloud LB)."""
+    base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    resp = await mock.patch(f"{base}/namespaces/{NS}/{plural}/{name}/status", json={"status": status},
+                            headers={"Content-Type": "application/merge-patch+json"})
+    assert resp.status == 200
 
 
 def run(coro: Any) -> None:
@@ -153,12 +162,13 @@ def test_create_change_delete_apply_prune_and_conditions(tmp_path: Path) -> None
             expected = {("Deployment", f"{name}-gateway"), ("Service", f"{name}-gateway"),
                         ("PriorityClass", f"tideserve-{name}")}
             expected |= {(k, f"{name}-{p}") for p in pools for k in ("Deployment", "ScaledObject", "PodDisruptionBudget")}
-            ready = await until("Ready=True", lambda: cond_is(mock, name, "Ready", "True", "Applied"))
-            assert applied_set(mock) == expected
+            # Applied, but nothing runs yet (no Deployment controller here): Ready False, Progressing.
+            waiting = await until("applied, Progressing", lambda: cond_is(mock, name, "Ready", "False", "Progressing"))
+            assert waiting["message"] == "waiting for: gateway 0 ready"
             assert cond_is(mock, name, "Degraded", "False", "AsExpected")
-            assert ready["message"].startswith("9 objects applied")
+            assert applied_set(mock) == expected
             status = endpoint(mock, name)["status"]
-            assert status["observedGeneration"] == 1
+            assert (status["observedGeneration"], status["appliedObjects"], status["pruned"]) == (1, 9, [])
             assert status["appliedKinds"] == ["apps/v1/Deployment", "keda.sh/v1alpha1/ScaledObject",
                                               "policy/v1/PodDisruptionBudget", "scheduling.k8s.io/v1/PriorityClass",
                                               "v1/Secret", "v1/Service"]
@@ -183,21 +193,44 @@ def test_create_change_delete_apply_prune_and_conditions(tmp_path: Path) -> None
             token = base64.b64decode(secret["data"]["token"])
             assert len(token) == 43  # token_urlsafe(32)
 
-            # Change: drop the fp32 pool -> its three objects are pruned, the rest re-applied.
+            # The gateway becomes ready and its NLB gets a hostname: the timer turns Ready True.
+            await set_status(mock, "apps/v1", "deployments", f"{name}-gateway", {"replicas": 1, "readyReplicas": 1})
+            await set_status(mock, "v1", "services", f"{name}-gateway",
+                             {"loadBalancer": {"ingress": [{"hostname": "gw-123.elb.us-east-1.amazonaws.com"}]}})
+            ready = await until("Ready=True", lambda: cond_is(mock, name, "Ready", "True", "Available"))
+            assert ready["message"] == "gateway 1 ready; pools: cpu-int8 0 ready (min 0), cpu-fp32 0 ready (min 0)"
+            await until("address", lambda: endpoint(mock, name)["status"].get("address"))
+            status = endpoint(mock, name)["status"]
+            assert status["address"] == "gw-123.elb.us-east-1.amazonaws.com"
+            assert status["pools"] == [
+                {"name": "cpu-int8", "accelerator": "cpu", "target": "cpu-x86_64-int8", "replicas": 0,
+                 "readyReplicas": 0, "desiredReplicas": 0},
+                {"name": "cpu-fp32", "accelerator": "cpu", "target": "cpu-x86_64-fp32", "replicas": 0,
+                 "readyReplicas": 0, "desiredReplicas": 0}]
+
+            # Change: drop the fp32 pool -> its three objects are pruned, the rest re-applied; the
+            # int8 pool now needs one ready replica -> Progressing until it has one.
             before = len(list(mock))
             changed = copy.deepcopy(body["spec"])
             changed["pools"] = [p for p in changed["pools"] if p["name"] == "cpu-int8"]
+            changed["pools"][0]["replicas"]["min"] = 1
             resp = await mock.patch(f"{IE_PATH}/{name}", json={"metadata": {"generation": 2}, "spec": {"pools": changed["pools"]}},
                                     headers={"Content-Type": "application/merge-patch+json"})
             assert resp.status == 200
-            await until("status for generation 2",
-                        lambda: endpoint(mock, name)["status"].get("observedGeneration") == 2
-                        and cond_is(mock, name, "Ready", "True"))
+            waiting = await until("status for generation 2",
+                                  lambda: endpoint(mock, name)["status"].get("observedGeneration") == 2
+                                  and cond_is(mock, name, "Ready", "False", "Progressing"))
+            assert waiting["message"] == "waiting for: pool cpu-int8: 0 ready < minimum 1"
             assert deletes(mock, before) == {("deployments", f"{name}-cpu-fp32"), ("scaledobjects", f"{name}-cpu-fp32"),
                                              ("poddisruptionbudgets", f"{name}-cpu-fp32")}
             assert mock.objects["apps/v1/deployments", NS, f"{name}-cpu-fp32"].deleted
             assert not mock.objects["apps/v1/deployments", NS, f"{name}-cpu-int8"].deleted
-            assert "3 pruned" in cond(mock, name, "Ready")["message"]
+            assert endpoint(mock, name)["status"]["pruned"] == [
+                f"Deployment default/{name}-cpu-fp32", f"ScaledObject default/{name}-cpu-fp32",
+                f"PodDisruptionBudget default/{name}-cpu-fp32"]  # by kind: apps, keda.sh, policy
+            await set_status(mock, "apps/v1", "deployments", f"{name}-cpu-int8", {"replicas": 1, "readyReplicas": 1})
+            ready = await until("Ready with the pool at its minimum", lambda: cond_is(mock, name, "Ready", "True"))
+            assert ready["message"] == "gateway 1 ready; pools: cpu-int8 1 ready (min 1)"
             # Re-apply never rotates the token (no apply of the Secret, create answered 409).
             assert mock.objects["v1/secrets", NS, f"{name}-worker-token"]["data"]["token"] == secret["data"]["token"]
             assert ("Secret", f"{name}-worker-token") not in applied_set(mock)
@@ -231,8 +264,8 @@ def test_invalid_spec_is_degraded_then_recovers_when_fixed(tmp_path: Path) -> No
             fixed[0].pop("max_concurency")
             await mock.patch(f"{IE_PATH}/{name}", json={"metadata": {"generation": 2}, "spec": {"pools": fixed}},
                              headers={"Content-Type": "application/merge-patch+json"})
-            await until("Ready after the fix", lambda: cond_is(mock, name, "Ready", "True", "Applied"))
-            assert cond_is(mock, name, "Degraded", "False")
+            await until("not Degraded after the fix", lambda: cond_is(mock, name, "Degraded", "False", "AsExpected"))
+            assert cond_is(mock, name, "Ready", "False", "Progressing")  # applied; nothing runs in the mock
             assert ("Deployment", f"{name}-cpu") in applied_set(mock)
 
     run(scenario())
@@ -308,7 +341,7 @@ def test_real_renderer_applies_what_it_renders(tmp_path: Path, example: str) -> 
                     assert c["message"].startswith("the Kubernetes renderer is not implemented")
                     assert applies(mock) == []
                 else:
-                    await until("Ready", lambda: cond_is(mock, name, "Ready", "True", "Applied"))
+                    await until("applied", lambda: cond_is(mock, name, "Degraded", "False", "AsExpected"))
                     assert applied_set(mock) == {(m["kind"], m["metadata"]["name"]) for m in manifests}
 
     run(scenario())
