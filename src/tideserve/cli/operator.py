@@ -27,7 +27,7 @@ def operator_command(
 ) -> None:
     """Render and server-side-apply every InferenceEndpoint; report Ready/Degraded conditions."""
     from tideserve.k8s.apply import ApplyError, Cluster
-    from tideserve.k8s.operator import run_operator
+    from tideserve.k8s.operator import install_log_filter, run_operator
     from tideserve.logs import setup_logging
 
     if bool(namespace) == all_namespaces:
@@ -46,6 +46,7 @@ def operator_command(
         err.print(f"[red]error:[/red] {exc}", highlight=False)
         raise typer.Exit(2)
     setup_logging("operator", log_format)
+    install_log_filter()
     try:
         asyncio.run(run_operator(cluster, namespaces=None if all_namespaces else list(namespace or []),
                                  image=image, liveness_endpoint=liveness or None))

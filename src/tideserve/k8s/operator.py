@@ -177,7 +177,8 @@ def _render(body: Any, render: RenderFn, options: RenderOptions) -> tuple[list[d
     try:
         return list(render(endpoint, options)), "", ""
     except NotImplementedError as exc:
-        return None, "RendererNotImplemented", f"the Kubernetes renderer is not implemented in this build: {exc}"
+        detail = f": {exc}" if str(exc) else ""
+        return None, "RendererNotImplemented", f"the Kubernetes renderer is not implemented in this build{detail}"
     except (SpecError, ValueError) as exc:
         return None, "RenderFailed", f"cannot render {name}: {exc}"
 
@@ -244,11 +245,12 @@ def make_registry(cluster: Cluster, *, image: str | None = None, render: RenderF
         _report(patch, status, obs, clock())
 
     @kopf.timer(*resource, interval=observe_interval_s, registry=registry)
-    def watch_readiness(spec: Any, status: Any, namespace: str, name: str, patch: Any, logger: logging.Logger,
-                        **_: Any) -> None:
+    def watch_readiness(spec: Any, meta: Any, status: Any, namespace: str, name: str, patch: Any,
+                        logger: logging.Logger, **_: Any) -> None:
         degraded = next((c for c in status.get("conditions") or [] if c.get("type") == "Degraded"), None)
-        if degraded is None or degraded.get("status") != "False":
-            return  # not applied yet, or Degraded: the create/update handler owns the conditions then
+        if degraded is None or degraded.get("status") != "False" or \
+                status.get("observedGeneration") != meta.get("generation"):
+            return  # not applied yet, Degraded, or a new spec in progress: the create/update handler reports
         try:
             obs = observe(cluster, name, namespace, list(spec.get("pools") or []))
         except ApplyError as exc:
@@ -279,6 +281,27 @@ def make_registry(cluster: Cluster, *, image: str | None = None, render: RenderF
                     name, DO_NOT_DISRUPT)
 
     return registry
+
+
+class KopfRecordFilter(logging.Filter):
+    """Turn kopf's record attributes (``settings``, ``k8s_skip``, ``k8s_ref``) into one
+    ``object`` field (``namespace/name``), so tideserve's formatters, which print every extra
+    attribute, print the object a line is about instead of kopf's whole settings."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        ref = record.__dict__.pop("k8s_ref", None)
+        record.__dict__.pop("settings", None)
+        record.__dict__.pop("k8s_skip", None)
+        if isinstance(ref, dict) and ref.get("name"):
+            record.object = "/".join(x for x in (ref.get("namespace"), ref.get("name")) if x)
+        return True
+
+
+def install_log_filter(logger: logging.Logger | None = None) -> None:
+    """Add :class:`KopfRecordFilter` to every handler of ``logger`` (the root logger by default)."""
+    for handler in (logger or logging.getLogger()).handlers:
+        if not any(isinstance(f, KopfRecordFilter) for f in handler.filters):
+            handler.addFilter(KopfRecordFilter())
 
 
 def make_settings(*, consistency_timeout_s: float = 5.0) -> kopf.OperatorSettings:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import datetime
+import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,8 @@ from tideserve.k8s import names  # noqa: E402
 from tideserve.k8s.apply import (  # noqa: E402
     ApplyError, Cluster, ObjectRef, Owner, apply_endpoint, decorate, delete_cluster_scoped, token_secret,
 )
-from tideserve.k8s.operator import Observation, assess, conditions, endpoint_document  # noqa: E402
+from tideserve.k8s.operator import KopfRecordFilter, Observation, assess, conditions, endpoint_document  # noqa: E402
+from tideserve.logs import JsonFormatter  # noqa: E402
 
 OWNER = Owner(name="whisper", namespace="prod", uid="u-1")
 LABELS = {names.LABEL_ENDPOINT: "whisper", names.LABEL_MANAGED_BY: "tideserve"}
@@ -132,6 +135,17 @@ def test_endpoint_document_keeps_only_what_the_spec_describes() -> None:
             "spec": {"pools": []}, "status": {"conditions": []}}
     assert endpoint_document(body) == {"apiVersion": "tideserve.io/v1alpha1", "kind": "InferenceEndpoint",
                                        "metadata": {"name": "w", "labels": {"team": "a"}}, "spec": {"pools": []}}
+
+
+def test_kopf_record_filter_keeps_the_object_not_the_settings() -> None:
+    record = logging.makeLogRecord({"name": "kopf.objects", "msg": "Handler succeeded.", "levelno": 20,
+                                    "levelname": "INFO", "settings": object(), "k8s_skip": False,
+                                    "k8s_ref": {"namespace": "prod", "name": "whisper", "uid": "u"}})
+    assert KopfRecordFilter().filter(record)
+    line = json.loads(JsonFormatter("operator").format(record))
+    assert {k: line[k] for k in ("logger", "msg", "object")} == {
+        "logger": "kopf.objects", "msg": "Handler succeeded.", "object": "prod/whisper"}
+    assert not {"settings", "k8s_skip", "k8s_ref"} & set(line)
 
 
 # -- against the API mock -------------------------------------------------------------------------
