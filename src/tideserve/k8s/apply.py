@@ -220,7 +220,8 @@ class Cluster:
 
     def request(self, method: str, path: str, *, query: dict[str, str] | None = None, body: Any = None,
                 content_type: str = "application/json") -> tuple[int, Any]:
-        """One request; returns ``(status, decoded JSON body or None)`` for any status.
+        """One request; returns ``(status, body)`` for any status: the decoded JSON (or None)
+        for a 2xx answer, the raw bytes otherwise.
 
         Raises ApplyError (status 0, retryable) when the server cannot be reached.
         """
