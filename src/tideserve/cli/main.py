@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from tideserve.cli.operator import operator_command
 from tideserve.errors import SpecError
 from tideserve.spec import InferenceEndpoint, load_endpoint, load_local_config
 
@@ -436,6 +437,9 @@ def _emit(text: str, out_file: Optional[Path]) -> None:
     else:
         out_file.write_text(text)
         err.print(f"wrote {out_file}", highlight=False)
+
+
+app.command("operator")(operator_command)
 
 
 def main() -> None:  # pragma: no cover

@@ -172,3 +172,15 @@ def _resolve_paths(cfg: LocalConfig, base: Path, source: str) -> LocalConfig:
     if problems:
         raise SpecError(f"{source} is not a valid LocalConfig:", problems)
     return cfg
+
+
+def endpoint_from_dict(data: Any, source: str = "<object>") -> InferenceEndpoint:
+    """Validate an already-parsed InferenceEndpoint mapping (e.g. a Kubernetes object's
+    ``apiVersion``, ``kind``, ``metadata.name/labels`` and ``spec``). Raises SpecError whose
+    problems name the field paths (no line numbers: there is no YAML text)."""
+    if not isinstance(data, dict):
+        raise SpecError(f"{source}: expected a mapping, got {type(data).__name__}")
+    try:
+        return InferenceEndpoint.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(f"{source} is not a valid InferenceEndpoint:", _problems(exc, InferenceEndpoint, None)) from None

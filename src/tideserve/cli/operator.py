@@ -1,0 +1,56 @@
+"""``tideserve operator``: run the Kubernetes operator in this process (kopf, standalone)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+
+err = Console(stderr=True, soft_wrap=True)
+
+
+def operator_command(
+    namespace: Optional[List[str]] = typer.Option(None, "--namespace", "-n",
+                                                  help="watch InferenceEndpoints in this namespace (repeatable)"),
+    all_namespaces: bool = typer.Option(False, "--all-namespaces", "-A", help="watch every namespace"),
+    image: Optional[str] = typer.Option(None, help="tideserve image the rendered gateway and workers run "
+                                                   "(default: the renderer's, the release image)"),
+    kubeconfig: Optional[Path] = typer.Option(None, help="kubeconfig file (default: in-cluster service account, "
+                                                         "else $KUBECONFIG or ~/.kube/config)"),
+    context: Optional[str] = typer.Option(None, help="kubeconfig context"),
+    liveness: str = typer.Option("http://0.0.0.0:8081/healthz",
+                                 help="liveness probe endpoint URL ('' to serve none)"),
+    log_format: str = typer.Option("json", help="json (one object a line) or text"),
+) -> None:
+    """Render and server-side-apply every InferenceEndpoint; report Ready/Degraded conditions."""
+    from tideserve.k8s.apply import ApplyError, Cluster
+    from tideserve.k8s.operator import install_log_filter, run_operator
+    from tideserve.logs import setup_logging
+
+    if bool(namespace) == all_namespaces:
+        err.print("[red]error:[/red] pass --namespace NS (one or more) or --all-namespaces, not both or neither",
+                  highlight=False)
+        raise typer.Exit(2)
+    if log_format not in ("json", "text"):
+        err.print("[red]error:[/red] --log-format must be json or text", highlight=False)
+        raise typer.Exit(2)
+    if kubeconfig is not None and not kubeconfig.is_file():
+        err.print(f"[red]error:[/red] --kubeconfig {kubeconfig}: no such file", highlight=False)
+        raise typer.Exit(2)
+    try:
+        cluster = Cluster.connect(kubeconfig, context)
+    except ApplyError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(2)
+    setup_logging("operator", log_format)
+    install_log_filter()
+    try:
+        asyncio.run(run_operator(cluster, namespaces=None if all_namespaces else list(namespace or []),
+                                 image=image, liveness_endpoint=liveness or None))
+    except KeyboardInterrupt:  # pragma: no cover - interactive stop
+        pass
+    finally:
+        cluster.close()
