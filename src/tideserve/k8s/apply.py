@@ -52,11 +52,6 @@ TOKEN_BYTES = 32
 REQUEST_TIMEOUT_S = 30.0
 
 
-def worker_token_secret_name(endpoint: str) -> str:
-    """The Secret holding the token workers present to the gateway: ``<endpoint>-worker-token``."""
-    return f"{endpoint}-worker-token"
-
-
 class ApplyError(TideserveError):
     """A request to the API server failed.
 
@@ -371,7 +366,7 @@ def token_secret(owner: Owner, token: str | None = None) -> dict[str, Any]:
     token = token if token is not None else secrets.token_urlsafe(TOKEN_BYTES)
     return decorate({
         "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-        "metadata": {"name": worker_token_secret_name(owner.name)},
+        "metadata": {"name": names.token_secret_name(owner.name)},
         "data": {TOKEN_KEY: base64.b64encode(token.encode()).decode()},
     }, owner, namespaced=True)
 
@@ -415,7 +410,9 @@ def apply_endpoint(cluster: Cluster, owner: Owner, manifests: Iterable[dict[str,
         result.applied.append(_ref(obj, res))
 
     keep = {_ref(obj, res) for res, obj in desired} | {_ref(secret, secret_res)}
-    kinds = {_kind_key(res.api_version, res.kind) for res, _ in desired} | {_kind_key("v1", "Secret")}
+    # The token Secret is never pruned (it lives as long as its endpoint; the garbage collector
+    # deletes it through its owner reference), so Secrets are not listed: no list right needed.
+    kinds = {_kind_key(res.api_version, res.kind) for res, _ in desired}
     for key in sorted(kinds | set(previous_kinds)):
         api_version, kind = _split_kind(key)
         res = cluster.resource(api_version, kind)

@@ -35,9 +35,10 @@ def cluster_role() -> dict:
             {"apiGroups": [names.GROUP], "resources": [f"{names.PLURAL}/status"], "verbs": ["get", "patch"]},
             {"apiGroups": [""], "resources": ["configmaps", "services", "persistentvolumeclaims", "persistentvolumes"],
              "verbs": _APPLY},
-            # The worker-token Secret: created once, pruned with the endpoint; the applier finds
-            # it by label, which needs list (and list returns the data of every listed Secret).
-            {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "list", "create", "delete"]},
+            # The worker-token Secret: created once (POST; 409 when it exists) and deleted by the
+            # garbage collector with its endpoint (owner reference). No list: listing Secrets
+            # would let the operator read every Secret of the cluster.
+            {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
             {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
             {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
             {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},

@@ -78,7 +78,7 @@ def test_install_objects_validate_and_rbac_is_least_privilege():
     rules = {(g, r): set(rule["verbs"]) for rule in cluster_role()["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
     assert rules[("tideserve.io", "inferenceendpoints/status")] == {"get", "patch"}
     assert rules[("", "pods")] == {"get", "list", "watch", "patch"}  # no create/delete of pods
-    assert rules[("", "secrets")] == {"get", "list", "create", "delete"}  # no patch/update: tokens are never rewritten
+    assert rules[("", "secrets")] == {"create"}  # created once; never read back, listed, rewritten or deleted by us
     assert all("*" not in verbs and "escalate" not in verbs and "bind" not in verbs for verbs in rules.values())
     # every kind render_endpoint emits can be server-side applied and deleted
     for key in [("", "configmaps"), ("", "services"), ("", "persistentvolumes"), ("", "persistentvolumeclaims"),

@@ -170,7 +170,7 @@ def test_apply_prune_token_and_cluster_scoped_cleanup(tmp_path: Path) -> None:
                                   ObjectRef("apps/v1", "Deployment", "prod", "whisper-b"),
                                   ObjectRef("scheduling.k8s.io/v1", "PriorityClass", None, "whisper-pc")]
             assert r1.token_created and r1.pruned == []
-            assert r1.kinds == ["apps/v1/Deployment", "scheduling.k8s.io/v1/PriorityClass", "v1/Secret"]
+            assert r1.kinds == ["apps/v1/Deployment", "scheduling.k8s.io/v1/PriorityClass"]
             ssa = [r for r in mock if r.method == "PATCH"]
             assert [(r.url.path, r.params, r.headers["Content-Type"]) for r in ssa] == [
                 ("/apis/apps/v1/namespaces/prod/deployments/whisper-a", {"fieldManager": "tideserve", "force": "true"}, APPLY_CONTENT_TYPE),

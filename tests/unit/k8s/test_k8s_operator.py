@@ -176,7 +176,7 @@ def test_create_change_delete_apply_prune_and_conditions(tmp_path: Path) -> None
             assert (status["observedGeneration"], status["appliedObjects"], status["pruned"]) == (1, 9, [])
             assert status["appliedKinds"] == ["apps/v1/Deployment", "keda.sh/v1alpha1/ScaledObject",
                                               "policy/v1/PodDisruptionBudget", "scheduling.k8s.io/v1/PriorityClass",
-                                              "v1/Secret", "v1/Service"]
+                                              "v1/Service"]
             assert FINALIZER in endpoint(mock, name)["metadata"]["finalizers"]
 
             # Every apply is a server-side apply by our field manager, forced.
