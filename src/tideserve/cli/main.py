@@ -325,6 +325,11 @@ def _emit(text: str, out_file: Optional[Path]) -> None:
         err.print(f"wrote {out_file}", highlight=False)
 
 
+from tideserve.cli.sim import register as _register_sim  # noqa: E402
+
+_register_sim(app)
+
+
 def main() -> None:  # pragma: no cover
     app()
 
