@@ -10,7 +10,10 @@ thinned to 5%, a few dozen requests; audio durations by the simulator's duration
     while /admin/status is polled every 0.5 s for the replica counts.
 
 Prints latency percentiles side by side with the error, and the replica counts over time (ready
-replicas per poll, sim vs real) with their mean absolute difference.
+replicas per poll, sim vs real) with their mean absolute difference. Then a calibration: three
+sequential warm 5 s requests against the same endpoint, whose median over the profile's batch-1
+5 s figure is this machine's slowdown during the run (other jobs, HTTP and audio decoding), and the
+simulated percentiles times that factor. The machine's load average is printed before and after.
 
 Run: PYTHONPATH=src .venv/bin/python bench/sim_validation.py [--thin 0.05 --max-trace-s 120]
 Trace: Azure LLM inference trace 2023 (CC-BY-4.0), Patel et al., "Splitwise: Efficient generative
@@ -23,6 +26,7 @@ import argparse
 import asyncio
 import base64
 import io
+import os
 import sys
 import tempfile
 import time
@@ -103,9 +107,19 @@ def main() -> None:
         path = write_endpoint(Path(tmp), min_replicas=None)
         spec = load_endpoint(path).spec
         sim = simulate(spec, reqs, prof.pools, RunOptions(cluster="local", replica_slots=LocalConfig().replica_slots))
+        load_before = os.getloadavg()
         with EndpointProcess(path, Path(tmp)) as ep:
             ep.wait_for(lambda s: s["zygote"] in ("ready", "off"), 60, "the zygote")
             real_lat, polls = asyncio.run(replay(ep.url, reqs, bodies))
+            five = {"audio_data": base64.b64encode(wav_bytes(clip_of(speech, 5.0))).decode()}
+            with ep.client(timeout=120) as c:
+                c.post("/invocations", json=five).raise_for_status()
+                warm = []
+                for _ in range(3):
+                    t = time.monotonic()
+                    c.post("/invocations", json=five).raise_for_status()
+                    warm.append(time.monotonic() - t)
+        load_after = os.getloadavg()
 
     sim_lat = [r.latency_s for r in sim.requests if r.latency_s is not None]
     real = [real_lat[r.id] for r in reqs]
@@ -117,6 +131,16 @@ def main() -> None:
     print(f"  {'mean':<14} {ms:8.2f} {mr:8.2f} {ms - mr:+8.2f} {100 * (ms - mr) / mr:+7.1f}%")
     per = [abs(s.latency_s - real_lat[s.id]) for s in sim.requests if s.latency_s is not None]
     print(f"  per-request mean absolute error {sum(per) / len(per):.2f} s")
+
+    profiled = next(p for p in prof.pools if p.target == spec.pools[0].target).service_time_s(1, 5.0)
+    factor = sorted(warm)[1] / profiled
+    print(f"\ncalibration: warm 5 s request {sorted(warm)[1]:.2f} s here now vs {profiled:.2f} s in the profile: "
+          f"slowdown x{factor:.2f}; load average (1/5/15 min) before {load_before[0]:.1f}/{load_before[1]:.1f}/"
+          f"{load_before[2]:.1f}, after {load_after[0]:.1f}/{load_after[1]:.1f}/{load_after[2]:.1f} on "
+          f"{os.cpu_count()} CPUs")
+    for name, p in (("p50", 50), ("p95", 95), ("p99", 99)):
+        s, r = factor * percentile(sim_lat, p), percentile(real, p)
+        print(f"  sim x{factor:.2f} {name:<6} {s:8.2f} {r:8.2f} {s - r:+8.2f} {100 * (s - r) / r:+7.1f}%")
 
     tl = sim.timeline
 

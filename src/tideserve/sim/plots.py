@@ -44,11 +44,13 @@ def timeline(run: PolicyRun, requests_per_min: Sequence[tuple[float, int]], path
 def latency_cdf(runs: Sequence[PolicyRun], slo_s: float, path: Path) -> None:
     """Empirical CDF of request latency per policy (answered requests), SLO marked."""
     fig, ax = plt.subplots(figsize=(8, 5))
-    for run in runs:
+    styles = ("-", "--", ":", "-.")
+    for k, run in enumerate(runs):  # line styles and widths differ so that identical curves stay visible
         lat = sorted(r.latency_s for r in run.result.requests if r.latency_s is not None)
         n = len(run.result.requests)
         if lat:
-            ax.step(lat, [(i + 1) / n for i in range(len(lat))], where="post", label=run.name)
+            ax.step(lat, [(i + 1) / n for i in range(len(lat))], where="post", label=run.name,
+                    ls=styles[k % len(styles)], lw=2.4 - 0.25 * k)
     ax.axvline(slo_s, color="grey", ls="--", lw=0.8, label=f"SLO {slo_s:g} s")
     ax.set_xscale("log")
     ax.set_xlabel("latency (s, log scale)")
@@ -69,7 +71,7 @@ def cost_bars(runs: Sequence[PolicyRun], path: Path) -> None:
     bars = ax.bar(names, costs, color=["#8e9aaf" if r.name.startswith("static") else
                                        "#2e86ab" if r.name == "tideserve" else "#c9d6df" for r in runs])
     for b, c in zip(bars, costs):
-        ax.annotate(f"${c:.2f}", (b.get_x() + b.get_width() / 2, b.get_height()), ha="center", va="bottom", fontsize=8)
+        ax.annotate(f"${c:.3f}" if c < 10 else f"${c:.0f}", (b.get_x() + b.get_width() / 2, b.get_height()), ha="center", va="bottom", fontsize=8)
     ax.set_ylabel("cost ($)")
     ax.set_title("Cost by policy over the replayed trace")
     plt.setp(ax.get_xticklabels(), rotation=20, ha="right")

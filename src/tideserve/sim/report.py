@@ -98,9 +98,10 @@ def write_report(out_dir: Path, runs: Sequence[PolicyRun], levers: Sequence[Leve
                      f"{100 * o.slo_attainment:.1f}% | {100 * b.slo_attainment:.1f}% | {_s(o.p95_s)} | {_s(b.p95_s)} |")
     peak = next(r for r in runs if r.name == "static-peak").summary
     if peak.cost_usd > 0:
-        lines += ["", f"tideserve vs static-peak: {100 * (peak.cost_usd - b.cost_usd) / peak.cost_usd:.1f}% "
-                      f"lower cost (${peak.cost_usd:.3f} -> ${b.cost_usd:.3f}), SLO met {100 * peak.slo_attainment:.1f}% "
-                      f"-> {100 * b.slo_attainment:.1f}%."]
+        change = 100 * (b.cost_usd - peak.cost_usd) / peak.cost_usd
+        word = f"{-change:.1f}% lower" if change <= 0 else f"{change:.1f}% HIGHER"
+        lines += ["", f"tideserve vs static-peak: {word} cost (${peak.cost_usd:.3f} -> ${b.cost_usd:.3f}), SLO met "
+                      f"{100 * peak.slo_attainment:.1f}% -> {100 * b.slo_attainment:.1f}%."]
     lines += [
         "",
         "## Plots",
