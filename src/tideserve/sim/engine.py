@@ -466,24 +466,34 @@ class Simulation:
 
     # -- the run -----------------------------------------------------------------------------
     def _initial(self) -> None:
+        """Replicas running at t = 0 (``warm``), ready, on machines that are already up: the local
+        machine, or on-demand machines chosen by ``plan_launches`` (cheapest per replica)."""
         warm = self.opt.warm if self.opt.warm is not None else (
             self.opt.static if self.opt.static is not None else {p.name: p.replicas.min for p in self.spec.pools})
         if self.opt.cluster == "local":
             self._new_node(prov_catalog.local_node(self.opt.replica_slots, self.opt.local_cost_usd_per_h),
                            "on-demand", 0.0, 0.0)
-        for pool, k in sorted(warm.items()):
-            for _ in range(k):
-                r = self._new_replica(pool, "ready")
-                if self.opt.cluster == "local":
-                    node = next(iter(self.nodes.values()))
-                else:
-                    # Warm replicas start on their own (pre-existing, on-demand) machines.
-                    offering = next((o for o in self._offerings() if o.accelerator == self._accel_key(pool)), None)
-                    if offering is None:
-                        raise SimInputError(f"no offering for pool {pool} ({self.pools[pool].accelerator})")
-                    node = self._new_node(offering, "on-demand", 0.0, 0.0)
+        reps = {pool: [self._new_replica(pool, "ready") for _ in range(k)] for pool, k in sorted(warm.items()) if k > 0}
+        if not reps:
+            pass
+        elif self.opt.cluster == "local":
+            node = next(iter(self.nodes.values()))
+            for r in (r for rs in reps.values() for r in rs):
                 r.node = node.rec.name
                 node.replicas.append(r.id)
+        else:
+            plan = self._fns["plan_launches"](
+                [ReplicaRequest(pool, self._accel_key(pool), 1, ("on-demand",), len(rs)) for pool, rs in reps.items()],
+                self._offerings(), self._market())
+            if plan.unplaceable:
+                pool, k, why = plan.unplaceable[0]
+                raise SimInputError(f"cannot place {k} warm replica(s) of pool {pool}: {why}")
+            for offering, capacity_type, pools in plan.launches:
+                node = self._new_node(offering, capacity_type, 0.0, 0.0)
+                for pool in pools:
+                    r = reps[pool].pop(0)
+                    r.node = node.rec.name
+                    node.replicas.append(r.id)
         if self.opt.static is not None:
             self._apply(dict(self.opt.static), ())
 
