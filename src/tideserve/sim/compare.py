@@ -35,12 +35,10 @@ from typing import Sequence
 
 from tideserve.autoscaler import policy as autoscaler_policy
 from tideserve.autoscaler.policy import PoolSnapshot
-from tideserve.sim.engine import RunOptions, RunResult, percentile, simulate
+from tideserve.sim.engine import WINDOW_S, RunOptions, RunResult, percentile, profiles_for, simulate
 from tideserve.sim.profile import PoolProfile
 from tideserve.sim.trace import TraceRequest
 from tideserve.spec.models import EndpointSpec
-
-WINDOW_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -130,16 +128,6 @@ def replica_rate(spec: EndpointSpec, pool: str, profile: PoolProfile, window_s: 
     return max(b / profile.service_time_s(b, window_s) for b in range(1, top + 1))
 
 
-def _profiles_by_pool(spec: EndpointSpec, profiles: Sequence[PoolProfile]) -> dict[str, PoolProfile]:
-    out = {}
-    for p in spec.pools:
-        prof = next((x for x in profiles if x.target == p.target and x.pool == p.name),
-                    next((x for x in profiles if x.target == p.target), None))
-        if prof is not None:
-            out[p.name] = prof
-    return out
-
-
 def arrival_rates(requests: Sequence[TraceRequest], window_s: float = 60.0) -> tuple[float, float]:
     """(peak, mean) arrivals per s: the busiest fixed ``window_s`` bin, and all requests over the
     trace's span (at least ``window_s``)."""
@@ -155,7 +143,7 @@ def static_fleet(spec: EndpointSpec, profiles: Sequence[PoolProfile], rate_per_s
                  utilization: float = 0.7) -> dict[str, int]:
     """The smallest fixed fleet, placed by the autoscaler's ``place``, whose capacity times
     ``utilization`` covers ``rate_per_s`` requests/s (one window each on average; see module)."""
-    by_pool = _profiles_by_pool(spec, profiles)
+    by_pool = profiles_for(spec, profiles)
     rates = {p.name: replica_rate(spec, p.name, by_pool[p.name], window_s) for p in spec.pools}
     pools = tuple(PoolSnapshot(p.name, 0, 1000, p.cost_usd_per_h, rates[p.name]) for p in spec.pools)
     for n in range(1, 1001 * len(pools)):
@@ -192,7 +180,7 @@ def compare(spec: EndpointSpec, requests: Sequence[TraceRequest], profiles: Sequ
                "spot with on-demand fallback where listed)", spec, dataclasses.replace(options, static=None))
     runs.append(base)
 
-    by_pool = _profiles_by_pool(spec, profiles)
+    by_pool = profiles_for(spec, profiles)
     levers: list[Lever] = []
 
     def lever(name: str, s: EndpointSpec | None, note: str) -> None:

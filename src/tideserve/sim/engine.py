@@ -182,6 +182,20 @@ class _Req:
     hold_token: int = 0
 
 
+def profiles_for(spec: EndpointSpec, profiles: Sequence[PoolProfile]) -> dict[str, PoolProfile]:
+    """Each pool's profile: the one measured for that pool and target, else any of the same
+    target. Raises SimInputError naming a pool that has none."""
+    out = {}
+    for p in spec.pools:
+        prof = next((x for x in profiles if x.target == p.target and x.pool == p.name),
+                    next((x for x in profiles if x.target == p.target), None))
+        if prof is None:
+            raise SimInputError(f"no profile for pool {p.name} (target {p.target}); measure one with "
+                                f"`tideserve bench profile FILE --pool {p.name}` and pass it with --profile")
+        out[p.name] = prof
+    return out
+
+
 class Simulation:
     """One run; ``run()`` returns a ``RunResult``. Raises SimInputError when a pool has no profile."""
 
@@ -191,14 +205,7 @@ class Simulation:
         self.opt = options or RunOptions()
         self.requests = list(requests)
         self.rng = random.Random(self.opt.seed)
-        self.profiles: dict[str, PoolProfile] = {}
-        for p in spec.pools:
-            prof = next((x for x in profiles if x.target == p.target and x.pool == p.name),
-                        next((x for x in profiles if x.target == p.target), None))
-            if prof is None:
-                raise SimInputError(f"no profile for pool {p.name} (target {p.target}); measure one with "
-                                    f"`tideserve bench profile FILE --pool {p.name}` and pass it with --profile")
-            self.profiles[p.name] = prof
+        self.profiles = profiles_for(spec, profiles)
         self.pools = {p.name: p for p in spec.pools}
         self.now = 0.0
         self._events: list = []
@@ -474,14 +481,12 @@ class Simulation:
             self._new_node(prov_catalog.local_node(self.opt.replica_slots, self.opt.local_cost_usd_per_h),
                            "on-demand", 0.0, 0.0)
         reps = {pool: [self._new_replica(pool, "ready") for _ in range(k)] for pool, k in sorted(warm.items()) if k > 0}
-        if not reps:
-            pass
-        elif self.opt.cluster == "local":
+        if self.opt.cluster == "local":
             node = next(iter(self.nodes.values()))
             for r in (r for rs in reps.values() for r in rs):
                 r.node = node.rec.name
                 node.replicas.append(r.id)
-        else:
+        elif reps:
             plan = self._fns["plan_launches"](
                 [ReplicaRequest(pool, self._accel_key(pool), 1, ("on-demand",), len(rs)) for pool, rs in reps.items()],
                 self._offerings(), self._market())
