@@ -440,6 +440,9 @@ def _emit(text: str, out_file: Optional[Path]) -> None:
 
 
 app.command("operator")(operator_command)
+from tideserve.cli.sim import register as _register_sim  # noqa: E402
+
+_register_sim(app)
 
 
 def main() -> None:  # pragma: no cover

@@ -11,6 +11,7 @@ import asyncio
 import time
 from typing import Callable
 from tideserve.errors import CapacityError
+from tideserve.gateway.holding import hold_deadline, may_hold
 from tideserve.gateway.router import ReplicaView, choose_replica
 from tideserve.replicas import ReplicaEndpoint, ReplicaSource
 
@@ -91,7 +92,7 @@ class Dispatcher:
             return picked
         if not self.source.accepting():
             raise CapacityError(f"no replica can serve this endpoint: {self.source.failure_reason()}", retry_after_s=30)
-        if self.pending >= self.max_pending:
+        if not may_hold(self.pending, self.max_pending):
             raise CapacityError(
                 f"too many requests waiting ({self.pending} >= max_pending {self.max_pending}); retry later",
                 retry_after_s=1,
@@ -99,7 +100,7 @@ class Dispatcher:
         self.pending += 1
         if self.on_hold is not None:
             self.on_hold()  # activation: the autoscaler decides now, not at its next tick
-        deadline = time.monotonic() + self.hold_timeout_s
+        deadline = hold_deadline(time.monotonic(), self.hold_timeout_s)
         try:
             while True:
                 changed = self._changed

@@ -4,7 +4,9 @@ Policy (Triton's dynamic batcher, ``max_queue_delay_microseconds``): a batch sta
 as ``max_batch_size`` items are queued, or when the oldest queued item has waited
 ``max_queue_delay_s``, whichever comes first. A batch is filled round-robin over the callers
 with queued items, in order of arrival (one item of each caller per round), so a caller with
-many items (the windows of a long file) does not hold back a short one queued behind it. Executions run one at a time on a dedicated
+many items (the windows of a long file) does not hold back a short one queued behind it.
+That decision is the pure ``tideserve.worker.batching.cut_batch``, which the simulator calls
+too; this module does the waiting and the execution. Executions run one at a time on a dedicated
 thread (the model is not re-entrant); while one runs, new items queue and form the next
 batch. Items whose caller went away (their future was cancelled, e.g. the client
 disconnected) are dropped before execution, never computed.
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Generic, Protocol, Sequence, TypeVar
 
 from tideserve.aio import cancel_and_wait
+from tideserve.worker.batching import QueuedItem, cut_batch
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -90,6 +93,8 @@ class DynamicBatcher(Generic[T, R]):
     ) -> None:
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
+        if max_queue_delay_s < 0:
+            raise ValueError("max_queue_delay_s must be >= 0")
         self._execute = execute
         self.max_batch_size = max_batch_size
         self.max_queue_delay_s = max_queue_delay_s
@@ -148,32 +153,15 @@ class DynamicBatcher(Generic[T, R]):
                 self._observer.on_dropped(removed)
             raise
 
-    def _take_live(self) -> list[_Item[T]]:
-        """Up to ``max_batch_size`` live items, round-robin over callers in arrival order."""
+    def _sweep(self) -> list[_Item[T]]:
+        """Drop items whose caller went away; return the live ones, oldest first."""
         live = [i for i in self._queue if not i.future.done()]
         dropped = len(self._queue) - len(live)
         if dropped:
             self._observer.on_dequeue(dropped)
             self._observer.on_dropped(dropped)
-        by_caller: dict[int, list[_Item[T]]] = {}
-        for item in live:
-            by_caller.setdefault(item.caller, []).append(item)
-        queues = list(by_caller.values())
-        batch: list[_Item[T]] = []
-        depth = 0
-        while len(batch) < self.max_batch_size and len(batch) < len(live):
-            for q in queues:
-                if depth < len(q):
-                    batch.append(q[depth])
-                    if len(batch) == self.max_batch_size:
-                        break
-            depth += 1
-        taken = {id(i) for i in batch}
-        self._queue = collections.deque(i for i in live if id(i) not in taken)
-        return batch
-
-    def _live_count(self) -> int:
-        return sum(1 for i in self._queue if not i.future.done())
+            self._queue = collections.deque(live)
+        return live
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -182,23 +170,22 @@ class DynamicBatcher(Generic[T, R]):
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
-            oldest = next((i for i in self._queue if not i.future.done()), None)
-            if oldest is None:
-                self._take_live()  # sweep cancelled items
+            live = self._sweep()
+            if not live:
                 continue
-            deadline = oldest.enqueued + self.max_queue_delay_s
-            while self._live_count() < self.max_batch_size:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
+            cut = cut_batch([QueuedItem(i.caller, i.enqueued) for i in live], self.max_batch_size,
+                            self.max_queue_delay_s, time.monotonic())
+            if not cut.take:
+                # Wait for the oldest item's delay to run out, or for a new item (then decide again).
                 self._wakeup.clear()
                 try:
-                    await asyncio.wait_for(self._wakeup.wait(), remaining)
+                    await asyncio.wait_for(self._wakeup.wait(), cut.wait_s)
                 except asyncio.TimeoutError:
-                    break
-            batch = self._take_live()
-            if not batch:
+                    pass
                 continue
+            batch = [live[k] for k in cut.take]
+            taken = {id(i) for i in batch}
+            self._queue = collections.deque(i for i in live if id(i) not in taken)
             started = time.monotonic()
             self._observer.on_dequeue(len(batch))
             self.busy = True

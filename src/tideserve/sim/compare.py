@@ -1,0 +1,220 @@
+"""Policies compared on one trace in one run, and the saving of each tideserve lever.
+
+Policies (each a ``simulate`` run of the same requests):
+
+- ``static-peak``: a fixed fleet sized for the busiest ``window_s`` (60 s) of the trace;
+- ``static-mean``: a fixed fleet sized for the trace's mean arrival rate;
+- ``tideserve``: the endpoint as written: the autoscaler (scale to zero where a pool's min is 0,
+  cheapest pool per unit of service first), spot where a pool lists it with on-demand fallback,
+  spot interruptions at the given rate, replacement through the provisioner.
+
+Static fleets run on on-demand machines and never scale; their size N is the smallest for which
+the autoscaler's own placement ``place(N, pools)`` (cheapest per unit of service rate first, pool
+maxima lifted) serves the arrival rate at ``static_utilization`` (0.7) of its capacity. A replica's
+capacity is its best throughput from the profile: max over batch sizes B <= min(max_batch_size,
+max_concurrency) of B / service_time(B, mean window length).
+
+Levers: each is switched off in a run otherwise identical to ``tideserve``; its saving is
+cost(lever off) - cost(tideserve):
+
+- scale-to-zero off: the pool that ``place(1, ...)`` picks first keeps at least one replica;
+- heterogeneous pools off: only the fastest pool (lowest batch-1 latency at the mean window
+  length), its max raised to the sum of all pools' maxima;
+- spot off: every pool on-demand only;
+- batching off: ``max_batch_size`` 1.
+
+A lever that is already off in the endpoint (e.g. no pool lists spot) is reported as not
+applicable, not run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Sequence
+
+from tideserve.autoscaler import policy as autoscaler_policy
+from tideserve.autoscaler.policy import PoolSnapshot
+from tideserve.sim.engine import WINDOW_S, RunOptions, RunResult, percentile, profiles_for, simulate
+from tideserve.sim.profile import PoolProfile
+from tideserve.sim.trace import TraceRequest
+from tideserve.spec.models import EndpointSpec
+
+
+@dataclass(frozen=True)
+class Summary:
+    """One run in figures. Costs $, hours h, latencies s; ``slo_attainment`` is the share of ALL
+    requests answered within the SLO (refused and timed-out requests count as misses)."""
+
+    cost_usd: float
+    gpu_hours: float
+    cpu_node_hours: float
+    idle_gpu_hours: float
+    idle_cpu_node_hours: float
+    slo_attainment: float
+    p50_s: float | None
+    p95_s: float | None
+    p99_s: float | None
+    ok: int
+    failed: int
+    held: int
+    cold_starts: int
+    spot_interruptions: int
+    retries: int
+    duration_s: float
+
+
+@dataclass
+class PolicyRun:
+    name: str
+    description: str
+    spec: EndpointSpec
+    options: RunOptions
+    result: RunResult
+    summary: Summary
+
+
+@dataclass(frozen=True)
+class Lever:
+    """A lever's saving: ``off`` is the run with the lever switched off (None: not applicable,
+    ``note`` says why)."""
+
+    name: str
+    off: PolicyRun | None
+    saving_usd: float | None
+    note: str = ""
+
+
+def summarize(result: RunResult, slo_s: float) -> Summary:
+    """Figures of one run (definitions in ``Summary``); node time is clamped to the run's end."""
+    cost = gpu_h = cpu_h = 0.0
+    for n in result.nodes:
+        hours = max(0.0, (n.ended_s if n.ended_s is not None else result.end_s) - n.launched_s) / 3600.0
+        cost += n.price_usd_per_h * hours
+        if n.accelerator.startswith("cpu"):
+            cpu_h += hours * n.accelerators
+        else:
+            gpu_h += hours * n.accelerators
+    busy_gpu = sum(v for k, v in result.busy_s.items() if k != "cpu") / 3600.0
+    busy_cpu = result.busy_s.get("cpu", 0.0) / 3600.0
+    lat = [r.latency_s for r in result.requests if r.status == "ok" and r.latency_s is not None]
+    n = len(result.requests)
+    return Summary(
+        cost_usd=cost, gpu_hours=gpu_h, cpu_node_hours=cpu_h, idle_gpu_hours=max(0.0, gpu_h - busy_gpu),
+        idle_cpu_node_hours=max(0.0, cpu_h - busy_cpu),
+        slo_attainment=sum(1 for x in lat if x <= slo_s) / n if n else 0.0,
+        p50_s=percentile(lat, 50), p95_s=percentile(lat, 95), p99_s=percentile(lat, 99),
+        ok=len(lat), failed=n - len(lat), held=sum(1 for r in result.requests if r.held),
+        cold_starts=result.replica_starts, spot_interruptions=result.spot_interruptions,
+        retries=sum(r.retries for r in result.requests), duration_s=result.end_s,
+    )
+
+
+def mean_window_s(requests: Sequence[TraceRequest]) -> float:
+    """Mean length of a request's windows (audio cut into <= 30 s windows), s."""
+    lengths = []
+    for r in requests:
+        full = int(r.audio_s // WINDOW_S)
+        lengths += [WINDOW_S] * full
+        if r.audio_s - full * WINDOW_S > 1e-9:
+            lengths.append(r.audio_s - full * WINDOW_S)
+    return sum(lengths) / len(lengths)
+
+
+def replica_rate(spec: EndpointSpec, pool: str, profile: PoolProfile, window_s: float) -> float:
+    """A replica's best throughput, windows per s: max over B of B / service_time(B, window_s)."""
+    p = spec.pool(pool)
+    top = max(1, min(spec.batching.max_batch_size, p.max_concurrency))
+    return max(b / profile.service_time_s(b, window_s) for b in range(1, top + 1))
+
+
+def arrival_rates(requests: Sequence[TraceRequest], window_s: float = 60.0) -> tuple[float, float]:
+    """(peak, mean) arrivals per s: the busiest fixed ``window_s`` bin, and all requests over the
+    trace's span (at least ``window_s``)."""
+    bins: dict[int, int] = {}
+    for r in requests:
+        k = int(r.arrival_s // window_s)
+        bins[k] = bins.get(k, 0) + 1
+    span = max(window_s, max(r.arrival_s for r in requests) - min(r.arrival_s for r in requests))
+    return max(bins.values()) / window_s, len(requests) / span
+
+
+def static_fleet(spec: EndpointSpec, profiles: Sequence[PoolProfile], rate_per_s: float, window_s: float,
+                 utilization: float = 0.7) -> dict[str, int]:
+    """The smallest fixed fleet, placed by the autoscaler's ``place``, whose capacity times
+    ``utilization`` covers ``rate_per_s`` requests/s (one window each on average; see module)."""
+    by_pool = profiles_for(spec, profiles)
+    rates = {p.name: replica_rate(spec, p.name, by_pool[p.name], window_s) for p in spec.pools}
+    pools = tuple(PoolSnapshot(p.name, 0, 1000, p.cost_usd_per_h, rates[p.name]) for p in spec.pools)
+    for n in range(1, 1001 * len(pools)):
+        desired = autoscaler_policy.place(n, pools)
+        if sum(k * rates[p] for p, k in desired.items()) * utilization >= rate_per_s:
+            return {p: k for p, k in desired.items() if k}
+    raise ValueError(f"no static fleet of up to 1000 replicas per pool serves {rate_per_s:.2f} requests/s")
+
+
+def _with_pools(spec: EndpointSpec, pools: list) -> EndpointSpec:
+    return spec.model_copy(update={"pools": pools})
+
+
+def compare(spec: EndpointSpec, requests: Sequence[TraceRequest], profiles: Sequence[PoolProfile],
+            options: RunOptions, slo_s: float, utilization: float = 0.7,
+            window_s: float = 60.0) -> tuple[list[PolicyRun], list[Lever]]:
+    """Run the policies and the lever-off variants (module docstring) on the same requests."""
+    win = mean_window_s(requests)
+    peak, mean = arrival_rates(requests, window_s)
+    od = [p.model_copy(update={"capacity_types": ["on-demand"]}) for p in spec.pools]
+    static_spec = _with_pools(spec, od)
+
+    def run(name: str, desc: str, s: EndpointSpec, opt: RunOptions) -> PolicyRun:
+        res = simulate(s, requests, profiles, opt)
+        return PolicyRun(name, desc, s, opt, res, summarize(res, slo_s))
+
+    runs = []
+    for name, rate, what in (("static-peak", peak, f"peak {peak * 60:.0f} req/min"),
+                             ("static-mean", mean, f"mean {mean * 60:.1f} req/min")):
+        fleet = static_fleet(spec, profiles, rate, win, utilization)
+        desc = (f"fixed on-demand fleet for the {what}: " + ", ".join(f"{k} x {p}" for p, k in fleet.items()))
+        runs.append(run(name, desc, static_spec, dataclasses.replace(options, static=fleet, warm=None)))
+    base = run("tideserve", "autoscaling as the endpoint file says (scale to zero, cheapest pool first, "
+               "spot with on-demand fallback where listed)", spec, dataclasses.replace(options, static=None))
+    runs.append(base)
+
+    by_pool = profiles_for(spec, profiles)
+    levers: list[Lever] = []
+
+    def lever(name: str, s: EndpointSpec | None, note: str) -> None:
+        if s is None:
+            levers.append(Lever(name, None, None, note))
+            return
+        off = run(f"no {name}", note, s, dataclasses.replace(options, static=None))
+        levers.append(Lever(name, off, off.summary.cost_usd - base.summary.cost_usd, note))
+
+    # Scale to zero off: the pool the autoscaler fills first keeps one replica.
+    snaps = tuple(PoolSnapshot(p.name, 0, p.replicas.max, p.cost_usd_per_h,
+                               replica_rate(spec, p.name, by_pool[p.name], win)) for p in spec.pools)
+    first = next(p for p, k in autoscaler_policy.place(1, snaps).items() if k)
+    if any(p.replicas.min >= 1 for p in spec.pools):
+        lever("scale-to-zero", None, "not applicable: a pool keeps min >= 1 replicas in the endpoint file")
+    else:
+        pools = [p.model_copy(update={"replicas": p.replicas.model_copy(update={"min": 1})}) if p.name == first else p
+                 for p in spec.pools]
+        lever("scale-to-zero", _with_pools(spec, pools), f"pool {first} keeps 1 replica at all times")
+    if len(spec.pools) < 2:
+        lever("heterogeneous pools", None, "not applicable: the endpoint has one pool")
+    else:
+        fastest = min(spec.pools, key=lambda p: (by_pool[p.name].service_time_s(1, win), p.name))
+        total = min(1000, sum(p.replicas.max for p in spec.pools))
+        only = fastest.model_copy(update={"replicas": fastest.replicas.model_copy(update={"max": total})})
+        lever("heterogeneous pools", _with_pools(spec, [only]),
+              f"only the fastest pool, {fastest.name}, up to {total} replicas")
+    if not any("spot" in p.capacity_types for p in spec.pools):
+        lever("spot", None, "not applicable: no pool lists spot in capacity_types")
+    else:
+        lever("spot", static_spec, "every pool on-demand only")
+    if spec.batching.max_batch_size == 1:
+        lever("batching", None, "not applicable: max_batch_size is already 1")
+    else:
+        lever("batching", spec.model_copy(update={"batching": spec.batching.model_copy(update={"max_batch_size": 1})}),
+              "max_batch_size 1")
+    return runs, levers

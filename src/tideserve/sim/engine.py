@@ -1,0 +1,650 @@
+"""Discrete-event replay of a request trace through tideserve's own policies, on a virtual clock.
+
+One run replays a list of requests against one ``EndpointSpec`` and returns what happened to each
+request, each machine and the replica counts over time. The decisions are made by the live code,
+imported here and called with the virtual time (``POLICY`` lists them; tests check they are called):
+
+- routing: ``tideserve.gateway.router.choose_replica`` over ``ReplicaView`` values (outstanding
+  requests, ``max_concurrency``, time last chosen, each pool's service rate as the gateway measures
+  it: 1 / moving average of service time with the gateway's ``EWMA_ALPHA``);
+- holding: ``tideserve.gateway.holding.may_hold`` / ``hold_deadline`` (``max_pending``,
+  ``hold_timeout_s``); a held request triggers an autoscaler decision at once (activation);
+- batching: ``tideserve.worker.batching.cut_batch`` per replica (``max_batch_size``,
+  ``max_queue_delay_ms``); executions run one at a time per replica, each taking the profile's
+  service time for its batch size and longest window;
+- autoscaling: ``tideserve.autoscaler.policy.decide`` every ``autoscaling.interval_s`` and on
+  activation; its ``desired``/``drain`` are applied as the local runtime applies them (drain the
+  named replicas, start replicas up to ``desired``);
+- machines: ``tideserve.provisioner.plan_launches`` for replicas waiting for a machine (after a
+  Karpenter batch window) and ``tideserve.provisioner.consolidate`` every tick.
+
+Modelled simply (documented limits): audio over 30 s becomes ceil(d / 30) windows of one request;
+Whisper's extra "tail" decoding rounds are not modelled; consolidation only removes empty nodes
+(replicas are not moved); a spot interruption drains the node's replicas at the notice and
+requests still on them at termination are retried through the gateway.
+
+Cluster modes: ``"aws"``: GPU pools launch AWS offerings of the provisioner's catalog; each CPU pool
+gets its own CPU node type ("cpu-<pool>", one replica per node, priced at the pool's
+``cost_usd_per_h``, booting in ``CPU_NODE_BOOT_S``). ``"local"``: embedded mode, one machine with
+``replica_slots`` slots that is already up; replicas start in the catalog's embedded start time.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Callable, Literal, Sequence
+
+from tideserve.autoscaler import policy as autoscaler_policy
+from tideserve.autoscaler.policy import PoolSnapshot, ReplicaSnapshot, ScalingState, Snapshot
+from tideserve.gateway import holding, router
+from tideserve.gateway.dispatch import EWMA_ALPHA
+from tideserve.gateway.router import ReplicaView
+from tideserve.provisioner import catalog as prov_catalog
+from tideserve.provisioner import choose as prov_choose
+from tideserve.provisioner.catalog import CPU_NODE_BOOT_S, Offering, SpotMarket
+from tideserve.provisioner.choose import Node, ReplicaRequest
+from tideserve.sim.coldstart import ColdStartCatalog
+from tideserve.sim.errors import SimInputError
+from tideserve.sim.profile import PoolProfile
+from tideserve.sim.trace import TraceRequest
+from tideserve.spec.models import EndpointSpec
+from tideserve.worker import batching
+
+WINDOW_S = 30.0
+
+
+def _policy() -> dict[str, Callable]:
+    """The live policy functions the simulator calls, looked up at call time (so a test can spy
+    on them with monkeypatch)."""
+    return {
+        "choose_replica": router.choose_replica,
+        "may_hold": holding.may_hold,
+        "hold_deadline": holding.hold_deadline,
+        "cut_batch": batching.cut_batch,
+        "decide": autoscaler_policy.decide,
+        "place": autoscaler_policy.place,
+        "plan_launches": prov_choose.plan_launches,
+        "consolidate": prov_choose.consolidate,
+    }
+
+
+#: Names of the live functions used (see ``_policy``).
+POLICY = tuple(_policy())
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Settings of one run that are not in the endpoint spec.
+
+    ``static``: pool -> replicas kept running the whole time (the autoscaler is not called);
+    None: tideserve autoscaling. ``warm``: pool -> replicas already ready at t = 0 (default: the
+    pools' ``replicas.min``, or ``static``). ``spot_interruption_rate_per_h``: interruptions per
+    spot node-hour (exponential inter-arrival times from the seeded RNG). ``spot_discount``:
+    fraction off on-demand (``SpotMarket``; an assumption, FACTS.md).
+    """
+
+    cluster: Literal["aws", "local"] = "aws"
+    replica_slots: int = 4
+    local_cost_usd_per_h: float = 0.0
+    static: dict[str, int] | None = None
+    warm: dict[str, int] | None = None
+    seed: int = 0
+    spot_discount: float = 0.6
+    spot_interruption_rate_per_h: float = 0.0
+    coldstart: ColdStartCatalog = field(default_factory=ColdStartCatalog)
+    offerings: tuple[Offering, ...] = prov_catalog.AWS_US_EAST_1
+
+
+@dataclass
+class RequestOutcome:
+    """What became of one request: ``status`` ok | rejected (max_pending) | timeout (held past
+    hold_timeout_s); ``latency_s`` arrival -> last window done (None unless ok); ``held`` whether
+    it waited at the gateway; ``pool`` of the replica that answered; ``retries`` after a spot
+    termination."""
+
+    id: int
+    arrival_s: float
+    audio_s: float
+    status: str = "pending"
+    latency_s: float | None = None
+    held: bool = False
+    pool: str | None = None
+    retries: int = 0
+
+
+@dataclass
+class NodeRecord:
+    """One machine: its offering, capacity type, price ($/h at launch), when it started billing
+    and stopped (s), and why it ended (consolidated | interrupted | end)."""
+
+    name: str
+    instance_type: str
+    accelerator: str
+    accelerators: int
+    capacity_type: str
+    price_usd_per_h: float
+    launched_s: float
+    ended_s: float | None = None
+    end_reason: str = ""
+
+
+@dataclass
+class RunResult:
+    """A run's record: per request, per node, samples over time ``(t, load, ready replicas by
+    pool, all replicas, nodes)``, busy seconds by accelerator kind, counts of replica starts (cold
+    starts after t = 0), spot interruptions and retries, and the end time (s)."""
+
+    requests: list[RequestOutcome]
+    nodes: list[NodeRecord]
+    timeline: list[tuple[float, int, dict[str, int], int, int]]
+    busy_s: dict[str, float]
+    replica_starts: int
+    spot_interruptions: int
+    end_s: float
+    decisions: int
+
+
+@dataclass
+class _Replica:
+    id: str
+    pool: str
+    state: str  # waiting (no machine) | starting | ready | draining | gone
+    node: str | None = None
+    outstanding: int = 0
+    last_chosen: float = 0.0
+    queue: list[tuple[int, float, float]] = field(default_factory=list)  # (request id, enqueued, audio_s)
+    executing: bool = False
+    wake_token: int = 0
+    requests: set[int] = field(default_factory=set)
+
+
+@dataclass
+class _Node:
+    rec: NodeRecord
+    offering: Offering
+    ready_at: float
+    replicas: list[str] = field(default_factory=list)
+    image_ready_at: float | None = None
+    empty_since: float | None = None
+    interrupted: bool = False
+
+
+@dataclass
+class _Req:
+    out: RequestOutcome
+    windows: list[float]
+    left: int = 0
+    replica: str | None = None
+    dispatched_at: float = 0.0
+    hold_token: int = 0
+
+
+def profiles_for(spec: EndpointSpec, profiles: Sequence[PoolProfile]) -> dict[str, PoolProfile]:
+    """Each pool's profile: the one measured for that pool and target, else any of the same
+    target. Raises SimInputError naming a pool that has none."""
+    out = {}
+    for p in spec.pools:
+        prof = next((x for x in profiles if x.target == p.target and x.pool == p.name),
+                    next((x for x in profiles if x.target == p.target), None))
+        if prof is None:
+            raise SimInputError(f"no profile for pool {p.name} (target {p.target}); measure one with "
+                                f"`tideserve bench profile FILE --pool {p.name}` and pass it with --profile")
+        out[p.name] = prof
+    return out
+
+
+class Simulation:
+    """One run; ``run()`` returns a ``RunResult``. Raises SimInputError when a pool has no profile."""
+
+    def __init__(self, spec: EndpointSpec, requests: Sequence[TraceRequest], profiles: Sequence[PoolProfile],
+                 options: RunOptions | None = None) -> None:
+        self.spec = spec
+        self.opt = options or RunOptions()
+        self.requests = list(requests)
+        self.rng = random.Random(self.opt.seed)
+        self.profiles = profiles_for(spec, profiles)
+        self.pools = {p.name: p for p in spec.pools}
+        self.now = 0.0
+        self._events: list = []
+        self._seq = 0
+        self.replicas: dict[str, _Replica] = {}
+        self.nodes: dict[str, _Node] = {}
+        self.reqs: dict[int, _Req] = {}
+        self.held: list[int] = []
+        self.service_s: dict[str, float] = {}
+        self.last_arrival: float | None = None
+        self.state = ScalingState()
+        self.busy_s: dict[str, float] = {}
+        self.timeline: list[tuple[float, int, dict[str, int], int, int]] = []
+        self.replica_starts = 0
+        self.interruptions = 0
+        self.decisions = 0
+        self._waiting_batch: tuple[float, float] | None = None  # (first pending, last pending)
+        self._spot_blocked: dict[str, float] = {}
+        self._n_replicas = 0
+        self._n_nodes = 0
+        self._done = 0
+        self._fns = _policy()
+
+    # -- event queue -------------------------------------------------------------------------
+    def _at(self, t: float, kind: str, *args) -> None:
+        self._seq += 1
+        heapq.heappush(self._events, (t, self._seq, kind, args))
+
+    # -- machines ----------------------------------------------------------------------------
+    def _is_gpu(self, pool: str) -> bool:
+        return self.pools[pool].accelerator != "cpu"
+
+    def _accel_key(self, pool: str) -> str:
+        """The accelerator name the provisioner sees: the GPU model, or "cpu:<pool>" for a CPU
+        pool's own node type in aws mode, "cpu" in local mode."""
+        acc = self.pools[pool].accelerator
+        if acc != "cpu":
+            return acc
+        return "cpu" if self.opt.cluster == "local" else f"cpu:{pool}"
+
+    def _offerings(self) -> tuple[Offering, ...]:
+        if self.opt.cluster == "local":
+            return ()
+        cpu = tuple(
+            Offering(f"cpu-{p.name}", f"cpu:{p.name}", 1, 0.0, 0, 0.0, p.cost_usd_per_h, CPU_NODE_BOOT_S,
+                     "the pool's cost_usd_per_h as the price of one CPU replica's node; boot from the provisioner catalog")
+            for p in self.spec.pools if p.accelerator == "cpu")
+        return tuple(self.opt.offerings) + cpu
+
+    def _market(self) -> SpotMarket:
+        blocked = frozenset(k for k, until in self._spot_blocked.items() if until > self.now)
+        return SpotMarket(discount=self.opt.spot_discount, unavailable=blocked)
+
+    def _new_node(self, offering: Offering, capacity_type: str, ready_at: float, launched_at: float) -> _Node:
+        self._n_nodes += 1
+        name = f"node-{self._n_nodes}"
+        price = offering.price_usd_per_h(capacity_type, self.opt.spot_discount)
+        rec = NodeRecord(name, offering.instance_type, offering.accelerator, offering.accelerator_count,
+                         capacity_type, price, launched_at)
+        node = _Node(rec, offering, ready_at)
+        self.nodes[name] = node
+        if capacity_type == "spot" and self.opt.spot_interruption_rate_per_h > 0:
+            dt = self.rng.expovariate(self.opt.spot_interruption_rate_per_h / 3600.0)
+            self._at(launched_at + dt, "spot_notice", name)
+        return node
+
+    def _live_nodes(self) -> list[_Node]:
+        return [n for n in self.nodes.values() if n.rec.ended_s is None]
+
+    def _node_views(self) -> list[Node]:
+        return [Node(n.rec.name, n.offering, n.rec.capacity_type,
+                     tuple(self.replicas[r].pool for r in n.replicas),
+                     None if self.opt.cluster == "local" else n.rec.launched_s)
+                for n in self._live_nodes() if not n.interrupted]
+
+    def _end_node(self, node: _Node, reason: str) -> None:
+        node.rec.ended_s = self.now
+        node.rec.end_reason = reason
+
+    # -- replicas ----------------------------------------------------------------------------
+    def _new_replica(self, pool: str, state: str) -> _Replica:
+        self._n_replicas += 1
+        r = _Replica(f"{pool}-{self._n_replicas}", pool, state)
+        self.replicas[r.id] = r
+        return r
+
+    def _start_on(self, r: _Replica, node: _Node) -> None:
+        """Replica ``r`` got a place on ``node``: schedule its readiness."""
+        r.node = node.rec.name
+        r.state = "starting"
+        node.replicas.append(r.id)
+        node.empty_since = None
+        self.replica_starts += 1
+        cs = self.opt.coldstart
+        if self.opt.cluster == "local":
+            ready = self.now + cs.embedded_replica_start_s
+        else:
+            t = max(self.now, node.ready_at)
+            if node.image_ready_at is None:
+                node.image_ready_at = t + cs.image_pull_s(self._is_gpu(r.pool))
+            ready = max(t, node.image_ready_at) + cs.replica_start_s(self.spec.model.source)
+        self._at(ready, "replica_ready", r.id)
+
+    def _remove_replica(self, r: _Replica) -> None:
+        r.state = "gone"
+        if r.node is not None and r.node in self.nodes:
+            node = self.nodes[r.node]
+            if r.id in node.replicas:
+                node.replicas.remove(r.id)
+            if not node.replicas:
+                node.empty_since = self.now
+
+    def _maybe_finish_drain(self, r: _Replica) -> None:
+        if r.state == "draining" and r.outstanding == 0 and not r.queue and not r.executing:
+            self._remove_replica(r)
+
+    def _provision(self) -> None:
+        """Place replicas waiting for a machine (``plan_launches``)."""
+        waiting = [r for r in self.replicas.values() if r.state == "waiting"]
+        if not waiting:
+            return
+        counts: dict[str, int] = {}
+        for r in waiting:
+            counts[r.pool] = counts.get(r.pool, 0) + 1
+        pending = [ReplicaRequest(pool, self._accel_key(pool), 1, tuple(self.pools[pool].capacity_types), k)
+                   for pool, k in sorted(counts.items())]
+        plan = self._fns["plan_launches"](pending, self._offerings(), self._market(), self._node_views())
+        by_pool: dict[str, list[_Replica]] = {}
+        for r in waiting:
+            by_pool.setdefault(r.pool, []).append(r)
+        for node_name, pools in plan.on_existing:
+            for pool in pools:
+                self._start_on(by_pool[pool].pop(0), self.nodes[node_name])
+        cs = self.opt.coldstart
+        for offering, capacity_type, pools in plan.launches:
+            launched = self.now + cs.launch_delay_s
+            node = self._new_node(offering, capacity_type, launched + offering.boot_s, launched)
+            for pool in pools:
+                self._start_on(by_pool[pool].pop(0), node)
+
+    def _want_machines(self) -> None:
+        """A replica waits for a machine: open or extend the Karpenter batch window."""
+        if self.opt.cluster == "local":
+            self._provision()
+            return
+        first, _ = self._waiting_batch or (self.now, self.now)
+        self._waiting_batch = (first, self.now)
+        cs = self.opt.coldstart
+        self._at(min(self.now + cs.batch_idle_s, first + cs.batch_max_s), "karpenter")
+
+    # -- gateway -----------------------------------------------------------------------------
+    def _rates(self) -> dict[str, float]:
+        return {p: 1.0 / s for p, s in self.service_s.items() if s > 0}
+
+    def _try_dispatch(self, q: _Req) -> bool:
+        rates = self._rates()
+        views = [ReplicaView(r.id, r.state == "ready", r.outstanding, self.pools[r.pool].max_concurrency,
+                             r.last_chosen, rates.get(r.pool, 1.0))
+                 for r in self.replicas.values() if r.state in ("starting", "ready")]
+        rid = self._fns["choose_replica"](views)
+        if rid is None:
+            return False
+        r = self.replicas[rid]
+        r.outstanding += 1
+        r.last_chosen = self.now
+        r.requests.add(q.out.id)
+        q.replica, q.dispatched_at, q.left = rid, self.now, len(q.windows)
+        q.out.pool = r.pool
+        for a in q.windows:
+            r.queue.append((q.out.id, self.now, a))
+        self._poke(r)
+        return True
+
+    def _admit(self, q: _Req) -> None:
+        """Route ``q`` now, or hold it, or refuse it (max_pending)."""
+        if self._try_dispatch(q):
+            return
+        if not self._fns["may_hold"](len(self.held), self.spec.gateway.max_pending):
+            q.out.status = "rejected"
+            self._done += 1
+            return
+        q.out.held = True
+        q.hold_token += 1
+        self.held.append(q.out.id)
+        self._at(self._fns["hold_deadline"](self.now, self.spec.gateway.hold_timeout_s), "hold_timeout",
+                 q.out.id, q.hold_token)
+        self._autoscale()  # activation: decide now, not at the next tick
+
+    def _release_held(self) -> None:
+        while self.held:
+            q = self.reqs[self.held[0]]
+            if not self._try_dispatch(q):
+                return
+            self.held.pop(0)
+
+    # -- batcher -----------------------------------------------------------------------------
+    def _poke(self, r: _Replica) -> None:
+        if r.executing or not r.queue or r.state not in ("ready", "draining"):
+            return
+        batch_spec = self.spec.batching
+        items = [batching.QueuedItem(rid, t) for rid, t, _ in r.queue]
+        cut = self._fns["cut_batch"](items, batch_spec.max_batch_size, batch_spec.max_queue_delay_ms / 1000.0, self.now)
+        if not cut.take:
+            r.wake_token += 1
+            self._at(self.now + cut.wait_s, "batch_wake", r.id, r.wake_token)
+            return
+        batch = [r.queue[k] for k in cut.take]
+        taken = set(cut.take)
+        r.queue = [x for k, x in enumerate(r.queue) if k not in taken]
+        service = self.profiles[r.pool].service_time_s(len(batch), max(a for _, _, a in batch))
+        r.executing = True
+        acc = self.pools[r.pool].accelerator
+        self.busy_s[acc] = self.busy_s.get(acc, 0.0) + service
+        self._at(self.now + service, "batch_done", r.id, tuple(rid for rid, _, _ in batch))
+
+    # -- autoscaler --------------------------------------------------------------------------
+    def _snapshot(self) -> Snapshot:
+        rates = self._rates()
+        pools = []
+        for p in self.spec.pools:
+            reps = tuple(ReplicaSnapshot(r.id, "ready" if r.state == "ready" else "starting", r.outstanding)
+                         for r in self.replicas.values() if r.pool == p.name and r.state in ("waiting", "starting", "ready"))
+            pools.append(PoolSnapshot(p.name, p.replicas.min, p.replicas.max, p.cost_usd_per_h, rates.get(p.name), True, reps))
+        in_flight = sum(r.outstanding for r in self.replicas.values())
+        slots = self.opt.replica_slots if self.opt.cluster == "local" else None
+        return Snapshot(len(self.held), in_flight, self.last_arrival, tuple(pools), slots)
+
+    def _autoscale(self) -> None:
+        if self.opt.static is not None:
+            return
+        decision, self.state = self._fns["decide"](self._snapshot(), self.spec.autoscaling, self.state, self.now)
+        self.decisions += 1
+        self._apply(decision.desired, decision.drain)
+
+    def _apply(self, desired: dict[str, int], drain: Sequence[str]) -> None:
+        """As the local runtime applies a decision: drain the named replicas, then add replicas
+        until each pool has ``desired`` (those without a machine wait for the provisioner)."""
+        for rid in drain:
+            r = self.replicas.get(rid)
+            if r is None or r.state in ("draining", "gone"):
+                continue
+            if r.state in ("waiting", "starting"):
+                self._remove_replica(r)  # no work yet
+            else:
+                r.state = "draining"
+                self._maybe_finish_drain(r)
+        added = False
+        for pool, n in desired.items():
+            have = sum(1 for r in self.replicas.values() if r.pool == pool and r.state in ("waiting", "starting", "ready"))
+            for _ in range(n - have):
+                self._new_replica(pool, "waiting")
+                added = True
+        if added:
+            self._want_machines()
+
+    def _consolidate(self) -> None:
+        if self.opt.cluster == "local":
+            return
+        names = self._fns["consolidate"](self._node_views(), self._market(), self.now)
+        cs = self.opt.coldstart
+        for name in names:
+            node = self.nodes[name]
+            if not node.replicas and node.empty_since is not None and self.now - node.empty_since >= cs.consolidate_after_s:
+                self._end_node(node, "consolidated")
+
+    # -- the run -----------------------------------------------------------------------------
+    def _initial(self) -> None:
+        """Replicas running at t = 0 (``warm``), ready, on machines that are already up: the local
+        machine, or on-demand machines chosen by ``plan_launches`` (cheapest per replica)."""
+        warm = self.opt.warm if self.opt.warm is not None else (
+            self.opt.static if self.opt.static is not None else {p.name: p.replicas.min for p in self.spec.pools})
+        if self.opt.cluster == "local":
+            self._new_node(prov_catalog.local_node(self.opt.replica_slots, self.opt.local_cost_usd_per_h),
+                           "on-demand", 0.0, 0.0)
+        reps = {pool: [self._new_replica(pool, "ready") for _ in range(k)] for pool, k in sorted(warm.items()) if k > 0}
+        if self.opt.cluster == "local":
+            node = next(iter(self.nodes.values()))
+            for r in (r for rs in reps.values() for r in rs):
+                r.node = node.rec.name
+                node.replicas.append(r.id)
+        elif reps:
+            plan = self._fns["plan_launches"](
+                [ReplicaRequest(pool, self._accel_key(pool), 1, ("on-demand",), len(rs)) for pool, rs in reps.items()],
+                self._offerings(), self._market())
+            if plan.unplaceable:
+                pool, k, why = plan.unplaceable[0]
+                raise SimInputError(f"cannot place {k} warm replica(s) of pool {pool}: {why}")
+            for offering, capacity_type, pools in plan.launches:
+                node = self._new_node(offering, capacity_type, 0.0, 0.0)
+                for pool in pools:
+                    r = reps[pool].pop(0)
+                    r.node = node.rec.name
+                    node.replicas.append(r.id)
+        if self.opt.static is not None:
+            self._apply(dict(self.opt.static), ())
+
+    def _sample(self) -> None:
+        ready: dict[str, int] = {p: 0 for p in self.pools}
+        total = 0
+        for r in self.replicas.values():
+            if r.state == "ready":
+                ready[r.pool] += 1
+            if r.state in ("waiting", "starting", "ready", "draining"):
+                total += 1
+        load = len(self.held) + sum(r.outstanding for r in self.replicas.values())
+        self.timeline.append((self.now, load, ready, total, len(self._live_nodes())))
+
+    def run(self) -> RunResult:
+        for t in self.requests:
+            windows = [WINDOW_S] * int(t.audio_s // WINDOW_S)
+            rest = t.audio_s - WINDOW_S * len(windows)
+            if rest > 1e-9 or not windows:
+                windows.append(rest if rest > 1e-9 else t.audio_s)
+            self.reqs[t.id] = _Req(RequestOutcome(t.id, t.arrival_s, t.audio_s), windows)
+            self._at(t.arrival_s, "arrival", t.id)
+        self._initial()
+        interval = self.spec.autoscaling.interval_s
+        self._at(0.0, "tick")
+        total = len(self.requests)
+        while self._events and self._done < total:
+            self.now, _, kind, args = heapq.heappop(self._events)
+            getattr(self, f"_on_{kind}")(*args)
+            if kind == "tick":
+                self._at(self.now + interval, "tick")
+        end = self.now
+        for n in self._live_nodes():
+            self._end_node(n, "end")
+        self._sample()
+        return RunResult([q.out for q in self.reqs.values()], [n.rec for n in self.nodes.values()], self.timeline,
+                         self.busy_s, self.replica_starts, self.interruptions, end, self.decisions)
+
+    # -- event handlers ----------------------------------------------------------------------
+    def _on_tick(self) -> None:
+        self._sample()
+        self._autoscale()
+        self._consolidate()
+        if any(r.state == "waiting" for r in self.replicas.values()) and self._waiting_batch is None:
+            self._want_machines()  # retry replicas no offering could take last time
+
+    def _on_arrival(self, rid: int) -> None:
+        self.last_arrival = self.now
+        self._admit(self.reqs[rid])
+
+    def _on_hold_timeout(self, rid: int, token: int) -> None:
+        q = self.reqs[rid]
+        if q.out.status == "pending" and q.replica is None and rid in self.held and q.hold_token == token:
+            self.held.remove(rid)
+            q.out.status = "timeout"
+            self._done += 1
+
+    def _on_karpenter(self) -> None:
+        if self._waiting_batch is None:
+            return
+        first, last = self._waiting_batch
+        cs = self.opt.coldstart
+        if self.now + 1e-9 < min(last + cs.batch_idle_s, first + cs.batch_max_s):
+            return  # the window was extended; a later event closes it
+        self._waiting_batch = None
+        self._provision()
+
+    def _on_replica_ready(self, rid: str) -> None:
+        r = self.replicas[rid]
+        if r.state != "starting":
+            return
+        r.state = "ready"
+        self._release_held()
+
+    def _on_batch_wake(self, rid: str, token: int) -> None:
+        r = self.replicas[rid]
+        if token == r.wake_token:
+            self._poke(r)
+
+    def _on_batch_done(self, rid: str, ids: tuple[int, ...]) -> None:
+        r = self.replicas[rid]
+        r.executing = False
+        for qid in ids:
+            q = self.reqs[qid]
+            if q.replica != rid or q.out.status != "pending":
+                continue  # retried elsewhere after a spot termination
+            q.left -= 1
+            if q.left == 0:
+                q.out.status = "ok"
+                q.out.latency_s = self.now - q.out.arrival_s
+                self._done += 1
+                r.outstanding -= 1
+                r.requests.discard(qid)
+                seconds = self.now - q.dispatched_at
+                old = self.service_s.get(r.pool)
+                self.service_s[r.pool] = seconds if old is None else (1 - EWMA_ALPHA) * old + EWMA_ALPHA * seconds
+        if r.state == "gone":
+            return
+        self._maybe_finish_drain(r)
+        self._poke(r)
+        self._release_held()
+
+    def _on_spot_notice(self, name: str) -> None:
+        node = self.nodes[name]
+        if node.rec.ended_s is not None:
+            return
+        self.interruptions += 1
+        node.interrupted = True
+        self._spot_blocked[node.offering.instance_type] = self.now + self.opt.coldstart.spot_unavailable_after_interruption_s
+        for rid in list(node.replicas):
+            r = self.replicas[rid]
+            if r.state in ("waiting", "starting"):
+                self._remove_replica(r)
+            elif r.state == "ready":
+                r.state = "draining"
+                self._maybe_finish_drain(r)
+        self._at(self.now + self.opt.coldstart.spot_notice_s, "spot_terminate", name)
+        self._autoscale()  # replacement: the autoscaler no longer counts the drained replicas
+
+    def _on_spot_terminate(self, name: str) -> None:
+        node = self.nodes[name]
+        if node.rec.ended_s is not None:
+            return
+        for rid in list(node.replicas):
+            r = self.replicas[rid]
+            lost = sorted(r.requests)
+            r.queue, r.requests, r.outstanding, r.executing = [], set(), 0, False
+            self._remove_replica(r)
+            for qid in lost:
+                q = self.reqs[qid]
+                q.replica = None
+                q.out.retries += 1
+                self._admit(q)
+        self._end_node(node, "interrupted")
+
+
+def simulate(spec: EndpointSpec, requests: Sequence[TraceRequest], profiles: Sequence[PoolProfile],
+             options: RunOptions | None = None) -> RunResult:
+    """Replay ``requests`` against ``spec`` (see the module docstring); deterministic for a seed."""
+    return Simulation(spec, requests, profiles, options).run()
+
+
+def percentile(values: Sequence[float], p: float) -> float | None:
+    """Nearest-rank percentile: the smallest value with at least p% of ``values`` at or below it
+    (None for no values)."""
+    if not values:
+        return None
+    s = sorted(values)
+    return s[max(0, math.ceil(p / 100.0 * len(s)) - 1)]

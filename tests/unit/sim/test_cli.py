@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from sim_fixtures import grid_profile
+from tideserve.cli.main import app
+from tideserve.sim.profile import Profile, ProfileMetadata
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _profile(tmp_path: Path) -> Path:
+    prof = Profile(metadata=ProfileMetadata(machine="test", date="2026-01-01T00:00:00+00:00", model="m"),
+                   pools=[grid_profile("cpu-int8", "cpu-x86_64-int8", 1.0), grid_profile("cpu-fp32", "cpu-x86_64-fp32", 2.0)])
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(prof.model_dump()))
+    return path
+
+
+def test_simulate_writes_the_report_with_plots_and_attribution(tmp_path):
+    trace = tmp_path / "azure_llm_2023_tiny.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" +
+                     "".join(f"2023-11-16 18:{m:02d}:{s:02d}.0000000,{100 + 7 * m + s},10\n"
+                             for m in range(0, 20, 3) for s in (0, 5, 9)))
+    out = tmp_path / "rep"
+    r = CliRunner().invoke(app, ["simulate", str(ROOT / "examples" / "whisper-sim-cluster.yaml"), "--trace", str(trace),
+                                 "--profile", str(_profile(tmp_path)), "--seed", "3", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "lever spot" in r.output and f"report: {out / 'report.md'}" in r.output
+    md = (out / "report.md").read_text()
+    assert "Patel et al., \"Splitwise" in md and "CC-BY-4.0" in md
+    for heading in ("## Policies", "## Saving of each lever", "static-peak", "static-mean", "| tideserve |"):
+        assert heading in md
+    assert all((out / f).stat().st_size > 1000 for f in ("timeline.png", "latency_cdf.png", "cost.png"))
+    doc = json.loads((out / "results.json").read_text())
+    assert [x["name"] for x in doc["runs"]][:3] == ["static-peak", "static-mean", "tideserve"]
+
+
+def test_simulate_and_profile_refuse_bad_input_clearly(tmp_path):
+    bad = tmp_path / "t.csv"
+    bad.write_text("when,ContextTokens\n1,2\n")
+    r = CliRunner().invoke(app, ["simulate", str(ROOT / "examples" / "whisper-sim-cluster.yaml"), "--trace", str(bad),
+                                 "--profile", str(_profile(tmp_path))])
+    assert r.exit_code == 2 and "no timestamp column" in r.output
+    r = CliRunner().invoke(app, ["bench", "profile", str(ROOT / "examples" / "whisper-tiny-en.yaml"), "--pool", "gpu"])
+    assert r.exit_code == 2 and "no pool named gpu" in r.output
+    r = CliRunner().invoke(app, ["bench", "profile", str(ROOT / "examples" / "whisper-tiny-en.yaml"), "--audio-s", "45"])
+    assert r.exit_code == 2 and "must be <= 30" in r.output

@@ -1,0 +1,193 @@
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from sim_fixtures import fixed_profile, grid_profile, make_spec
+from tideserve.autoscaler import policy as autoscaler_policy
+from tideserve.gateway import holding, router
+from tideserve.provisioner import choose as prov_choose
+from tideserve.sim import ColdStartCatalog, RunOptions, SimInputError, TraceRequest, compare, simulate, summarize
+from tideserve.sim import engine
+from tideserve.sim.profile import PoolProfile, ProfilePoint
+from tideserve.worker import batching
+
+#: Cold start made of round numbers: image 10 MB at 1 MB/s = 10 s pull; container start 2 s;
+#: model 1 MB at 1 MB/s (pkg://) = 1 s, no init: a replica on a booted node is ready 13 s later.
+CATALOG = ColdStartCatalog(image_bytes_cpu=10e6, image_pull_bytes_per_s=1e6, container_start_s=2.0,
+                           model_bytes=1e6, model_read_bytes_per_s={"pkg": 1e6}, model_init_s=0.0,
+                           batch_idle_s=1.0, batch_max_s=10.0, launch_delay_s=1.0, consolidate_after_s=30.0)
+
+
+def test_tiny_trace_hand_computed_cost_and_latency():
+    """One CPU pool (min 0, max 1, one request at a time, $3.60/h = $0.001/s), no batching, a
+    fixed 2.0 s service time, CPU nodes boot in 90 s (provisioner.CPU_NODE_BOOT_S).
+
+    t=0    r0 arrives, no replica: held; activation -> decide wants 1 replica; Karpenter's batch
+           window opens (idle 1 s).
+    t=0.5  r1 arrives: held (the replica is not ready; max 1).
+    t=1    window closes, plan_launches picks the pool's CPU node; launched at 1 + 1 = 2,
+           boots until 2 + 90 = 92, image pull until 102, replica ready at 102 + 3 = 105.
+    t=105  r0 dispatched, done at 107 (latency 107). r1 waits (max_concurrency 1).
+    t=107  r1 dispatched, done at 109 (latency 109 - 0.5 = 108.5).
+    t=109  tick: no load and the last arrival 108.5 s ago >= 60 s: scale to zero; node empty.
+    t=139  empty for consolidate_after_s = 30 s: consolidated. Node 1 billed 2 -> 139 = 137 s.
+    t=200  r2 arrives: same cold path: window closes 201, launch 202, ready 202+90+10+3 = 305,
+           done 307 (latency 107). The run ends at 307: node 2 billed 202 -> 307 = 105 s.
+    Cost = (137 + 105) s x $0.001/s = $0.242; CPU node-hours = 242 / 3600.
+    """
+    spec = make_spec()
+    reqs = [TraceRequest(0, 0.0, 5.0), TraceRequest(1, 0.5, 5.0), TraceRequest(2, 200.0, 5.0)]
+    res = simulate(spec, reqs, [fixed_profile()], RunOptions(coldstart=CATALOG))
+    assert [(r.status, r.latency_s, r.held) for r in res.requests] == [
+        ("ok", 107.0, True), ("ok", 108.5, True), ("ok", 107.0, True)]
+    assert [(n.launched_s, n.ended_s, n.end_reason, n.price_usd_per_h) for n in res.nodes] == [
+        (2.0, 139.0, "consolidated", 3.6), (202.0, 307.0, "end", 3.6)]
+    s = summarize(res, slo_s=108.0)
+    assert s.cost_usd == pytest.approx(0.242, abs=1e-12)
+    assert s.cpu_node_hours == pytest.approx(242 / 3600) and s.gpu_hours == 0.0
+    # Busy 3 x 2 s; idle = 242 - 6 s of node time.
+    assert s.idle_cpu_node_hours == pytest.approx(236 / 3600)
+    assert (s.slo_attainment, s.cold_starts, s.held, s.failed) == (pytest.approx(2 / 3), 2, 3, 0)
+    assert (s.p50_s, s.p99_s) == (107.0, 108.5)
+
+
+def test_known_batch_in_embedded_mode():
+    """Embedded mode: one warm replica on the local machine ($7.20/h = $0.002/s), batches of up
+    to 2 windows with a 1 s queue delay; profile: 1 window 2.0 s, 2 windows 3.0 s.
+
+    r0 at 0 waits for a partner; r1 at 0.4 fills the batch (2 = max_batch_size): cut at once,
+    done at 3.4: latencies 3.4 and 3.0. r2 at 10 is alone: cut when its 1 s delay runs out (11),
+    done at 13: latency 3.0. The run ends at 13: cost 13 s x $0.002/s = $0.026.
+    """
+    spec = make_spec(batching={"max_batch_size": 2, "max_queue_delay_ms": 1000},
+                     pools=[{"name": "cpu", "target": "cpu-x86_64-int8", "replicas": {"min": 1, "max": 1},
+                             "max_concurrency": 4}])
+    prof = PoolProfile(pool="cpu", target="cpu-x86_64-int8", accelerator="cpu",
+                       points=[ProfilePoint(batch_size=1, audio_s=5.0, latency_s=2.0),
+                               ProfilePoint(batch_size=2, audio_s=5.0, latency_s=3.0)])
+    reqs = [TraceRequest(0, 0.0, 5.0), TraceRequest(1, 0.4, 5.0), TraceRequest(2, 10.0, 5.0)]
+    res = simulate(spec, reqs, [prof], RunOptions(cluster="local", replica_slots=2, local_cost_usd_per_h=7.2))
+    assert [r.latency_s for r in res.requests] == [pytest.approx(3.4), pytest.approx(3.0), pytest.approx(3.0)]
+    assert summarize(res, 10).cost_usd == pytest.approx(0.026) and res.replica_starts == 0
+
+
+def _trace(n: int = 120) -> list[TraceRequest]:
+    import random
+
+    rng = random.Random(7)
+    t, out = 0.0, []
+    for i in range(n):
+        t += rng.expovariate(1 / 8.0) if i % 40 else 400.0  # bursts with quiet gaps (scale to zero)
+        out.append(TraceRequest(i, t, rng.uniform(1, 45)))
+    return out
+
+
+def _hetero_spec():
+    return make_spec(
+        batching={"max_batch_size": 4, "max_queue_delay_ms": 20},
+        pools=[{"name": "a", "target": "cpu-x86_64-int8", "replicas": {"min": 0, "max": 3}, "max_concurrency": 4,
+                "capacity_types": ["spot", "on-demand"], "cost_usd_per_h": 0.1},
+               {"name": "b", "target": "cpu-x86_64-fp32", "replicas": {"min": 0, "max": 3}, "max_concurrency": 4,
+                "capacity_types": ["spot", "on-demand"], "cost_usd_per_h": 0.3}],
+        autoscaling={"target": 2, "scale_to_zero_after_s": 60, "scale_down_stabilization_s": 30})
+
+
+PROFILES = [grid_profile("a", "cpu-x86_64-int8", 1.0), grid_profile("b", "cpu-x86_64-fp32", 1.5)]
+
+
+def test_same_seed_same_results_and_the_seed_matters():
+    opts = RunOptions(seed=11, spot_interruption_rate_per_h=3.0)
+    one = compare(_hetero_spec(), _trace(), PROFILES, opts, slo_s=20)
+    two = compare(_hetero_spec(), _trace(), PROFILES, opts, slo_s=20)
+    key = lambda out: ([(r.name, r.summary, r.result.requests, r.result.nodes) for r in out[0]],
+                       [(lv.name, lv.saving_usd) for lv in out[1]])
+    assert key(one) == key(two)
+    assert sum(r.summary.spot_interruptions for r in one[0]) > 0  # the RNG was exercised
+    other = compare(_hetero_spec(), _trace(), PROFILES, dataclasses.replace(opts, seed=12), slo_s=20)
+    assert key(other) != key(one)
+    names = [r.name for r in one[0]] + [lv.name for lv in one[1]]
+    assert names == ["static-peak", "static-mean", "tideserve", "scale-to-zero", "heterogeneous pools", "spot", "batching"]
+
+
+def test_the_simulator_calls_the_live_policy_functions(monkeypatch):
+    """Spy on the live modules' functions: the simulator must route, hold, batch, autoscale,
+    place, launch and consolidate through them (no second implementation)."""
+    assert engine._policy()["decide"] is autoscaler_policy.decide
+    assert engine._policy()["choose_replica"] is router.choose_replica
+    assert engine._policy()["cut_batch"] is batching.cut_batch
+    assert engine._policy()["plan_launches"] is prov_choose.plan_launches
+    calls: dict[str, int] = {}
+
+    def spy(module, name):
+        real = getattr(module, name)
+
+        def wrapper(*a, **kw):
+            calls[name] = calls.get(name, 0) + 1
+            return real(*a, **kw)
+
+        monkeypatch.setattr(module, name, wrapper)
+
+    for module, name in ((router, "choose_replica"), (holding, "may_hold"), (holding, "hold_deadline"),
+                         (batching, "cut_batch"), (autoscaler_policy, "decide"), (autoscaler_policy, "place"),
+                         (prov_choose, "plan_launches"), (prov_choose, "consolidate")):
+        spy(module, name)
+    res = simulate(_hetero_spec(), _trace(60), PROFILES, RunOptions(seed=1, spot_interruption_rate_per_h=2.0))
+    assert set(calls) == set(engine.POLICY) and all(v > 0 for v in calls.values()), calls
+    assert all(r.status == "ok" for r in res.requests)
+
+
+def test_a_pool_without_profile_is_refused():
+    with pytest.raises(SimInputError, match="no profile for pool cpu .target cpu-x86_64-int8.; measure one"):
+        simulate(make_spec(), [TraceRequest(0, 0.0, 1.0)], [fixed_profile(target="cpu-x86_64-fp32")])
+
+
+def _gpu_spec(capacity_types, **over):
+    return make_spec(pools=[{"name": "l4", "accelerator": "l4", "target": "cuda-sm89-fp16",
+                             "replicas": {"min": 0, "max": 1}, "max_concurrency": 1,
+                             "capacity_types": capacity_types}], **over)
+
+
+def _gpu_profile():
+    return fixed_profile(target="cuda-sm89-fp16", latency_s=0.5).model_copy(update={"pool": "l4", "accelerator": "l4"})
+
+
+def test_gpu_pool_cold_start_phases_and_price_from_the_catalog():
+    """An L4 pool preferring spot: plan_launches picks g6.xlarge (the only L4 offering, FACTS.md
+    $0.8048/h) as spot at 60% off: $0.32192/h. Cold path with the default catalog: Karpenter
+    window closes at 1, launch at 2, GPU boot 180 s (provisioner.GPU_NODE_BOOT_S) -> 182, image
+    6 GB at 150 MB/s = 40 s -> 222, container start 2 s + model 75 MB at 500 MB/s (pkg://) 0.15 s
+    + init 0.4 s -> ready at 224.55; the 0.5 s execution ends at 225.05 = the latency. With the
+    default hold_timeout_s of 120 s the held request gives up first (503)."""
+    assert simulate(_gpu_spec(["spot", "on-demand"]), [TraceRequest(0, 0.0, 5.0)],
+                    [_gpu_profile()]).requests[0].status == "timeout"
+    res = simulate(_gpu_spec(["spot", "on-demand"], gateway={"hold_timeout_s": 300}), [TraceRequest(0, 0.0, 5.0)],
+                   [_gpu_profile()])
+    (node,) = res.nodes
+    assert (node.instance_type, node.capacity_type, node.launched_s) == ("g6.xlarge", "spot", 2.0)
+    assert node.price_usd_per_h == pytest.approx(0.8048 * 0.4)
+    assert res.requests[0].latency_s == pytest.approx(225.05)
+    s = summarize(res, 300)
+    assert s.gpu_hours == pytest.approx((225.05 - 2.0) / 3600) and s.cpu_node_hours == 0.0
+    assert s.cost_usd == pytest.approx(0.8048 * 0.4 * (225.05 - 2.0) / 3600)
+
+
+def test_spot_interruption_two_minute_notice_and_on_demand_replacement():
+    """A request every 10 s keeps one L4 replica busy; its spot node is interrupted at a time
+    drawn from the seeded RNG (the first draw). The node ends 120 s after the notice; the
+    autoscaler replaces the drained replica and, spot for g6.xlarge being unavailable after an
+    interruption, plan_launches falls back to on-demand. Every request is still answered."""
+    import random
+
+    rate, seed = 4.0, 5
+    notice = 2.0 + random.Random(seed).expovariate(rate / 3600)  # the spot node launches at t=2
+    assert 300 < notice < 2500, notice  # the seed puts the interruption inside the replay
+    reqs = [TraceRequest(i, 10.0 * i, 5.0) for i in range(300)]
+    res = simulate(_gpu_spec(["spot", "on-demand"], gateway={"hold_timeout_s": 600}), reqs, [_gpu_profile()],
+                   RunOptions(seed=seed, spot_interruption_rate_per_h=rate))
+    first, second = res.nodes[0], res.nodes[1]
+    assert first.capacity_type == "spot" and first.end_reason == "interrupted"
+    assert first.ended_s == pytest.approx(notice + 120.0)
+    assert second.capacity_type == "on-demand" and notice <= second.launched_s < notice + 2.5
+    assert res.spot_interruptions == 1 and all(r.status == "ok" for r in res.requests)
