@@ -9,6 +9,7 @@ weights (``reference``), so both sides decode identical weights.
     python bench/gpu_parity.py pack HF_DIR OUT_DIR CLIPS...     # here
     python bench/gpu_parity.py reference OUT_DIR                # here: CPU texts into OUT_DIR/reference.json
     python bench/gpu_parity.py run OUT_DIR --target cuda-sm90-bf16   # on the GPU machine
+    python bench/gpu_parity.py unpack OUT_DIR MODEL_DIR          # the float16 model, for serving
 """
 
 from __future__ import annotations
@@ -87,6 +88,8 @@ def main() -> int:
     cmd = sys.argv[1]
     if cmd == "pack":
         pack(Path(sys.argv[2]), Path(sys.argv[3]), [Path(p) for p in sys.argv[4:]])
+    elif cmd == "unpack":
+        print(unpack(Path(sys.argv[2]), Path(sys.argv[3])))
     elif cmd == "reference":
         d = Path(sys.argv[2])
         (d / "reference.json").write_text(json.dumps(transcribe(d, "cpu-x86_64-fp32"), indent=2))

@@ -38,3 +38,19 @@ def cuda_archs(nvml: ModuleType | None = None) -> tuple[str, ...]:
     except Exception as exc:  # noqa: BLE001
         log.warning("reading GPU compute capabilities failed: %s", exc)
         return ()
+
+
+def gpu_names(nvml: ModuleType | None = None) -> tuple[str, ...]:
+    """Each visible GPU's product name (e.g. ``NVIDIA H200``); empty without GPUs."""
+    nv = nvml if nvml is not None else load()
+    if nv is None:
+        return ()
+    try:
+        names = []
+        for i in range(nv.nvmlDeviceGetCount()):
+            name = nv.nvmlDeviceGetName(nv.nvmlDeviceGetHandleByIndex(i))
+            names.append(name.decode() if isinstance(name, bytes) else str(name))
+        return tuple(names)
+    except Exception as exc:  # noqa: BLE001
+        log.warning("reading GPU names failed: %s", exc)
+        return ()

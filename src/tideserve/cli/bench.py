@@ -26,9 +26,20 @@ from tideserve.spec import InferenceEndpoint
 SAMPLE_RATE = 16_000
 
 
-def speech_samples() -> np.ndarray:
-    """16 kHz mono float32 speech: every English clip of pytest-audioeval, joined (shape (n,)).
-    Raises RuntimeError when the package is not installed."""
+def speech_samples(speech_dir: Path | None = None) -> np.ndarray:
+    """16 kHz mono float32 speech (shape (n,)): every ``*.wav`` (or ``*.npy`` of 16 kHz float32
+    samples) of ``speech_dir`` joined, or by default every English clip of pytest-audioeval.
+    Raises RuntimeError when there is none."""
+    if speech_dir is not None:
+        arrays = [np.load(p).astype(np.float32).reshape(-1) for p in sorted(Path(speech_dir).glob("*.npy"))]
+        wavs = sorted(Path(speech_dir).glob("*.wav"))
+        if wavs:
+            from tideserve.worker.audio import decode_audio
+
+            arrays += [decode_audio(p.read_bytes()) for p in wavs]
+        if not arrays:
+            raise RuntimeError(f"{speech_dir} has no .wav or .npy file; give a directory of speech clips")
+        return np.concatenate(arrays)
     try:
         import pytest_audioeval
     except ImportError:
@@ -48,6 +59,13 @@ def clip_of(speech: np.ndarray, audio_s: float, start_s: float = 0.0) -> np.ndar
     return np.tile(speech, reps)[start:start + n].astype(np.float32)
 
 
+def _gpu_name() -> str | None:
+    from tideserve.nvml import gpu_names
+
+    names = gpu_names()
+    return names[0] if names else None
+
+
 def _cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -60,8 +78,10 @@ def _cpu_model() -> str:
 
 def measure_profile(ep: InferenceEndpoint, pools: Sequence[str], batch_sizes: Sequence[int],
                     audio_lengths_s: Sequence[float], repeats: int,
-                    progress: Callable[[str], None] = lambda s: None) -> Profile:
+                    progress: Callable[[str], None] = lambda s: None, speech_dir: Path | None = None,
+                    allowed_file_roots: Sequence[Path] = (), cache_dir: Path | None = None) -> Profile:
     """Measure each named pool of ``ep`` (its target, on this machine) and return the profile.
+    ``allowed_file_roots`` and ``cache_dir`` (the local config's) apply to the model source.
 
     Raises KeyError for an unknown pool, EngineMismatchError when the target does not run here,
     SourceError when the model cannot be fetched.
@@ -71,12 +91,13 @@ def measure_profile(ep: InferenceEndpoint, pools: Sequence[str], batch_sizes: Se
 
     spec = ep.spec
     load_before = os.getloadavg()[0]
-    speech = speech_samples()
-    model_dir = resolve_source(spec.model.source)
+    speech = speech_samples(speech_dir)
+    model_dir = resolve_source(spec.model.source, list(allowed_file_roots), cache_dir)
     out = []
     for name in pools:
         pool = spec.pool(name)
-        backend = backend_class(spec.model.backend)(model_dir, pool.parsed_target, spec.model.decoding)
+        backend = backend_class(spec.model.backend)(model_dir, pool.parsed_target, spec.model.decoding,
+                                                    max_batch_size=max(batch_sizes))
         backend.transcribe_batch([WindowTask(clip_of(speech, 5.0))])  # warm-up
         points = []
         for audio_s in audio_lengths_s:
@@ -98,7 +119,7 @@ def measure_profile(ep: InferenceEndpoint, pools: Sequence[str], batch_sizes: Se
     except importlib.metadata.PackageNotFoundError:
         version = lib
     meta = ProfileMetadata(
-        machine=socket.gethostname(), cpu=_cpu_model(), cpus=os.cpu_count() or 0, gpu=None,
+        machine=socket.gethostname(), cpu=_cpu_model(), cpus=os.cpu_count() or 0, gpu=_gpu_name(),
         date=dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat(), model=spec.model.name,
         model_source=spec.model.source, backend=spec.model.backend, backend_version=version,
         decoding=spec.model.decoding.model_dump(), repeats=repeats, measured=True,

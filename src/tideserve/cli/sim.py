@@ -34,6 +34,9 @@ def bench_profile(
     audio_s: str = typer.Option("5,15,30", "--audio-s", help="window lengths in seconds (<= 30), comma-separated"),
     repeats: int = typer.Option(3, min=1, help="executions measured per point (the median is kept)"),
     out_file: Path = typer.Option(Path("profile.json"), "-o", "--out", help="profile JSON to write"),
+    speech: Optional[Path] = typer.Option(None, "--speech", help="directory of .wav speech clips (default: "
+                                          "pytest-audioeval's English clips)"),
+    config: Optional[Path] = typer.Option(None, "--config", help="local config (allowed file roots, cache dir)"),
 ) -> None:
     """Measure a pool's engine here: batch size x audio length -> latency of one execution (JSON)."""
     from tideserve.cli.bench import measure_profile
@@ -53,7 +56,11 @@ def bench_profile(
                   f"{', '.join(p.name for p in ep.spec.pools)}", highlight=False)
         raise typer.Exit(2)
     try:
-        prof = measure_profile(ep, names, sizes, lengths, repeats, progress=lambda s: err.print(s, highlight=False))
+        from tideserve.spec import load_local_config
+
+        cfg = load_local_config(config)
+        prof = measure_profile(ep, names, sizes, lengths, repeats, progress=lambda s: err.print(s, highlight=False),
+                               speech_dir=speech, allowed_file_roots=cfg.allowed_file_roots, cache_dir=cfg.cache_dir)
     except (TideserveError, RuntimeError) as exc:
         err.print(f"[red]error:[/red] {exc}", highlight=False)
         raise typer.Exit(1)
