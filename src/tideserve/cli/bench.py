@@ -124,7 +124,8 @@ def measure_profile(ep: InferenceEndpoint, pools: Sequence[str], batch_sizes: Se
         model_source=spec.model.source, backend=spec.model.backend, backend_version=version,
         decoding=spec.model.decoding.model_dump(), repeats=repeats, measured=True,
         load_average_1m=[round(load_before, 2), round(os.getloadavg()[0], 2)],
-        notes="one execution of the worker's backend (features, batched encoder, batched beam search) on "
-              "pytest-audioeval speech looped to length; no HTTP, no audio decoding",
+        notes=f"one execution of the worker's {spec.model.backend} backend (features, batched encoder, batched "
+              f"{'greedy decoding' if spec.model.decoding.beam_size == 1 else 'beam search'}) on speech looped to "
+              "length; no HTTP, no audio decoding",
     )
     return Profile(metadata=meta, pools=out)

@@ -474,7 +474,9 @@ class Simulation:
     # -- the run -----------------------------------------------------------------------------
     def _initial(self) -> None:
         """Replicas running at t = 0 (``warm``), ready, on machines that are already up: the local
-        machine, or on-demand machines chosen by ``plan_launches`` (cheapest per replica)."""
+        machine, or machines chosen by ``plan_launches`` (cheapest per replica): on-demand for a
+        static fleet, the pool's own capacity types otherwise (so that keeping a replica warm
+        is not confounded with giving up spot)."""
         warm = self.opt.warm if self.opt.warm is not None else (
             self.opt.static if self.opt.static is not None else {p.name: p.replicas.min for p in self.spec.pools})
         if self.opt.cluster == "local":
@@ -488,7 +490,9 @@ class Simulation:
                 node.replicas.append(r.id)
         elif reps:
             plan = self._fns["plan_launches"](
-                [ReplicaRequest(pool, self._accel_key(pool), 1, ("on-demand",), len(rs)) for pool, rs in reps.items()],
+                [ReplicaRequest(pool, self._accel_key(pool), 1,
+                                ("on-demand",) if self.opt.static is not None else tuple(self.spec.pool(pool).capacity_types),
+                                len(rs)) for pool, rs in reps.items()],
                 self._offerings(), self._market())
             if plan.unplaceable:
                 pool, k, why = plan.unplaceable[0]

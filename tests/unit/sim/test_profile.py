@@ -43,11 +43,13 @@ def test_load_profile_errors(tmp_path):
     assert load_profile(bad).pools[0].service_time_s(2, 15.0) == 3.0
 
 
-def test_committed_cpu_profile_loads():
+def test_committed_profiles_load():
     from pathlib import Path
 
-    paths = sorted((Path(__file__).resolve().parents[3] / "bench" / "profiles").glob("*.json"))
-    assert paths, "bench/profiles must hold the measured CPU profile"
-    for path in paths:
-        p = load_profile(path)
-        assert p.metadata.measured and {x.target for x in p.pools} >= {"cpu-x86_64-int8"}
+    d = Path(__file__).resolve().parents[3] / "bench" / "profiles"
+    cpu, gpu = load_profile(d / "cpu-2core-tiny-en.json"), load_profile(d / "gpu-h200-tiny-en.json")
+    assert cpu.metadata.measured and cpu.metadata.gpu is None
+    assert {x.target for x in cpu.pools} >= {"cpu-x86_64-int8"}
+    assert gpu.metadata.measured and gpu.metadata.gpu == "NVIDIA H200" and gpu.metadata.backend == "torch"
+    assert [(x.pool, x.target) for x in gpu.pools] == [("h100", "cuda-sm90-bf16")]
+    assert len(gpu.pools[0].points) == 21  # batch 1..64 (7 sizes) x 5, 15, 30 s
