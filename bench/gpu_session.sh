@@ -14,7 +14,7 @@ echo "== unit tests of the torch backend on this GPU"
 python3 -m pytest -q --noconftest -p no:cacheprovider tests/unit/worker/test_torch_backend.py 2>&1 | tail -5
 
 echo "== benchmark"
-timeout 380 python3 bench/gpu_whisper.py --json "$OUT/gpu_whisper.json" 2>&1 | grep -v "^\[transformers\]"
+timeout 400 python3 bench/gpu_whisper.py --compile --json "$OUT/gpu_whisper.json" 2>&1 | grep -v "^\[transformers\]"
 
 echo "== tideserve up on an h200 pool (random tiny weights)"
 python3 bench/make_whisper_dir.py --size tiny --tokenizer .devdata/tokenizer.json --out /tmp/tiny-random

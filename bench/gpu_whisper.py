@@ -111,6 +111,8 @@ def main() -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--no-baseline", action="store_true", help="skip Hugging Face generate")
     ap.add_argument("--compile", action="store_true", help="also time our decoder with torch.compile'd steps")
+    ap.add_argument("--compile-sizes", default="tiny", help="sizes --compile applies to (compiling large-v3 takes "
+                    "about 40 s per batch size and measured slower)")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[a.dtype]
@@ -133,7 +135,8 @@ def main() -> int:
             del hf
             hf = None
         decoder = GreedyDecoder(ours, special, max_batch=max(batch_sizes))
-        compiled = GreedyDecoder(ours, special, max_batch=max(batch_sizes), compile_step=True) if a.compile else None
+        compiled = (GreedyDecoder(ours, special, max_batch=max(batch_sizes), compile_step=True)
+                    if a.compile and size in a.compile_sizes.split(",") else None)
         logmel = LogMel(dims.num_mel_bins, torch.device(a.device))
         for bs in batch_sizes:
             g = torch.Generator(device="cpu").manual_seed(bs)
