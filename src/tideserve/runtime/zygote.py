@@ -164,6 +164,7 @@ class Zygote:
         return child
 
     async def stop(self) -> None:
+        self.alive = False  # an exit we asked for: not reported as a failure
         if self._sock is not None:
             self._sock.close()
         if self._proc is not None and self._proc.returncode is None:
