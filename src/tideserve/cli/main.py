@@ -368,6 +368,19 @@ def render_alerts(
     _emit(yaml.safe_dump(alert_rules(), sort_keys=False, width=120), out_file)
 
 
+def render_options(namespace: str, image: str, gpu_image: Optional[str], lb_scheme: str, s3_region: Optional[str],
+                   fsx_file_system_id: Optional[str], fsx_dns_name: Optional[str], fsx_mount_name: Optional[str]):
+    """RenderOptions from the flags `render k8s` and `operator` share; exits 2 on a bad scheme."""
+    from tideserve.k8s.render import RenderOptions
+
+    if lb_scheme not in ("internal", "internet-facing"):
+        err.print("[red]error:[/red] --lb-scheme must be internal or internet-facing", highlight=False)
+        raise typer.Exit(2)
+    return RenderOptions(namespace=namespace, image=image, gpu_image=gpu_image, load_balancer_scheme=lb_scheme,
+                         s3_region=s3_region, fsx_file_system_id=fsx_file_system_id, fsx_dns_name=fsx_dns_name,
+                         fsx_mount_name=fsx_mount_name)
+
+
 @render_app.command("k8s")
 def render_k8s(
     file: Path = typer.Argument(..., help="InferenceEndpoint YAML file"),
@@ -382,15 +395,11 @@ def render_k8s(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="write here instead of standard output"),
 ) -> None:
     """The endpoint's Kubernetes manifests (multi-document YAML): workers, gateway, KEDA, volumes."""
-    from tideserve.k8s.render import RenderOptions, render_endpoint, to_yaml
+    from tideserve.k8s.render import render_endpoint, to_yaml
 
-    if lb_scheme not in ("internal", "internet-facing"):
-        err.print("[red]error:[/red] --lb-scheme must be internal or internet-facing", highlight=False)
-        raise typer.Exit(2)
+    opts = render_options(namespace, image, gpu_image, lb_scheme, s3_region, fsx_file_system_id, fsx_dns_name,
+                          fsx_mount_name)
     ep = _load(file)
-    opts = RenderOptions(namespace=namespace, image=image, gpu_image=gpu_image, load_balancer_scheme=lb_scheme,
-                         s3_region=s3_region, fsx_file_system_id=fsx_file_system_id, fsx_dns_name=fsx_dns_name,
-                         fsx_mount_name=fsx_mount_name)
     try:
         objects = render_endpoint(ep, opts)
     except SpecError as exc:

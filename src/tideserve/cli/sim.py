@@ -88,6 +88,7 @@ def simulate_cmd(
     """Replay a trace through tideserve's policies; compare static and autoscaled fleets; write a TCO report."""
     from tideserve.cli.main import _load
     from tideserve.sim import ColdStartCatalog, RunOptions, SimInputError, compare, load_profile, load_trace
+    from tideserve.sim.profile import pools_for_backend
     from tideserve.sim.report import write_report
 
     ep = _load(file)
@@ -103,7 +104,8 @@ def simulate_cmd(
         reqs = load_trace(trace, duration_rule, seed, thin, time_scale, max_trace_s)
         opts = RunOptions(cluster=cluster, replica_slots=replica_slots, seed=seed, spot_discount=spot_discount,
                           spot_interruption_rate_per_h=spot_interruption_rate_per_h)
-        runs, levers = compare(ep.spec, reqs, [p for prof in profs for p in prof.pools], opts, slo_s)
+        pools = pools_for_backend(profs, list(paths), ep.spec.model.backend)
+        runs, levers = compare(ep.spec, reqs, pools, opts, slo_s)
     except SimInputError as exc:
         err.print(f"[red]error:[/red] {exc}", highlight=False)
         raise typer.Exit(2)

@@ -40,6 +40,8 @@ The CRD needs the ``status`` subresource and a status schema that keeps these fi
 
 from __future__ import annotations
 
+import dataclasses
+
 import asyncio
 import datetime
 import logging
@@ -192,18 +194,23 @@ def _pod_ready(body: Any, type: str | None = None, **_: Any) -> bool:
     return False
 
 
-def make_registry(cluster: Cluster, *, image: str | None = None, render: RenderFn = render_endpoint,
+def make_registry(cluster: Cluster, *, image: str | None = None, options: RenderOptions | None = None,
+                  render: RenderFn = render_endpoint,
                   retry_delay_s: float = DEFAULT_RETRY_DELAY_S, observe_interval_s: float = DEFAULT_OBSERVE_INTERVAL_S,
                   clock: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.timezone.utc),
                   ) -> kopf.OperatorRegistry:
     """A kopf registry with the operator's handlers, bound to ``cluster`` and ``render``.
 
-    ``image``: the tideserve image the manifests reference (RenderOptions' default when None);
+    ``options``: render options for every endpoint (its namespace is set per endpoint); ``image``
+    overrides their image (RenderOptions' default when both are None);
     ``retry_delay_s``: wait before retrying a retryable apply error; ``observe_interval_s``: how
     often Ready, pools and address are refreshed from the cluster.
     """
     registry = kopf.OperatorRegistry()
     resource = (names.GROUP, names.VERSION, names.PLURAL)
+    base_options = options or RenderOptions()
+    if image:
+        base_options = dataclasses.replace(base_options, image=image)
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
@@ -219,7 +226,7 @@ def make_registry(cluster: Cluster, *, image: str | None = None, render: RenderF
                   logger: logging.Logger, **_: Any) -> None:
         previous = list(status.get("conditions") or [])
         patch.status["observedGeneration"] = meta.get("generation")
-        opts = RenderOptions(namespace=namespace, image=image) if image else RenderOptions(namespace=namespace)
+        opts = dataclasses.replace(base_options, namespace=namespace)
         manifests, reason, message = _render(body, render, opts)
         if manifests is None:
             logger.error("%s: %s", reason, message)
@@ -320,6 +327,7 @@ def make_settings(*, consistency_timeout_s: float = 5.0) -> kopf.OperatorSetting
 
 
 async def run_operator(cluster: Cluster, *, namespaces: list[str] | None = None, image: str | None = None,
+                       options: RenderOptions | None = None,
                        render: RenderFn = render_endpoint, liveness_endpoint: str | None = None,
                        stop_flag: asyncio.Event | threading.Event | None = None,
                        ready_flag: asyncio.Event | threading.Event | None = None,
@@ -332,7 +340,7 @@ async def run_operator(cluster: Cluster, *, namespaces: list[str] | None = None,
     (no peering objects needed). ``liveness_endpoint``: e.g. ``http://0.0.0.0:8081/healthz``.
     """
     await kopf.operator(
-        registry=make_registry(cluster, image=image, render=render, retry_delay_s=retry_delay_s,
+        registry=make_registry(cluster, image=image, options=options, render=render, retry_delay_s=retry_delay_s,
                                observe_interval_s=observe_interval_s),
         settings=settings or make_settings(), standalone=True,
         clusterwide=not namespaces, namespaces=list(namespaces or []),

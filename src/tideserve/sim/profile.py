@@ -146,3 +146,16 @@ def load_profile(path: str | Path) -> Profile:
 def merge_profiles(profiles: list[Profile]) -> list[PoolProfile]:
     """All pool profiles of ``profiles``, in order (later files do not replace earlier ones)."""
     return [p for prof in profiles for p in prof.pools]
+
+
+def pools_for_backend(profiles: list[Profile], paths: list, backend: str) -> list[PoolProfile]:
+    """The pool profiles of ``profiles`` measured with ``backend`` (the endpoint's
+    ``model.backend``; a profile without a recorded backend is kept). Raises SimInputError when
+    none is, naming each file's backend: service times of another backend (beam search on
+    CTranslate2 vs greedy on torch) are not this endpoint's."""
+    kept = [pp for prof in profiles if prof.metadata.backend in ("", backend) for pp in prof.pools]
+    if not kept:
+        seen = ", ".join(f"{path} ({prof.metadata.backend})" for prof, path in zip(profiles, paths))
+        raise SimInputError(f"no profile was measured with the endpoint's backend {backend}: {seen}; measure one "
+                            "with `tideserve bench profile FILE`")
+    return kept

@@ -402,3 +402,23 @@ def test_ready_worker_pod_loses_do_not_disrupt(tmp_path: Path) -> None:
             assert not [r for r in mock if r.method == "PATCH" and r.name == "gateway"]
 
     run(scenario())
+
+
+def test_render_options_reach_every_endpoint_with_its_own_namespace(tmp_path: Path) -> None:
+    seen: list[RenderOptions] = []
+
+    def capturing_render(ep: Any, opts: RenderOptions) -> list[dict]:
+        seen.append(opts)
+        return fake_render(ep, opts)
+
+    options = RenderOptions(image="registry.example/tideserve:1", load_balancer_scheme="internet-facing",
+                            s3_region="eu-west-1")
+
+    async def scenario() -> None:
+        async with mock_server() as mock, operator(tmp_path, mock, render=capturing_render, options=options):
+            await mock.post(IE_PATH, json=body_of("whisper-tiny-en.yaml"))
+            await until("rendered", lambda: seen)
+
+    run(scenario())
+    assert (seen[0].namespace, seen[0].image, seen[0].load_balancer_scheme, seen[0].s3_region) == (
+        NS, "registry.example/tideserve:1", "internet-facing", "eu-west-1")

@@ -53,3 +53,16 @@ def test_committed_profiles_load():
     assert gpu.metadata.measured and gpu.metadata.gpu == "NVIDIA H200" and gpu.metadata.backend == "torch"
     assert [(x.pool, x.target) for x in gpu.pools] == [("h100", "cuda-sm90-bf16")]
     assert len(gpu.pools[0].points) == 21  # batch 1..64 (7 sizes) x 5, 15, 30 s
+
+
+def test_profiles_of_another_backend_are_refused():
+    from pathlib import Path
+
+    from tideserve.sim.profile import pools_for_backend
+
+    d = Path(__file__).resolve().parents[3] / "bench" / "profiles"
+    cpu, gpu = load_profile(d / "cpu-2core-tiny-en.json"), load_profile(d / "gpu-h200-tiny-en.json")
+    assert [p.pool for p in pools_for_backend([cpu, gpu], ["c.json", "g.json"], "torch")] == ["h100"]
+    assert {p.pool for p in pools_for_backend([cpu, gpu], ["c.json", "g.json"], "faster-whisper")} == {"cpu-int8", "cpu-fp32"}
+    with pytest.raises(SimInputError, match=r"backend torch: c.json \(faster-whisper\); measure one"):
+        pools_for_backend([cpu], ["c.json"], "torch")
