@@ -27,6 +27,9 @@ Cluster modes: ``"aws"``: GPU pools launch AWS offerings of the provisioner's ca
 gets its own CPU node type ("cpu-<pool>", one replica per node, priced at the pool's
 ``cost_usd_per_h``, booting in ``CPU_NODE_BOOT_S``). ``"local"``: embedded mode, one machine with
 ``replica_slots`` slots that is already up; replicas start in the catalog's embedded start time.
+
+The clock is a plain event heap (``heapq``), not simpy: every decision is a pure function called
+at an event time, so the simulator needs ordered events and nothing of simpy's process model.
 """
 
 from __future__ import annotations
