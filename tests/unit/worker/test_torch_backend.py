@@ -185,3 +185,19 @@ def test_dims_from_config_names_a_missing_key() -> None:
     with pytest.raises(ValueError, match="'d_model'"):
         WhisperDims.from_config(cfg)
     assert replace(DIMS, d_model=8).d_model == 8
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (runs on the GPU machine)")
+def test_every_graph_is_captured_up_front_and_decoding_then_captures_none() -> None:
+    dec = GreedyDecoder(make_model("cuda"), SPECIAL, max_batch=8, max_prompt=8)
+    assert dec.capture_all() == 4 * len(dec.spans)  # buckets 1, 2, 4, 8
+    n = len(dec._graphs)
+    with torch.inference_mode():
+        enc = torch.randn(3, 1500, 64, device="cuda")
+        rows = dec.decode(enc, [[SPECIAL.sot, SPECIAL.no_timestamps]] * 3, [False] * 3, max_new_tokens=5,
+                          min_new_tokens=5)
+    assert len(dec._graphs) == n and [len(r.tokens) for r in rows] == [5, 5, 5]
+
+
+def test_capture_all_is_a_no_op_without_cuda_graphs() -> None:
+    assert GreedyDecoder(make_model("cpu"), SPECIAL, max_batch=4, max_prompt=8).capture_all() == 0

@@ -99,6 +99,9 @@ class TorchWhisperBackend:
         self.features = LogMel(self.model.dims.num_mel_bins, self.device)
         self.decoder = GreedyDecoder(self.model, self.special, max_batch=max_batch_size,
                                      use_cuda_graphs=use_cuda_graphs)
+        # Every CUDA graph is captured while the replica loads, before it reports ready, so no
+        # request pays a capture (a few decode steps per batch bucket and attention span).
+        self.graphs_captured = self.decoder.capture_all()
 
     def prompt(self, language: str | None, timestamps: bool, previous: str | None) -> list[int]:
         """Whisper's decoder prompt: [<|startofprev|> previous…] <|startoftranscript|>
