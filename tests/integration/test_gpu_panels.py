@@ -5,15 +5,12 @@ panel query must return the values NVML reported there."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-import yaml
 from endpoint import ROOT
-from test_observability import Prometheus, _free_port, _ready
+from test_observability import running_prometheus
 
 from tideserve.metrics.dashboard import build_dashboard, dashboard_exprs
 from tideserve.metrics.panels import PANELS
@@ -38,26 +35,15 @@ def prom_on_h200_metrics(tmp_path_factory):
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    prom_bin = shutil.which("prometheus")
-    assert prom_bin, "prometheus is not installed: `make test` installs Debian's prometheus package"
     tmp = tmp_path_factory.mktemp("gpu-panels")
     cfg = {"global": {"scrape_interval": "1s"},
            "scrape_configs": [{"job_name": "tideserve-workers",
                                "static_configs": [{"targets": [f"127.0.0.1:{server.server_port}"]}]}]}
-    (tmp / "prometheus.yml").write_text(yaml.safe_dump(cfg))
-    port = _free_port()
-    log = open(tmp / "prometheus.log", "wb")
-    proc = subprocess.Popen([prom_bin, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
-                             f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
     try:
-        prom = Prometheus(f"http://127.0.0.1:{port}")
-        prom.wait(lambda: _ready(prom.url), "ready", 60)
-        prom.wait(lambda: prom.query("nv_gpu_utilization"), "the captured GPU series")
-        yield prom, text.decode()
+        with running_prometheus(tmp, cfg) as prom:
+            prom.wait(lambda: prom.query("nv_gpu_utilization"), "the captured GPU series")
+            yield prom, text.decode()
     finally:
-        proc.terminate()
-        proc.wait(30)
-        log.close()
         server.shutdown()
 
 

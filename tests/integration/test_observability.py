@@ -4,6 +4,7 @@ traffic sent, the alerting rules load. Prometheus (Debian package) is installed 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import math
 import shutil
@@ -56,15 +57,33 @@ class Prometheus:
         raise AssertionError(f"Prometheus never showed {what}")
 
 
+@contextlib.contextmanager
+def running_prometheus(tmp: Path, cfg: dict):
+    """A real Prometheus (Debian's package) on a free loopback port with config ``cfg``, ready;
+    yields a Prometheus client and stops the server after."""
+    prom_bin = shutil.which("prometheus")
+    assert prom_bin, "prometheus is not installed: `make test` installs Debian's prometheus package"
+    port = _free_port()
+    (tmp / "prometheus.yml").write_text(yaml.safe_dump(cfg))
+    log = open(tmp / "prometheus.log", "wb")
+    proc = subprocess.Popen([prom_bin, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
+                             f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        prom = Prometheus(f"http://127.0.0.1:{port}")
+        prom.wait(lambda: _ready(prom.url), "ready", 60)
+        yield prom
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        log.close()
+
+
 @pytest.fixture(scope="module")
 def observed(tmp_path_factory, en_clips):
     """An endpoint scraped by a real Prometheus (1 s interval), with known traffic sent."""
-    prom_bin = shutil.which("prometheus")
-    assert prom_bin, "prometheus is not installed: `make test` installs Debian's prometheus package"
     tmp = tmp_path_factory.mktemp("observed")
     path = write_endpoint(tmp)
     with EndpointProcess(path, tmp) as ep:
-        port = _free_port()
         gw = f"127.0.0.1:{ep.port}"
         cfg = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
@@ -75,22 +94,12 @@ def observed(tmp_path_factory, en_clips):
                  "http_sd_configs": [{"url": f"http://{gw}/admin/sd", "refresh_interval": "1s"}]},
             ],
         }
-        (tmp / "prometheus.yml").write_text(yaml.safe_dump(cfg))
-        log = open(tmp / "prometheus.log", "wb")
-        proc = subprocess.Popen([prom_bin, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
-                                 f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
-        try:
-            prom = Prometheus(f"http://127.0.0.1:{port}")
-            prom.wait(lambda: _ready(prom.url), "ready", 60)
+        with running_prometheus(tmp, cfg) as prom:
             prom.wait(lambda: len(prom.query('up{job="tideserve-workers"} == 1')) == 1, "the worker target up")
             sent = _traffic(ep, en_clips)
             prom.wait(lambda: prom.value("sum(nv_inference_request_success)") == N_GOOD
                       and prom.value("sum(tideserve_requests_total)") == sum(sent.values()), "all the traffic")
             yield ep, prom, sent
-        finally:
-            proc.terminate()
-            proc.wait(30)
-            log.close()
 
 
 def _ready(url: str) -> bool:
