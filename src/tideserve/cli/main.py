@@ -435,7 +435,12 @@ def _emit(text: str, out_file: Optional[Path]) -> None:
     if out_file is None:
         sys.stdout.write(text)
     else:
-        out_file.write_text(text)
+        try:
+            out_file.write_text(text)
+        except OSError as exc:
+            err.print(f"[red]error:[/red] cannot write {out_file}: {exc.strerror or exc}; choose a path in an "
+                      "existing, writable directory", highlight=False)
+            raise typer.Exit(1)
         err.print(f"wrote {out_file}", highlight=False)
 
 

@@ -42,3 +42,15 @@ def test_render_cluster_and_crd():
     assert r.exit_code == 0 and list(yaml.safe_load_all(r.stdout)) == [render_crd()]
     r = runner.invoke(app, ["render", "cluster", str(REPO / "nope.yaml")])
     assert r.exit_code == 2 and "cannot read" in r.output
+
+
+def test_render_to_a_path_that_cannot_be_written_is_a_clear_error(tmp_path):
+    # Before: a FileNotFoundError traceback from every render command's --output / --out.
+    bad = tmp_path / "missing-dir" / "out.yaml"
+    for args in (["render", "k8s", str(TWO_POOLS), "-o", str(bad)], ["render", "crd", "-o", str(bad)],
+                 ["render", "cluster", str(REPO / "examples" / "cluster.yaml"), "-o", str(bad)],
+                 ["render", "alerts", "--out", str(bad)]):
+        r = runner.invoke(app, args)
+        assert r.exit_code == 1 and isinstance(r.exception, SystemExit), (args, r.output)
+        assert f"error: cannot write {bad}: No such file or directory; choose a path in an existing, writable " \
+               "directory" in " ".join(r.output.split())
