@@ -15,6 +15,7 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from tideserve.cli.operator import operator_command
@@ -33,7 +34,7 @@ def _load(file: Path) -> InferenceEndpoint:
     try:
         return load_endpoint(file)
     except SpecError as exc:
-        err.print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
+        err.print(f"[red]error:[/red] {escape(str(exc))}", markup=True, highlight=False)
         raise typer.Exit(2)
 
 
@@ -67,7 +68,7 @@ def up(
     try:
         cfg = load_local_config(config)
     except SpecError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2)
     if port is not None or host is not None:
         gw = ep.spec.gateway.model_copy(update={k: v for k, v in (("port", port), ("host", host)) if v is not None})
@@ -120,7 +121,7 @@ def gateway(
         try:
             keys = LocalConfig(api_keys_file=api_keys_file).all_api_keys()
         except (OSError, ValueError) as exc:
-            err.print(f"[red]error:[/red] --api-keys-file {api_keys_file}: {exc}", highlight=False)
+            err.print(f"[red]error:[/red] --api-keys-file {api_keys_file}: {escape(str(exc))}", highlight=False)
             raise typer.Exit(2)
     setup_logging("gateway", log_format)
     raise typer.Exit(asyncio.run(run_gateway(ep, namespace, host, port, scaler_port, discovery, static, keys, port_file)))
@@ -137,7 +138,7 @@ def _base_url(file: Optional[Path], url: Optional[str], config: Optional[Path]) 
     try:
         cfg = load_local_config(config)
     except SpecError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2)
     scheme = "https" if cfg.tls_cert_file else "http"
     host = "127.0.0.1" if gw.host in ("0.0.0.0", "::") else gw.host
@@ -171,7 +172,7 @@ def _request(url: str, data: bytes | None, api_key: Optional[str], cacert: Optio
     try:
         req = urllib.request.Request(url, data=data, method="POST" if data is not None else "GET")
     except ValueError as exc:
-        err.print(f"[red]error:[/red] {url} is not a usable URL ({exc}); e.g. http://127.0.0.1:8080", highlight=False)
+        err.print(f"[red]error:[/red] {url} is not a usable URL ({escape(str(exc))}); e.g. http://127.0.0.1:8080", highlight=False)
         raise typer.Exit(2)
     req.add_header("Content-Type", "application/json")
     if api_key:
@@ -179,7 +180,7 @@ def _request(url: str, data: bytes | None, api_key: Optional[str], cacert: Optio
     try:
         ctx = ssl.create_default_context(cafile=str(cacert)) if cacert else None
     except (OSError, ssl.SSLError) as exc:
-        err.print(f"[red]error:[/red] cannot use --cacert {cacert}: {exc}", highlight=False)
+        err.print(f"[red]error:[/red] cannot use --cacert {cacert}: {escape(str(exc))}", highlight=False)
         raise typer.Exit(2)
     try:
         with urllib.request.urlopen(req, timeout=timeout, context=ctx) as resp:
@@ -192,7 +193,7 @@ def _request(url: str, data: bytes | None, api_key: Optional[str], cacert: Optio
         except json.JSONDecodeError:
             msg = body
         hint = " (set --api-key or $TIDESERVE_API_KEY)" if exc.code == 401 else ""
-        err.print(f"[red]error {exc.code}:[/red] {msg}{hint}", highlight=False)
+        err.print(f"[red]error {exc.code}:[/red] {escape(str(msg))}{hint}", highlight=False)
         raise typer.Exit(1)
     except urllib.error.URLError as exc:
         hint = "; is `tideserve up` running?"
@@ -212,7 +213,7 @@ def _request(url: str, data: bytes | None, api_key: Optional[str], cacert: Optio
         err.print(f"[red]error:[/red] {url}: the connection failed: {exc!r}{hint}", highlight=False)
         raise typer.Exit(1)
     except ValueError as exc:  # a malformed --url
-        err.print(f"[red]error:[/red] {url} is not a usable URL ({exc}); e.g. http://127.0.0.1:8080", highlight=False)
+        err.print(f"[red]error:[/red] {url} is not a usable URL ({escape(str(exc))}); e.g. http://127.0.0.1:8080", highlight=False)
         raise typer.Exit(2)
 
 
@@ -298,16 +299,16 @@ def build(
         cfg = load_local_config(config)
         targets = [Target.parse(target)] if target else list({p.parsed_target: None for p in ep.spec.pools})
     except SpecError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2)
     except ValueError as exc:
-        err.print(f"[red]error:[/red] --target: {exc}", highlight=False)
+        err.print(f"[red]error:[/red] --target: {escape(str(exc))}", highlight=False)
         raise typer.Exit(2)
     for t in targets:
         try:
             path = build_engine(ep, t, cfg, verify, force)
         except (EngineMismatchError, SourceError, OSError, RuntimeError) as exc:
-            err.print(f"[red]error:[/red] {t.name}: {exc}", highlight=False)
+            err.print(f"[red]error:[/red] {t.name}: {escape(str(exc))}", highlight=False)
             raise typer.Exit(1)
         note = ""
         try:
@@ -394,7 +395,7 @@ def render_k8s(
     try:
         objects = render_endpoint(ep, opts)
     except SpecError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2)
     _emit(to_yaml(objects), output)
 
@@ -415,7 +416,7 @@ def render_cluster_cmd(
         err.print(f"[red]error:[/red] cannot read {file}: {exc.strerror}", highlight=False)
         raise typer.Exit(2)
     except SpecError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2)
     _emit(to_yaml(render_cluster(cfg)), output)
 

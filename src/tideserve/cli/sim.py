@@ -9,6 +9,7 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 err = Console(stderr=True, soft_wrap=True)
 
@@ -77,7 +78,7 @@ def bench_profile(
         prof = measure_profile(ep, names, sizes, lengths, repeats, progress=lambda s: err.print(s, highlight=False),
                                speech_dir=speech, allowed_file_roots=cfg.allowed_file_roots, cache_dir=cfg.cache_dir)
     except (TideserveError, RuntimeError) as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(1)
     try:
         out_file.write_text(json.dumps(prof.model_dump(), indent=1) + "\n")
@@ -124,7 +125,7 @@ def simulate_cmd(
                           spot_interruption_rate_per_h=spot_interruption_rate_per_h)
         runs, levers = compare(ep.spec, reqs, [p for prof in profs for p in prof.pools], opts, slo_s)
     except SimInputError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2)
     inputs = {"endpoint": str(file), "trace": str(trace), "thin": f"{thin:g}", "time-scale": f"{time_scale:g}",
               "duration rule": duration_rule, "seed": str(seed), "cluster": cluster,
