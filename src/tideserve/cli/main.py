@@ -9,6 +9,7 @@ import json
 import ssl
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import List, Optional
@@ -77,6 +78,17 @@ def up(
     raise typer.Exit(asyncio.run(run_endpoint(file, ep, cfg, config, log_format, port_file, build_engines)))
 
 
+def _usable_base_url(url: str) -> bool:
+    """An http(s) URL with a host without spaces and a port in 0..65535 (urllib's parse)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError when out of range or not a number
+    except ValueError:
+        return False
+    host = parts.hostname or ""
+    return parts.scheme in ("http", "https") and bool(host) and not any(c.isspace() for c in host)
+
+
 @app.command()
 def gateway(
     file: Path = typer.Argument(..., help="InferenceEndpoint YAML file"),
@@ -112,8 +124,9 @@ def gateway(
     static: dict[str, list[str]] = {}
     for item in replica:
         pool, sep, url = item.partition("=")
-        if not sep or not pool or not url.startswith(("http://", "https://")):
-            err.print(f"[red]error:[/red] --replica '{item}': write POOL=URL, e.g. cpu=http://127.0.0.1:8000", highlight=False)
+        if not sep or not pool or not _usable_base_url(url):
+            err.print(f"[red]error:[/red] --replica '{escape(item)}': write POOL=URL with a valid http(s) URL, "
+                      "e.g. cpu=http://127.0.0.1:8000", highlight=False)
             raise typer.Exit(2)
         static.setdefault(pool, []).append(url.rstrip("/"))
     keys: list[str] = []
