@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -91,6 +92,7 @@ class KubeGateway:
             self.scaler_port = await self.server.start(host, scaler_port)
         except OSError:
             await self.runner.cleanup()
+            self.runner = None
             raise
         self.http_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         if self.discovery is not None:
@@ -174,7 +176,8 @@ async def run_gateway(
     api_keys: list[str],
     port_file: Path | None = None,
 ) -> int:
-    """Serve until SIGINT/SIGTERM; return the exit code (1: a port could not be bound)."""
+    """Serve until SIGINT/SIGTERM; return the exit code (1: ``host`` does not resolve, a port
+    could not be bound or ``port_file`` could not be written; 2: bad options)."""
     token = os.environ.get(WORKER_TOKEN_ENV) or None
     try:
         kg = build_kube_gateway(endpoint, namespace, discovery, static_replicas, token, api_keys)
@@ -183,14 +186,26 @@ async def run_gateway(
         return 2
     try:
         await kg.start(host, port, scaler_port)
+    except socket.gaierror as exc:
+        await kg.stop()
+        print(f"tideserve: --host {host!r} is not an address this machine can bind ({exc.strerror or exc}); "
+              "give an IP address such as 0.0.0.0 or 127.0.0.1", file=sys.stderr)
+        return 1
     except OSError as exc:
+        await kg.stop()
         print(f"tideserve: cannot listen on {host} (HTTP port {port}, scaler port {scaler_port}): {exc}; "
               "stop what uses the port or pick another with --port / --scaler-port", file=sys.stderr)
         return 1
     if port_file:
         tmp = Path(str(port_file) + ".tmp")
-        tmp.write_text(json.dumps({"port": kg.http_port, "scaler_port": kg.scaler_port}))
-        tmp.replace(port_file)
+        try:
+            tmp.write_text(json.dumps({"port": kg.http_port, "scaler_port": kg.scaler_port}))
+            tmp.replace(port_file)
+        except OSError as exc:
+            await kg.stop()
+            print(f"tideserve: cannot write --port-file {port_file}: {exc.strerror or exc}; "
+                  "give a path in an existing, writable directory", file=sys.stderr)
+            return 1
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

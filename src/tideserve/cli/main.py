@@ -9,12 +9,14 @@ import json
 import ssl
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from tideserve.cli.operator import operator_command
@@ -33,7 +35,7 @@ def _load(file: Path) -> InferenceEndpoint:
     try:
         return load_endpoint(file)
     except SpecError as exc:
-        err.print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
+        err.print(f"[red]error:[/red] {escape(str(exc))}", markup=True, highlight=False)
         raise typer.Exit(2)
 
 
@@ -67,13 +69,24 @@ def up(
     try:
         cfg = load_local_config(config)
     except SpecError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2)
     if port is not None or host is not None:
         gw = ep.spec.gateway.model_copy(update={k: v for k, v in (("port", port), ("host", host)) if v is not None})
         ep = ep.model_copy(update={"spec": ep.spec.model_copy(update={"gateway": gw})})
     setup_logging("gateway", log_format)
     raise typer.Exit(asyncio.run(run_endpoint(file, ep, cfg, config, log_format, port_file, build_engines)))
+
+
+def _usable_base_url(url: str) -> bool:
+    """An http(s) URL with a host without spaces and a port in 0..65535 (urllib's parse)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError when out of range or not a number
+    except ValueError:
+        return False
+    host = parts.hostname or ""
+    return parts.scheme in ("http", "https") and bool(host) and not any(c.isspace() for c in host)
 
 
 @app.command()
@@ -111,8 +124,9 @@ def gateway(
     static: dict[str, list[str]] = {}
     for item in replica:
         pool, sep, url = item.partition("=")
-        if not sep or not pool or not url.startswith(("http://", "https://")):
-            err.print(f"[red]error:[/red] --replica '{item}': write POOL=URL, e.g. cpu=http://127.0.0.1:8000", highlight=False)
+        if not sep or not pool or not _usable_base_url(url):
+            err.print(f"[red]error:[/red] --replica '{escape(item)}': write POOL=URL with a valid http(s) URL, "
+                      "e.g. cpu=http://127.0.0.1:8000", highlight=False)
             raise typer.Exit(2)
         static.setdefault(pool, []).append(url.rstrip("/"))
     keys: list[str] = []
@@ -120,7 +134,7 @@ def gateway(
         try:
             keys = LocalConfig(api_keys_file=api_keys_file).all_api_keys()
         except (OSError, ValueError) as exc:
-            err.print(f"[red]error:[/red] --api-keys-file {api_keys_file}: {exc}", highlight=False)
+            err.print(f"[red]error:[/red] --api-keys-file {api_keys_file}: {escape(str(exc))}", highlight=False)
             raise typer.Exit(2)
     setup_logging("gateway", log_format)
     raise typer.Exit(asyncio.run(run_gateway(ep, namespace, host, port, scaler_port, discovery, static, keys, port_file)))
@@ -137,7 +151,7 @@ def _base_url(file: Optional[Path], url: Optional[str], config: Optional[Path]) 
     try:
         cfg = load_local_config(config)
     except SpecError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2)
     scheme = "https" if cfg.tls_cert_file else "http"
     host = "127.0.0.1" if gw.host in ("0.0.0.0", "::") else gw.host
@@ -171,7 +185,7 @@ def _request(url: str, data: bytes | None, api_key: Optional[str], cacert: Optio
     try:
         req = urllib.request.Request(url, data=data, method="POST" if data is not None else "GET")
     except ValueError as exc:
-        err.print(f"[red]error:[/red] {url} is not a usable URL ({exc}); e.g. http://127.0.0.1:8080", highlight=False)
+        err.print(f"[red]error:[/red] {url} is not a usable URL ({escape(str(exc))}); e.g. http://127.0.0.1:8080", highlight=False)
         raise typer.Exit(2)
     req.add_header("Content-Type", "application/json")
     if api_key:
@@ -179,7 +193,7 @@ def _request(url: str, data: bytes | None, api_key: Optional[str], cacert: Optio
     try:
         ctx = ssl.create_default_context(cafile=str(cacert)) if cacert else None
     except (OSError, ssl.SSLError) as exc:
-        err.print(f"[red]error:[/red] cannot use --cacert {cacert}: {exc}", highlight=False)
+        err.print(f"[red]error:[/red] cannot use --cacert {cacert}: {escape(str(exc))}", highlight=False)
         raise typer.Exit(2)
     try:
         with urllib.request.urlopen(req, timeout=timeout, context=ctx) as resp:
@@ -192,7 +206,7 @@ def _request(url: str, data: bytes | None, api_key: Optional[str], cacert: Optio
         except json.JSONDecodeError:
             msg = body
         hint = " (set --api-key or $TIDESERVE_API_KEY)" if exc.code == 401 else ""
-        err.print(f"[red]error {exc.code}:[/red] {msg}{hint}", highlight=False)
+        err.print(f"[red]error {exc.code}:[/red] {escape(str(msg))}{hint}", highlight=False)
         raise typer.Exit(1)
     except urllib.error.URLError as exc:
         hint = "; is `tideserve up` running?"
@@ -212,7 +226,7 @@ def _request(url: str, data: bytes | None, api_key: Optional[str], cacert: Optio
         err.print(f"[red]error:[/red] {url}: the connection failed: {exc!r}{hint}", highlight=False)
         raise typer.Exit(1)
     except ValueError as exc:  # a malformed --url
-        err.print(f"[red]error:[/red] {url} is not a usable URL ({exc}); e.g. http://127.0.0.1:8080", highlight=False)
+        err.print(f"[red]error:[/red] {url} is not a usable URL ({escape(str(exc))}); e.g. http://127.0.0.1:8080", highlight=False)
         raise typer.Exit(2)
 
 
@@ -298,16 +312,16 @@ def build(
         cfg = load_local_config(config)
         targets = [Target.parse(target)] if target else list({p.parsed_target: None for p in ep.spec.pools})
     except SpecError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2)
     except ValueError as exc:
-        err.print(f"[red]error:[/red] --target: {exc}", highlight=False)
+        err.print(f"[red]error:[/red] --target: {escape(str(exc))}", highlight=False)
         raise typer.Exit(2)
     for t in targets:
         try:
             path = build_engine(ep, t, cfg, verify, force)
         except (EngineMismatchError, SourceError, OSError, RuntimeError) as exc:
-            err.print(f"[red]error:[/red] {t.name}: {exc}", highlight=False)
+            err.print(f"[red]error:[/red] {t.name}: {escape(str(exc))}", highlight=False)
             raise typer.Exit(1)
         note = ""
         try:
@@ -403,7 +417,7 @@ def render_k8s(
     try:
         objects = render_endpoint(ep, opts)
     except SpecError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2)
     _emit(to_yaml(objects), output)
 
@@ -424,7 +438,7 @@ def render_cluster_cmd(
         err.print(f"[red]error:[/red] cannot read {file}: {exc.strerror}", highlight=False)
         raise typer.Exit(2)
     except SpecError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2)
     _emit(to_yaml(render_cluster(cfg)), output)
 
@@ -444,7 +458,12 @@ def _emit(text: str, out_file: Optional[Path]) -> None:
     if out_file is None:
         sys.stdout.write(text)
     else:
-        out_file.write_text(text)
+        try:
+            out_file.write_text(text)
+        except OSError as exc:
+            err.print(f"[red]error:[/red] cannot write {out_file}: {exc.strerror or exc}; choose a path in an "
+                      "existing, writable directory", highlight=False)
+            raise typer.Exit(1)
         err.print(f"wrote {out_file}", highlight=False)
 
 

@@ -8,6 +8,7 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 err = Console(stderr=True, soft_wrap=True)
 
@@ -52,7 +53,7 @@ def operator_command(
     try:
         cluster = Cluster.connect(kubeconfig, context)
     except ApplyError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2)
     setup_logging("operator", log_format)
     install_log_filter()

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 err = Console(stderr=True, soft_wrap=True)
 
@@ -20,10 +22,19 @@ def _floats(text: str, what: str) -> list[float]:
     except ValueError:
         err.print(f"[red]error:[/red] {what} must be comma-separated numbers, e.g. 1,2,4,8; got {text!r}", highlight=False)
         raise typer.Exit(2)
-    if not vals or any(v <= 0 for v in vals):
-        err.print(f"[red]error:[/red] {what} must list positive numbers; got {text!r}", highlight=False)
+    if not vals or any(not (math.isfinite(v) and v > 0) for v in vals):
+        err.print(f"[red]error:[/red] {what} must list finite positive numbers; got {text!r}", highlight=False)
         raise typer.Exit(2)
     return vals
+
+
+def _sizes(text: str) -> list[int]:
+    vals = _floats(text, "--batch-sizes")
+    if any(v != int(v) for v in vals):
+        err.print(f"[red]error:[/red] --batch-sizes must list whole numbers >= 1, e.g. 1,2,4,8; got {text!r}",
+                  highlight=False)
+        raise typer.Exit(2)
+    return [int(v) for v in vals]
 
 
 @bench_app.command("profile")
@@ -44,7 +55,7 @@ def bench_profile(
     from tideserve.errors import TideserveError
 
     ep = _load(file)
-    sizes = [int(x) for x in _floats(batch_sizes, "--batch-sizes")]
+    sizes = _sizes(batch_sizes)
     lengths = _floats(audio_s, "--audio-s")
     if any(a > 30 for a in lengths):
         err.print("[red]error:[/red] --audio-s values are window lengths and must be <= 30 (Whisper's window)")
@@ -55,6 +66,11 @@ def bench_profile(
         err.print(f"[red]error:[/red] no pool named {', '.join(unknown)} in {file}; pools: "
                   f"{', '.join(p.name for p in ep.spec.pools)}", highlight=False)
         raise typer.Exit(2)
+    if not out_file.parent.is_dir():
+        # Checked before measuring (minutes of work) rather than when writing the result.
+        err.print(f"[red]error:[/red] -o {out_file}: directory {out_file.parent} does not exist; create it or "
+                  "choose another path", highlight=False)
+        raise typer.Exit(2)
     try:
         from tideserve.spec import load_local_config
 
@@ -62,9 +78,13 @@ def bench_profile(
         prof = measure_profile(ep, names, sizes, lengths, repeats, progress=lambda s: err.print(s, highlight=False),
                                speech_dir=speech, allowed_file_roots=cfg.allowed_file_roots, cache_dir=cfg.cache_dir)
     except (TideserveError, RuntimeError) as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(1)
-    out_file.write_text(json.dumps(prof.model_dump(), indent=1) + "\n")
+    try:
+        out_file.write_text(json.dumps(prof.model_dump(), indent=1) + "\n")
+    except OSError as exc:
+        err.print(f"[red]error:[/red] cannot write {out_file}: {exc.strerror or exc}", highlight=False)
+        raise typer.Exit(1)
     err.print(f"wrote {out_file}", highlight=False)
 
 
@@ -107,7 +127,7 @@ def simulate_cmd(
         pools = pools_for_backend(profs, list(paths), ep.spec.model.backend)
         runs, levers = compare(ep.spec, reqs, pools, opts, slo_s)
     except SimInputError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2)
     inputs = {"endpoint": str(file), "trace": str(trace), "thin": f"{thin:g}", "time-scale": f"{time_scale:g}",
               "duration rule": duration_rule, "seed": str(seed), "cluster": cluster,

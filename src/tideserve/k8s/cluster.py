@@ -35,7 +35,10 @@ class DisruptionBudget(_Strict):
     optionally only during a cron ``schedule`` window of ``duration``."""
 
     nodes: str = Field("10%", pattern=r"^((100|[0-9]{1,2})%|[0-9]+)$")
-    schedule: str | None = Field(None, description="Cron schedule the budget applies in (UTC).")
+    schedule: str | None = Field(
+        None, pattern=r"^(@(annually|yearly|monthly|weekly|daily|midnight|hourly)|\S+(\s+\S+){4})$",
+        description="Cron schedule the budget applies in (UTC): five fields (e.g. '0 8 * * mon-fri') or "
+                    "@daily, @hourly, ... (what Karpenter's NodePool CRD accepts for budgets[].schedule).")
     duration: str | None = Field(None, pattern=r"^([0-9]+(s|m|h))+$", description="Window length, e.g. 8h.")
     reasons: list[Literal["Underutilized", "Empty", "Drifted"]] = Field(default_factory=list)
 

@@ -33,6 +33,7 @@ import bisect
 import csv
 import datetime as dt
 import json
+import math
 import random
 import re
 from dataclasses import dataclass
@@ -42,6 +43,10 @@ from typing import Mapping, Sequence
 from tideserve.sim.errors import SimInputError
 
 TIME_COLUMNS = ("timestamp", "time", "arrival_s")
+#: Longest replay accepted (s, after ``time_scale``): the simulator steps every
+#: ``autoscaling.interval_s`` for the whole span (about 16 s of CPU per simulated day with a
+#: 1 s interval, measured on 2 cores), so a week is minutes and a year would never end.
+MAX_REPLAY_S = 7 * 86_400.0
 DEFAULT_DURATION_RULE = "quantile:ContextTokens:1:30"
 
 
@@ -81,6 +86,8 @@ class DurationRule:
                 return cls("column", parts[1])
             else:
                 raise ValueError
+            if not (math.isfinite(rule.low_s) and math.isfinite(rule.high_s)):
+                raise SimInputError(f"duration rule {text!r}: durations must be finite numbers of seconds")
         except ValueError:
             raise SimInputError(f"duration rule {text!r} is not understood; write {forms}") from None
         if not 0 < rule.low_s <= rule.high_s:
@@ -116,9 +123,12 @@ def _number(row: Mapping[str, str], column: str, source: str, i: int) -> float:
         raise SimInputError(f"{source}: the duration rule needs column {column!r}, which the trace does not have "
                             f"(columns: {', '.join(row)}); choose another --duration-rule, e.g. fixed:5")
     try:
-        return float(row[column])
+        value = float(row[column])
     except (TypeError, ValueError):
         raise SimInputError(f"{source}: request {i + 1}: {column} = {row[column]!r} is not a number") from None
+    if not math.isfinite(value):
+        raise SimInputError(f"{source}: request {i + 1}: {column} = {row[column]!r} is not a finite number")
+    return value
 
 
 _FRACTION = re.compile(r"(\.\d{6})\d+")
@@ -128,9 +138,13 @@ def _parse_time(text: str, source: str, where: str) -> float:
     """Seconds: a number as is, a date-time as its POSIX time."""
     text = str(text).strip()
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
         pass
+    else:
+        if not math.isfinite(value):
+            raise SimInputError(f"{source}: {where}: timestamp {text!r} is not a finite number of seconds")
+        return value
     try:
         t = dt.datetime.fromisoformat(_FRACTION.sub(r"\1", text))
     except ValueError:
@@ -207,11 +221,15 @@ def load_trace(path: str | Path, duration_rule: str | DurationRule = DEFAULT_DUR
                thin: float = 1.0, time_scale: float = 1.0, max_trace_s: float | None = None) -> list[TraceRequest]:
     """The replay of a trace file: requests sorted by arrival, times relative to the first
     arrival, cut, time-scaled and thinned as the module docstring says, each with an audio
-    duration. Raises SimInputError for a bad file or option."""
+    duration. Raises SimInputError for a bad file or option: a timestamp or duration column that
+    is not a finite number, a non-finite or non-positive ``time_scale`` / ``max_trace_s``, or a
+    replay spanning more than ``MAX_REPLAY_S`` seconds."""
     if not 0 < thin <= 1:
         raise SimInputError(f"--thin {thin} must be in (0, 1]: the share of requests kept")
-    if time_scale <= 0:
-        raise SimInputError(f"--time-scale {time_scale} must be > 0")
+    if not (math.isfinite(time_scale) and time_scale > 0):
+        raise SimInputError(f"--time-scale {time_scale} must be a finite number > 0")
+    if max_trace_s is not None and not (math.isfinite(max_trace_s) and max_trace_s > 0):
+        raise SimInputError(f"--max-trace-s {max_trace_s} must be a finite number of seconds > 0")
     rule = DurationRule.parse(duration_rule) if isinstance(duration_rule, str) else duration_rule
     times, rows = read_rows(path)
     rng = random.Random(seed)
@@ -228,4 +246,9 @@ def load_trace(path: str | Path, duration_rule: str | DurationRule = DEFAULT_DUR
         out.append(TraceRequest(len(out), t * time_scale, durations[i]))
     if not out:
         raise SimInputError(f"{path}: no request left after --max-trace-s / --thin; keep more of the trace")
+    span_s = out[-1].arrival_s
+    if span_s > MAX_REPLAY_S:
+        raise SimInputError(f"{path}: the replay spans {span_s:.6g} s (after --time-scale), more than the "
+                            f"{MAX_REPLAY_S:g} s (7 days) the simulator accepts; cut it with --max-trace-s, lower "
+                            "--time-scale, or check the timestamps' unit (seconds, or ISO 8601 date-times)")
     return out

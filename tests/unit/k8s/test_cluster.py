@@ -95,3 +95,17 @@ def test_committed_kustomize_base_is_the_generated_one():
         for name, text in files.items():
             (base / name).write_text(text)
     assert {p.name: p.read_text() for p in base.iterdir()} == files
+
+
+@pytest.mark.parametrize("schedule, ok", [("0 8 * * mon-fri", True), ("@daily", True), ("*/5  0 1 1 *", True),
+                                          ("every day", False), ("0 8 * *", False), ("@sometimes", False)])
+def test_a_budget_schedule_must_be_cron(schedule, ok):
+    # Before: "every day" rendered into the NodePool, which Karpenter's CRD refuses at apply time.
+    text = CLUSTER.read_text().replace('schedule: "0 8 * * mon-fri"', f'schedule: "{schedule}"')
+    assert f'schedule: "{schedule}"' in text
+    if ok:
+        budgets = load_model_text(ClusterConfig, text).gpu_families[0].budgets
+        assert budgets[1].schedule == schedule
+    else:
+        with pytest.raises(SpecError, match=r"gpu_families\[0\]\.budgets\[1\]\.schedule"):
+            load_model_text(ClusterConfig, text)

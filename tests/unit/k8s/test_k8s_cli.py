@@ -42,3 +42,26 @@ def test_render_cluster_and_crd():
     assert r.exit_code == 0 and list(yaml.safe_load_all(r.stdout)) == [render_crd()]
     r = runner.invoke(app, ["render", "cluster", str(REPO / "nope.yaml")])
     assert r.exit_code == 2 and "cannot read" in r.output
+
+
+def test_render_to_a_path_that_cannot_be_written_is_a_clear_error(tmp_path):
+    # Before: a FileNotFoundError traceback from every render command's --output / --out.
+    bad = tmp_path / "missing-dir" / "out.yaml"
+    for args in (["render", "k8s", str(TWO_POOLS), "-o", str(bad)], ["render", "crd", "-o", str(bad)],
+                 ["render", "cluster", str(REPO / "examples" / "cluster.yaml"), "-o", str(bad)],
+                 ["render", "alerts", "--out", str(bad)]):
+        r = runner.invoke(app, args)
+        assert r.exit_code == 1 and isinstance(r.exception, SystemExit), (args, r.output)
+        assert f"error: cannot write {bad}: No such file or directory; choose a path in an existing, writable " \
+               "directory" in " ".join(r.output.split())
+
+
+def test_a_spec_error_keeps_its_brackets(tmp_path):
+    # Before: rich read "[a-z0-9]" in the pattern as markup and dropped it, printing the wrong
+    # pattern '^([-a-z0-9]{0,61})?$' to a user who named the endpoint "Wh_isper!".
+    ep = tmp_path / "odd.yaml"
+    ep.write_text(TWO_POOLS.read_text().replace("metadata: {name: whisper-gpu}", "metadata: {name: 'Wh_isper!'}"))
+    assert "Wh_isper!" in ep.read_text()
+    r = runner.invoke(app, ["render", "k8s", str(ep)])
+    assert r.exit_code == 2
+    assert "metadata.name (line 12): String should match pattern '^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$'" in r.output

@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from sim_fixtures import grid_profile
@@ -49,3 +50,28 @@ def test_simulate_and_profile_refuse_bad_input_clearly(tmp_path):
     assert r.exit_code == 2 and "no pool named gpu" in r.output
     r = CliRunner().invoke(app, ["bench", "profile", str(ROOT / "examples" / "whisper-tiny-en.yaml"), "--audio-s", "45"])
     assert r.exit_code == 2 and "must be <= 30" in r.output
+
+
+def test_simulate_refuses_a_nan_arrival_without_a_traceback(tmp_path):
+    # Before: "ValueError: cannot convert float NaN to integer" from the report's peak-rate bins.
+    trace = tmp_path / "t.csv"
+    trace.write_text("TIMESTAMP,ContextTokens\nnan,100\n1,200\n")
+    r = CliRunner().invoke(app, ["simulate", str(ROOT / "examples" / "whisper-sim-cluster.yaml"), "--trace", str(trace),
+                                 "--profile", str(_profile(tmp_path)), "--out", str(tmp_path / "rep")])
+    assert r.exit_code == 2 and isinstance(r.exception, SystemExit)
+    assert "line 2: timestamp 'nan' is not a finite number of seconds" in r.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--batch-sizes", "0.5"], "--batch-sizes must list whole numbers >= 1, e.g. 1,2,4,8; got '0.5'"),
+    (["--batch-sizes", "inf"], "--batch-sizes must list finite positive numbers; got 'inf'"),
+    (["--audio-s", "nan"], "--audio-s must list finite positive numbers; got 'nan'"),
+    (["-o", "/nonexistent-dir/p.json"], "-o /nonexistent-dir/p.json: directory /nonexistent-dir does not exist"),
+])
+def test_bench_profile_refuses_absurd_flags_before_measuring(args, message):
+    # Before: int(inf) / int(nan) tracebacks, batch size 0.5 -> 0 -> a numpy stack error after
+    # loading the model, and an unwritable -o failed only after the whole measurement.
+    r = CliRunner().invoke(app, ["bench", "profile", str(ROOT / "examples" / "whisper-tiny-en.yaml"), *args])
+    assert r.exit_code == 2, r.output
+    assert isinstance(r.exception, SystemExit)
+    assert message in r.output

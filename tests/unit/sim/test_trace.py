@@ -69,3 +69,42 @@ def test_bad_jsonl_missing_file_and_bad_options(tmp_path):
         DurationRule.parse("quantile:x")
     with pytest.raises(SimInputError, match="0 < MIN <= MAX"):
         DurationRule.parse("uniform:5:1")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("TIMESTAMP,ContextTokens\nnan,100\n1,200\n", "line 2: timestamp 'nan' is not a finite number of seconds"),
+    ("TIMESTAMP,ContextTokens\n0,100\ninf,200\n", "line 3: timestamp 'inf' is not a finite number of seconds"),
+    ("TIMESTAMP,ContextTokens\n0,nan\n1,200\n", "request 1: ContextTokens = 'nan' is not a finite number"),
+    ("TIMESTAMP,ContextTokens\n0,100\n1e300,200\n", "the replay spans 1e+300 s (after --time-scale), more than "
+                                                    "the 604800 s (7 days) the simulator accepts"),
+])
+def test_non_finite_or_endless_traces_are_refused(tmp_path, text, message):
+    # Before: NaN/inf arrivals crashed the report with "cannot convert float NaN to integer", a NaN
+    # token count silently skewed the quantile durations, and a 1e300 s span never finished.
+    p = write(tmp_path, "odd.csv", text)
+    with pytest.raises(SimInputError) as exc:
+        load_trace(p)
+    assert message in str(exc.value) and str(p) in str(exc.value)
+
+
+def test_replay_span_limit_counts_the_time_scale(tmp_path):
+    p = write(tmp_path, "week.csv", "time\n0\n600000\n")
+    assert [r.arrival_s for r in load_trace(p, "fixed:1")] == [0.0, 600000.0]
+    with pytest.raises(SimInputError, match="the replay spans 1.2e\\+06 s"):
+        load_trace(p, "fixed:1", time_scale=2.0)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"time_scale": float("nan")}, "--time-scale nan must be a finite number > 0"),
+    ({"time_scale": float("inf")}, "--time-scale inf must be a finite number > 0"),
+    ({"time_scale": -1.0}, "--time-scale -1.0 must be a finite number > 0"),
+    ({"max_trace_s": float("nan")}, "--max-trace-s nan must be a finite number of seconds > 0"),
+    ({"max_trace_s": -5.0}, "--max-trace-s -5.0 must be a finite number of seconds > 0"),
+    ({"duration_rule": "fixed:inf"}, "duration rule 'fixed:inf': durations must be finite numbers of seconds"),
+    ({"duration_rule": "quantile:ContextTokens:1:inf"}, "durations must be finite numbers of seconds"),
+])
+def test_absurd_options_are_refused(tmp_path, kwargs, message):
+    p = write(tmp_path, "ok.csv", "time,ContextTokens\n0,1\n1,2\n")
+    with pytest.raises(SimInputError) as exc:
+        load_trace(p, **kwargs)
+    assert message in str(exc.value)

@@ -33,6 +33,16 @@ from tideserve.worker.backends.whisper_text import window_result
 from tideserve.worker.batcher import ExecutionTimings
 
 
+def prompt_ids(tok: Tokenizer, prompt: str | None) -> list[int]:
+    """Token ids of a client's previous-text prompt ([] for none), as plain text: "<|endoftext|>"
+    or "<|startoftranscript|>" in it become ordinary tokens, never control tokens (OpenAI
+    Whisper's tokenizer refuses special tokens in text; here they are neutralised)."""
+    if not prompt or not prompt.strip():
+        return []
+    tok.tokenizer.encode_special_tokens = True  # no other text this tokenizer encodes has special tokens
+    return tok.encode(" " + prompt.strip())
+
+
 class FasterWhisperBackend:
     """Load a CTranslate2 Whisper model from ``model_dir`` for ``target`` (CPU only here).
 
@@ -92,7 +102,7 @@ class FasterWhisperBackend:
         prompts, toks = [], []
         for task, lang in zip(tasks, languages):
             tok = self._tokenizer(lang)
-            previous = tok.encode(" " + task.prompt.strip()) if task.prompt and task.prompt.strip() else []
+            previous = prompt_ids(tok, task.prompt)
             with_timestamps = task.timestamps or not self._decoding.without_timestamps
             prompts.append(self._model.get_prompt(tok, previous, without_timestamps=not with_timestamps))
             toks.append(tok)

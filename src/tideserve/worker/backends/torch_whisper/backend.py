@@ -66,6 +66,26 @@ def special_tokens(tok: Tokenizer) -> SpecialTokens:
                          blank=tok.encode(" ", add_special_tokens=False).ids[0], suppress=tuple(sorted(suppress)))
 
 
+def prompt_tokens(tok: Tokenizer, special: SpecialTokens, multilingual: bool, language: str | None,
+                  timestamps: bool, previous: str | None) -> list[int]:
+    """Whisper's decoder prompt: [<|startofprev|> previous…] <|startoftranscript|>
+    [<|lang|> <|transcribe|>] [<|notimestamps|>]. The previous text keeps its last 223 tokens
+    and is encoded as plain text: a client's "<|endoftext|>" or "<|startoftranscript|>" becomes
+    ordinary tokens, never control tokens (OpenAI Whisper's tokenizer refuses special tokens in
+    text by default; here they are neutralised instead of failing the request)."""
+    out: list[int] = []
+    if previous and previous.strip():
+        tok.encode_special_tokens = True  # no other text this tokenizer encodes has special tokens
+        ids = tok.encode(" " + previous.strip(), add_special_tokens=False).ids
+        out = [_token(tok, "<|startofprev|>")] + ids[-(MAX_LENGTH // 2 - 1):]
+    out.append(special.sot)
+    if multilingual:
+        out += [_token(tok, f"<|{language or 'en'}|>"), _token(tok, "<|transcribe|>")]
+    if not timestamps:
+        out.append(special.no_timestamps)
+    return out
+
+
 class TorchWhisperBackend:
     """Load ``model_dir`` (Hugging Face format: config.json, model.safetensors, tokenizer.json)
     for ``target``.
@@ -104,19 +124,8 @@ class TorchWhisperBackend:
         self.graphs_captured = self.decoder.capture_all()
 
     def prompt(self, language: str | None, timestamps: bool, previous: str | None) -> list[int]:
-        """Whisper's decoder prompt: [<|startofprev|> previous…] <|startoftranscript|>
-        [<|lang|> <|transcribe|>] [<|notimestamps|>]. The previous text keeps its last 223 tokens."""
-        tok, s = self.tokenizer, self.special
-        out: list[int] = []
-        if previous and previous.strip():
-            ids = tok.encode(" " + previous.strip(), add_special_tokens=False).ids
-            out = [_token(tok, "<|startofprev|>")] + ids[-(MAX_LENGTH // 2 - 1):]
-        out.append(s.sot)
-        if self.multilingual:
-            out += [_token(tok, f"<|{language or 'en'}|>"), _token(tok, "<|transcribe|>")]
-        if not timestamps:
-            out.append(s.no_timestamps)
-        return out
+        """Whisper's decoder prompt (see ``prompt_tokens``)."""
+        return prompt_tokens(self.tokenizer, self.special, self.multilingual, language, timestamps, previous)
 
     @torch.inference_mode()
     def transcribe_batch(self, tasks: list[WindowTask]) -> tuple[list[WindowResult], ExecutionTimings]:

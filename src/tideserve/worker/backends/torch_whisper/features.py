@@ -60,7 +60,9 @@ class LogMel:
         out = torch.zeros(len(windows), self.filters.shape[0], N_FRAMES, device=self.device)
         for i, samples in enumerate(windows):
             x = torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32)).to(self.device)
-            x = torch.nn.functional.pad(x, (0, HOP))
+            # The reflect padding of a centred STFT needs more than N_FFT // 2 samples: a clip of
+            # a few samples (e.g. one) is zero-extended to that length, as silence would be.
+            x = torch.nn.functional.pad(x, (0, max(HOP, N_FFT // 2 + 1 - x.shape[0])))
             spec = torch.stft(x, N_FFT, HOP, window=self.window, center=True, pad_mode="reflect", return_complex=True)
             power = spec[:, :-1].abs() ** 2
             logmel = torch.clamp(self.filters @ power, min=1e-10).log10()

