@@ -80,8 +80,10 @@ class DynamicBatcher(Generic[T, R]):
     """Collect items from concurrent callers and run them through ``execute`` in batches.
 
     ``execute(payloads) -> (results, timings)`` must return one result per payload, in
-    order; it runs on a single worker thread. An exception from it fails every item of that
-    batch. ``max_batch_size`` >= 1; ``max_queue_delay_s`` >= 0.
+    order; it runs on a single worker thread. When a batch of several items raises, each item is
+    run again alone, so one bad input fails only its own caller (the others get their results,
+    one execution each); a single item's exception goes to its caller.
+    ``max_batch_size`` >= 1; ``max_queue_delay_s`` >= 0.
     """
 
     def __init__(
@@ -163,6 +165,16 @@ class DynamicBatcher(Generic[T, R]):
             self._queue = collections.deque(live)
         return live
 
+    def _deliver(self, batch: list, results: list, timings: ExecutionTimings, started: float) -> None:
+        self._observer.on_execution(len(batch), [started - i.enqueued for i in batch], timings)
+        for i in batch:
+            if i.usage is not None and self.executions not in i.usage.executions:
+                i.usage.executions.add(self.executions)
+                i.usage.compute_s += timings.total_s
+        for i, r in zip(batch, results):
+            if not i.future.done():
+                i.future.set_result(r)
+
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
@@ -190,24 +202,24 @@ class DynamicBatcher(Generic[T, R]):
             self._observer.on_dequeue(len(batch))
             self.busy = True
             try:
-                results, timings = await loop.run_in_executor(
-                    self._executor, self._execute, [i.payload for i in batch]
-                )
-                if len(results) != len(batch):
-                    raise RuntimeError(f"backend returned {len(results)} results for {len(batch)} inputs")
-            except Exception as exc:  # noqa: BLE001 - every waiter must learn of the failure
-                for i in batch:
-                    if not i.future.done():
-                        i.future.set_exception(exc)
-                continue
+                groups = [batch]
+                while groups:
+                    group = groups.pop(0)
+                    try:
+                        results, timings = await loop.run_in_executor(
+                            self._executor, self._execute, [i.payload for i in group]
+                        )
+                        if len(results) != len(group):
+                            raise RuntimeError(f"backend returned {len(results)} results for {len(group)} inputs")
+                    except Exception as exc:  # noqa: BLE001 - every waiter must learn of the failure
+                        self.executions += 1
+                        if len(group) > 1:  # isolate the bad input: run each item alone
+                            groups.extend([i] for i in group if not i.future.done())
+                            continue
+                        if not group[0].future.done():
+                            group[0].future.set_exception(exc)
+                        continue
+                    self.executions += 1
+                    self._deliver(group, results, timings, started)
             finally:
                 self.busy = False
-                self.executions += 1
-            self._observer.on_execution(len(batch), [started - i.enqueued for i in batch], timings)
-            for i in batch:
-                if i.usage is not None and self.executions not in i.usage.executions:
-                    i.usage.executions.add(self.executions)
-                    i.usage.compute_s += timings.total_s
-            for i, r in zip(batch, results):
-                if not i.future.done():
-                    i.future.set_result(r)

@@ -79,7 +79,31 @@ def test_cancelled_caller_is_dropped_before_execution():
     assert kept == [[i * 10] for i in range(8)]
 
 
-def test_backend_error_fails_that_batch_only():
+def test_a_bad_input_fails_only_its_own_caller():
+    calls = []
+
+    def execute(items):
+        calls.append(list(items))
+        if -1 in items:
+            raise RuntimeError("model blew up on -1")
+        return [i * 10 for i in items], ExecutionTimings()
+
+    async def main():
+        b = DynamicBatcher(execute, max_batch_size=3, max_queue_delay_s=0.05)
+        b.start()
+        got = await asyncio.gather(b.submit_many([1]), b.submit_many([-1]), b.submit_many([2]),
+                                   return_exceptions=True)
+        await b.close()
+        return got, b.executions
+
+    (a, bad, c), executions = run(main())
+    assert (a, c) == ([10], [20])
+    assert isinstance(bad, RuntimeError) and str(bad) == "model blew up on -1"
+    # One batch of three failed, then each input ran alone: 4 executions.
+    assert calls == [[1, -1, 2], [1], [-1], [2]] and executions == 4
+
+
+def test_a_single_failing_item_gets_the_exception_and_the_batcher_goes_on():
     calls = []
 
     def execute(items):
@@ -92,7 +116,7 @@ def test_backend_error_fails_that_batch_only():
         b = DynamicBatcher(execute, max_batch_size=2, max_queue_delay_s=0.0)
         b.start()
         with pytest.raises(RuntimeError, match="model blew up"):
-            await b.submit_many([1, 2])
+            await b.submit_many([1])
         ok = await b.submit_many([3])
         await b.close()
         return ok, b.executions
