@@ -112,6 +112,13 @@ def test_cuda_engine_on_this_cpu_machine_is_refused(tmp_path):
     }], model={"backend": "torch", "decoding": {"beam_size": 1}})
     with EndpointProcess(path, tmp_path, wait_ready=False) as ep:
         _assert_refused(ep, "cuda-sm90-bf16", "needs a CUDA GPU (sm90); this machine has none")
+        # The start-up banner says so instead of "replicas start in the background".
+        deadline = time.monotonic() + 30
+        while "NO pool can run on this machine" not in ep.log_path.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        log = ep.log_path.read_text()
+        assert "NO pool can run on this machine, so every request is refused (503)" in log
+        assert "pool h100: engine target cuda-sm90-bf16 needs a CUDA GPU (sm90); this machine has none" in log
 
 
 def test_engine_whose_manifest_names_another_target_is_refused(tmp_path):

@@ -101,6 +101,10 @@ async def run_endpoint(
     mins = sum(p.replicas.min for p in endpoint.spec.pools)
     starting = ("replicas start in the background" if mins else
                 "no replica runs until the first request, which is held while one starts")
+    unusable = [p for p in runtime.status()["pools"] if p["state"] == "unschedulable"]
+    if len(unusable) == len(endpoint.spec.pools):
+        starting = ("but NO pool can run on this machine, so every request is refused (503):\n    "
+                    + "\n    ".join(f"pool {p['name']}: {p['reason']}" for p in unusable))
     cacert = f" --cacert {cfg.tls_cert_file}" if ctx else ""
     print(
         f"tideserve: endpoint '{endpoint.metadata.name}' serves model '{endpoint.spec.model.name}' at {url}\n"
