@@ -20,6 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from tideserve.cli.operator import operator_command
+from tideserve.cli import k8s_options
 from tideserve.errors import SpecError
 from tideserve.spec import InferenceEndpoint, load_endpoint, load_local_config
 
@@ -382,36 +383,23 @@ def render_alerts(
     _emit(yaml.safe_dump(alert_rules(), sort_keys=False, width=120), out_file)
 
 
-def render_options(namespace: str, image: str, gpu_image: Optional[str], lb_scheme: str, s3_region: Optional[str],
-                   fsx_file_system_id: Optional[str], fsx_dns_name: Optional[str], fsx_mount_name: Optional[str]):
-    """RenderOptions from the flags `render k8s` and `operator` share; exits 2 on a bad scheme."""
-    from tideserve.k8s.render import RenderOptions
-
-    if lb_scheme not in ("internal", "internet-facing"):
-        err.print("[red]error:[/red] --lb-scheme must be internal or internet-facing", highlight=False)
-        raise typer.Exit(2)
-    return RenderOptions(namespace=namespace, image=image, gpu_image=gpu_image, load_balancer_scheme=lb_scheme,
-                         s3_region=s3_region, fsx_file_system_id=fsx_file_system_id, fsx_dns_name=fsx_dns_name,
-                         fsx_mount_name=fsx_mount_name)
-
-
 @render_app.command("k8s")
 def render_k8s(
     file: Path = typer.Argument(..., help="InferenceEndpoint YAML file"),
     namespace: str = typer.Option("default", help="namespace of the endpoint's objects"),
-    image: str = typer.Option("ghcr.io/tideserve/tideserve:0.1.0", help="tideserve image (deploy/docker/Dockerfile)"),
-    gpu_image: Optional[str] = typer.Option(None, help="image for GPU pools (the Dockerfile's cuda target); default: --image with -cuda appended to its tag"),
-    lb_scheme: str = typer.Option("internal", help="NLB scheme of the gateway: internal or internet-facing"),
-    s3_region: Optional[str] = typer.Option(None, help="region of an s3:// model source's bucket"),
-    fsx_file_system_id: Optional[str] = typer.Option(None, help="FSx for Lustre file system id (file:///fsx/... sources)"),
-    fsx_dns_name: Optional[str] = typer.Option(None, help="FSx for Lustre DNS name"),
-    fsx_mount_name: Optional[str] = typer.Option(None, help="FSx for Lustre mount name"),
+    image: str = k8s_options.IMAGE,
+    gpu_image: Optional[str] = k8s_options.GPU_IMAGE,
+    lb_scheme: str = k8s_options.LB_SCHEME,
+    s3_region: Optional[str] = k8s_options.S3_REGION,
+    fsx_file_system_id: Optional[str] = k8s_options.FSX_FILE_SYSTEM_ID,
+    fsx_dns_name: Optional[str] = k8s_options.FSX_DNS_NAME,
+    fsx_mount_name: Optional[str] = k8s_options.FSX_MOUNT_NAME,
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="write here instead of standard output"),
 ) -> None:
     """The endpoint's Kubernetes manifests (multi-document YAML): workers, gateway, KEDA, volumes."""
     from tideserve.k8s.render import render_endpoint, to_yaml
 
-    opts = render_options(namespace, image, gpu_image, lb_scheme, s3_region, fsx_file_system_id, fsx_dns_name,
+    opts = k8s_options.render_options(namespace, image, gpu_image, lb_scheme, s3_region, fsx_file_system_id, fsx_dns_name,
                           fsx_mount_name)
     ep = _load(file)
     try:

@@ -10,6 +10,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from tideserve.cli import k8s_options
+
 err = Console(stderr=True, soft_wrap=True)
 
 
@@ -17,14 +19,13 @@ def operator_command(
     namespace: Optional[List[str]] = typer.Option(None, "--namespace", "-n",
                                                   help="watch InferenceEndpoints in this namespace (repeatable)"),
     all_namespaces: bool = typer.Option(False, "--all-namespaces", "-A", help="watch every namespace"),
-    image: str = typer.Option("ghcr.io/tideserve/tideserve:0.1.0",
-                              help="tideserve image the rendered gateway and workers run"),
-    gpu_image: Optional[str] = typer.Option(None, help="image for GPU pools; default: --image with -cuda appended to its tag"),
-    lb_scheme: str = typer.Option("internal", help="NLB scheme of each gateway: internal or internet-facing"),
-    s3_region: Optional[str] = typer.Option(None, help="region of s3:// model sources' buckets"),
-    fsx_file_system_id: Optional[str] = typer.Option(None, help="FSx for Lustre file system id (file:///fsx/... sources)"),
-    fsx_dns_name: Optional[str] = typer.Option(None, help="FSx for Lustre DNS name"),
-    fsx_mount_name: Optional[str] = typer.Option(None, help="FSx for Lustre mount name"),
+    image: str = k8s_options.IMAGE,
+    gpu_image: Optional[str] = k8s_options.GPU_IMAGE,
+    lb_scheme: str = k8s_options.LB_SCHEME,
+    s3_region: Optional[str] = k8s_options.S3_REGION,
+    fsx_file_system_id: Optional[str] = k8s_options.FSX_FILE_SYSTEM_ID,
+    fsx_dns_name: Optional[str] = k8s_options.FSX_DNS_NAME,
+    fsx_mount_name: Optional[str] = k8s_options.FSX_MOUNT_NAME,
     kubeconfig: Optional[Path] = typer.Option(None, help="kubeconfig file (default: in-cluster service account, "
                                                          "else $KUBECONFIG or ~/.kube/config)"),
     context: Optional[str] = typer.Option(None, help="kubeconfig context"),
@@ -33,12 +34,11 @@ def operator_command(
     log_format: str = typer.Option("json", help="json (one object a line) or text"),
 ) -> None:
     """Render and server-side-apply every InferenceEndpoint; report Ready/Degraded conditions."""
-    from tideserve.cli.main import render_options
     from tideserve.k8s.apply import ApplyError, Cluster
     from tideserve.k8s.operator import install_log_filter, run_operator
     from tideserve.logs import setup_logging
 
-    options = render_options("default", image, gpu_image, lb_scheme, s3_region, fsx_file_system_id, fsx_dns_name,
+    options = k8s_options.render_options("default", image, gpu_image, lb_scheme, s3_region, fsx_file_system_id, fsx_dns_name,
                              fsx_mount_name)
     if bool(namespace) == all_namespaces:
         err.print("[red]error:[/red] pass --namespace NS (one or more) or --all-namespaces, not both or neither",

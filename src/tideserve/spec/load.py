@@ -104,8 +104,12 @@ def load_model_text(model: type[M], text: str, source: str = "<string>") -> M:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise SpecError(f"{source}: not valid YAML: {exc}") from None
-    if data is None:
-        data = {}
+    return _validate(model, {} if data is None else data, source, root)
+
+
+def _validate(model: type[M], data: Any, source: str, root: yaml.Node | None) -> M:
+    """``data`` (a parsed mapping) as ``model``; SpecError names each field path (and its YAML
+    line when ``root`` is given)."""
     if not isinstance(data, dict):
         raise SpecError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
     try:
@@ -178,9 +182,4 @@ def endpoint_from_dict(data: Any, source: str = "<object>") -> InferenceEndpoint
     """Validate an already-parsed InferenceEndpoint mapping (e.g. a Kubernetes object's
     ``apiVersion``, ``kind``, ``metadata.name/labels`` and ``spec``). Raises SpecError whose
     problems name the field paths (no line numbers: there is no YAML text)."""
-    if not isinstance(data, dict):
-        raise SpecError(f"{source}: expected a mapping, got {type(data).__name__}")
-    try:
-        return InferenceEndpoint.model_validate(data)
-    except ValidationError as exc:
-        raise SpecError(f"{source} is not a valid InferenceEndpoint:", _problems(exc, InferenceEndpoint, None)) from None
+    return _validate(InferenceEndpoint, data, source, None)

@@ -1,0 +1,33 @@
+"""The rendering flags `tideserve render k8s` and `tideserve operator` share, defined once."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from tideserve.k8s.render import RenderOptions
+
+err = Console(stderr=True, soft_wrap=True)
+
+IMAGE = typer.Option(RenderOptions.image, help="tideserve image the gateway and workers run (deploy/docker/Dockerfile)")
+GPU_IMAGE = typer.Option(None, help="image for GPU pools (the Dockerfile's cuda target); default: --image with "
+                                    "-cuda appended to its tag")
+LB_SCHEME = typer.Option("internal", help="NLB scheme of the gateway: internal or internet-facing")
+S3_REGION = typer.Option(None, help="region of s3:// model sources' buckets")
+FSX_FILE_SYSTEM_ID = typer.Option(None, help="FSx for Lustre file system id (file:///fsx/... sources)")
+FSX_DNS_NAME = typer.Option(None, help="FSx for Lustre DNS name")
+FSX_MOUNT_NAME = typer.Option(None, help="FSx for Lustre mount name")
+
+
+def render_options(namespace: str, image: str, gpu_image: Optional[str], lb_scheme: str, s3_region: Optional[str],
+                   fsx_file_system_id: Optional[str], fsx_dns_name: Optional[str],
+                   fsx_mount_name: Optional[str]) -> RenderOptions:
+    """RenderOptions from those flags; exits 2 on a bad load-balancer scheme."""
+    if lb_scheme not in ("internal", "internet-facing"):
+        err.print("[red]error:[/red] --lb-scheme must be internal or internet-facing", highlight=False)
+        raise typer.Exit(2)
+    return RenderOptions(namespace=namespace, image=image, gpu_image=gpu_image, load_balancer_scheme=lb_scheme,
+                         s3_region=s3_region, fsx_file_system_id=fsx_file_system_id, fsx_dns_name=fsx_dns_name,
+                         fsx_mount_name=fsx_mount_name)
