@@ -125,19 +125,16 @@ def build_engine(
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=final.parent))
     try:
-        files = {}
         if convert is not None:
             convert(model_dir, tmp)
-            for p in _files(tmp):
-                files[str(p.relative_to(tmp))] = {"size": p.stat().st_size, "sha256": _sha256(p)}
-        for p in _files(model_dir) if convert is None else ():
-            rel = p.relative_to(model_dir)
-            dst = tmp / rel
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            # A copy, not a hard link: an engine file changed in place must not change the
-            # source model (or the package that ships it) too.
-            shutil.copy2(p, dst)
-            files[str(rel)] = {"size": p.stat().st_size, "sha256": _sha256(p)}
+        else:
+            for p in _files(model_dir):
+                dst = tmp / p.relative_to(model_dir)
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                # A copy, not a hard link: an engine file changed in place must not change the
+                # source model (or the package that ships it) too.
+                shutil.copy2(p, dst)
+        files = {str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": _sha256(p)} for p in _files(tmp)}
         digest = hashlib.sha256("".join(f"{k}:{v['sha256']}\n" for k, v in sorted(files.items())).encode()).hexdigest()
         manifest = EngineManifest(
             model_key=key, model_sha256=digest, source=source, backend=backend, backend_version=backend_version,

@@ -233,14 +233,15 @@ class GreedyDecoder:
         t = self.dims.max_target_positions
         b = self.bucket(n)
         self.model.fill_cross(self.cache, encoded.to(self.dtype))
-        self.prompt[:b].zero_()
+        host = torch.zeros(b, self.max_prompt, dtype=torch.long)  # filled here, copied to the device once
         plens = []
         for i, p in enumerate(prompts):
             if not p or len(p) > self.max_prompt or self.special.sot not in p:
                 raise ValueError(f"prompt {i} has {len(p)} tokens; it needs <|startoftranscript|> and at most {self.max_prompt}")
-            self.prompt[i, : len(p)] = torch.tensor(p, dtype=torch.long)
+            host[i, : len(p)] = torch.tensor(p, dtype=torch.long)
             plens.append(len(p))
         plens += [1] * (b - n)
+        self.prompt[:b].copy_(host)
         dev = self.device
         plen = torch.tensor(plens, dtype=torch.long, device=dev)
         self.prompt_len[:b] = plen
@@ -265,16 +266,15 @@ class GreedyDecoder:
             self._run_step(b, span)
             if (i + 1) % check_every == 0 and bool(self.done[:b].all()):
                 break
-        hist = self.hist[:n].cpu().tolist()
-        pos = self.pos[:n].cpu().tolist()
+        # One device-to-host copy per state tensor, not one per row.
+        hist, pos, ended, logprob, no_speech = (getattr(self, name)[:n].cpu().tolist() for name in
+                                                 ("hist", "pos", "ended", "sum_logprob", "no_speech"))
         out = []
         for i in range(n):
             toks = hist[i][plens[i]: pos[i] + 1]
-            ended = bool(self.ended[i])
-            if ended and toks and toks[-1] == self.special.eot:
+            if ended[i] and toks and toks[-1] == self.special.eot:
                 toks = toks[:-1]
-            out.append(RowResult(tokens=toks, sum_logprob=float(self.sum_logprob[i]),
-                                 no_speech_prob=float(self.no_speech[i]), ended=ended))
+            out.append(RowResult(tokens=toks, sum_logprob=logprob[i], no_speech_prob=no_speech[i], ended=ended[i]))
         return out
 
 
