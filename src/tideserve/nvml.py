@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from types import ModuleType
+from typing import Callable
 
 log = logging.getLogger("tideserve.nvml")
 
@@ -23,34 +24,32 @@ def load() -> ModuleType | None:
         return None
 
 
-def cuda_archs(nvml: ModuleType | None = None) -> tuple[str, ...]:
-    """Compute capability of each visible GPU as ``smXY`` (e.g. ``sm90`` for an H100/H200);
-    empty without GPUs."""
+def _per_gpu(nvml: ModuleType | None, read: Callable[[ModuleType, object], str], what: str) -> tuple[str, ...]:
+    """``read(nvml, handle)`` for each visible GPU; empty without GPUs or when NVML fails."""
     nv = nvml if nvml is not None else load()
     if nv is None:
         return ()
     try:
-        out = []
-        for i in range(nv.nvmlDeviceGetCount()):
-            major, minor = nv.nvmlDeviceGetCudaComputeCapability(nv.nvmlDeviceGetHandleByIndex(i))
-            out.append(f"sm{major}{minor}")
-        return tuple(out)
+        return tuple(read(nv, nv.nvmlDeviceGetHandleByIndex(i)) for i in range(nv.nvmlDeviceGetCount()))
     except Exception as exc:  # noqa: BLE001
-        log.warning("reading GPU compute capabilities failed: %s", exc)
+        log.warning("reading GPU %s failed: %s", what, exc)
         return ()
+
+
+def cuda_archs(nvml: ModuleType | None = None) -> tuple[str, ...]:
+    """Compute capability of each visible GPU as ``smXY`` (e.g. ``sm90`` for an H100/H200);
+    empty without GPUs."""
+    def arch(nv: ModuleType, handle: object) -> str:
+        major, minor = nv.nvmlDeviceGetCudaComputeCapability(handle)
+        return f"sm{major}{minor}"
+
+    return _per_gpu(nvml, arch, "compute capabilities")
 
 
 def gpu_names(nvml: ModuleType | None = None) -> tuple[str, ...]:
     """Each visible GPU's product name (e.g. ``NVIDIA H200``); empty without GPUs."""
-    nv = nvml if nvml is not None else load()
-    if nv is None:
-        return ()
-    try:
-        names = []
-        for i in range(nv.nvmlDeviceGetCount()):
-            name = nv.nvmlDeviceGetName(nv.nvmlDeviceGetHandleByIndex(i))
-            names.append(name.decode() if isinstance(name, bytes) else str(name))
-        return tuple(names)
-    except Exception as exc:  # noqa: BLE001
-        log.warning("reading GPU names failed: %s", exc)
-        return ()
+    def name(nv: ModuleType, handle: object) -> str:
+        n = nv.nvmlDeviceGetName(handle)
+        return n.decode() if isinstance(n, bytes) else str(n)
+
+    return _per_gpu(nvml, name, "names")
