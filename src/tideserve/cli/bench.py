@@ -9,7 +9,6 @@ point measured ``repeats`` times after one warm-up execution. Output: ``tideserv
 from __future__ import annotations
 
 import datetime as dt
-import importlib.metadata
 import os
 import platform
 import socket
@@ -20,6 +19,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from tideserve.cli.engines import backend_version
 from tideserve.sim.profile import PoolProfile, Profile, ProfileMetadata, ProfilePoint
 from tideserve.spec import InferenceEndpoint
 
@@ -113,11 +113,7 @@ def measure_profile(ep: InferenceEndpoint, pools: Sequence[str], batch_sizes: Se
                 progress(f"{name} ({pool.target}): batch {bs} x {audio_s:g} s -> {points[-1].latency_s:.3f} s")
         out.append(PoolProfile(pool=name, target=pool.target, accelerator=pool.accelerator, points=points))
         del backend
-    lib = "ctranslate2" if spec.model.backend == "faster-whisper" else spec.model.backend
-    try:
-        version = f"{lib} {importlib.metadata.version(lib)}"
-    except importlib.metadata.PackageNotFoundError:
-        version = lib
+    version = backend_version(spec.model.backend)
     meta = ProfileMetadata(
         machine=socket.gethostname(), cpu=_cpu_model(), cpus=os.cpu_count() or 0, gpu=_gpu_name(),
         date=dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat(), model=spec.model.name,
