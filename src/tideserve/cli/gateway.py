@@ -25,6 +25,7 @@ from aiohttp import web
 
 from tideserve.autoscaler.loop import Autoscaler
 from tideserve.autoscaler.policy import place
+from tideserve.files import write_atomic
 from tideserve.gateway.app import build_gateway_app
 from tideserve.gateway.dispatch import Dispatcher
 from tideserve.gateway.scaler import ExternalScaler, ScalerServer
@@ -197,10 +198,8 @@ async def run_gateway(
               "stop what uses the port or pick another with --port / --scaler-port", file=sys.stderr)
         return 1
     if port_file:
-        tmp = Path(str(port_file) + ".tmp")
         try:
-            tmp.write_text(json.dumps({"port": kg.http_port, "scaler_port": kg.scaler_port}))
-            tmp.replace(port_file)
+            write_atomic(port_file, json.dumps({"port": kg.http_port, "scaler_port": kg.scaler_port}))
         except OSError as exc:
             await kg.stop()
             print(f"tideserve: cannot write --port-file {port_file}: {exc.strerror or exc}; "

@@ -14,6 +14,7 @@ from aiohttp import web
 
 from tideserve.autoscaler.loop import Autoscaler
 from tideserve.cli.engines import prepare_engine
+from tideserve.files import write_atomic
 from tideserve.gateway.app import build_gateway_app
 from tideserve.runtime.local import LocalRuntime
 from tideserve.spec import InferenceEndpoint, LocalConfig
@@ -70,9 +71,7 @@ async def run_endpoint(
     scheme = "https" if ctx else "http"
     url = f"{scheme}://{gw.host}:{port}"
     if port_file:
-        tmp = Path(str(port_file) + ".tmp")
-        tmp.write_text(str(port))
-        tmp.replace(port_file)
+        write_atomic(port_file, str(port))
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -27,6 +27,7 @@ from tideserve.errors import EngineMismatchError, SourceError, SpecError
 from tideserve.logs import setup_logging
 from tideserve.sources import resolve_source
 from tideserve.spec import load_endpoint, load_local_config
+from tideserve.files import write_atomic
 from tideserve.worker.backends import backend_class
 
 # The HTTP stack (aiohttp, the API module, prometheus-client) is imported inside serve(), after
@@ -52,12 +53,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--drain-timeout-s", type=float, default=300.0)
     p.add_argument("--log-format", choices=["json", "text"], default="json")
     return p.parse_args(argv)
-
-
-def _write_atomic(path: str, text: str) -> None:
-    tmp = Path(path + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 async def serve(args: argparse.Namespace, phases: dict[str, float]) -> int:
@@ -103,7 +98,7 @@ async def serve(args: argparse.Namespace, phases: dict[str, float]) -> int:
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     if args.port_file:
-        _write_atomic(args.port_file, str(port))
+        write_atomic(args.port_file, str(port))
     phases["listening"] = time.time()
     log.info("listening", extra={"port": port, "pool": pool.name, "replica": args.replica_id})
 
@@ -121,7 +116,7 @@ async def serve(args: argparse.Namespace, phases: dict[str, float]) -> int:
     batcher.start()
     service.state.ready = True
     if args.startup_file:
-        _write_atomic(args.startup_file, json.dumps(phases))
+        write_atomic(args.startup_file, json.dumps(phases))
     log.info("ready", extra={"phases_s": {k: round(v - phases["interpreter"], 3) for k, v in phases.items()}})
 
     parent = os.getppid()
