@@ -117,9 +117,10 @@ class GreedyDecoder:
         tok, pos, plen = self.tok[:b], self.pos[:b], self.prompt_len[:b]
         done, hist = self.done[:b], self.hist[:b]
         logits = self.model.step(self.cache, tok, pos, span)  # [b, V], predicts position pos + 1
-        raw = torch.log_softmax(logits, dim=-1)
+        # p(no speech) = exp(logit - logsumexp(logits)): one reduction, no [B, V] log-softmax.
+        raw_ns = logits[:, s.no_speech] - torch.logsumexp(logits, dim=-1)
         at_sot = pos == self.sot_index[:b]
-        self.no_speech[:b] = torch.where(at_sot, raw[:, s.no_speech].exp(), self.no_speech[:b])
+        self.no_speech[:b] = torch.where(at_sot, raw_ns.exp(), self.no_speech[:b])
 
         n_gen = pos + 1 - plen  # tokens already sampled before the one chosen now
         mask = self.suppress[None, :].expand(b, -1)
@@ -141,13 +142,14 @@ class GreedyDecoder:
         rule |= first & (self.ids[None, :] > s.timestamp_begin + self.max_initial_ts)
         mask = mask | (ts_on & rule)
         filtered = logits.masked_fill(mask, _NEG_INF)
-        lp = torch.log_softmax(filtered, dim=-1)
-        ts_mass = torch.logsumexp(lp.masked_fill(~self.is_ts[None, :], _NEG_INF), dim=-1)
-        best_text = lp.masked_fill(self.is_ts[None, :], _NEG_INF).max(dim=-1).values
+        # Timestamps' total probability vs the best text token's: both log-probabilities share the
+        # same normaliser, so compare the filtered logits directly.
+        ts_mass = torch.logsumexp(filtered.masked_fill(~self.is_ts[None, :], _NEG_INF), dim=-1)
+        best_text = filtered.masked_fill(self.is_ts[None, :], _NEG_INF).max(dim=-1).values
         force_ts = ts_on[:, 0] & (ts_mass > best_text)
         filtered = filtered.masked_fill(force_ts[:, None] & ~self.is_ts[None, :], _NEG_INF)
-        lp = torch.log_softmax(filtered, dim=-1)
         sample = filtered.argmax(dim=-1)
+        sample_lp = filtered.gather(1, sample[:, None])[:, 0] - torch.logsumexp(filtered, dim=-1)
 
         in_prompt = pos + 1 < plen
         active = ~done & ~in_prompt
@@ -155,7 +157,7 @@ class GreedyDecoder:
         nxt = torch.where(in_prompt, forced, sample)
         nxt = torch.where(done, tok, nxt)
         hist.scatter_(1, (pos + 1)[:, None], nxt[:, None])
-        self.sum_logprob[:b] += torch.where(active & (sample != s.eot), lp.gather(1, sample[:, None])[:, 0], 0.0)
+        self.sum_logprob[:b] += torch.where(active & (sample != s.eot), sample_lp, 0.0)
         self.last_ts[:b] = torch.where(active & (sample >= s.timestamp_begin), sample, self.last_ts[:b])
         hit_eot = active & (sample == s.eot)
         self.ended[:b] |= hit_eot
