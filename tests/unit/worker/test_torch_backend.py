@@ -116,7 +116,7 @@ class ScriptedModel(torch.nn.Module):
         self.script = script
         self.calls = 0
 
-    def fill_cross(self, cache, encoded) -> None:
+    def fill_cross(self, cache, encoded, rows=None) -> None:
         pass
 
     def step(self, cache, tokens, positions, span=None):

@@ -101,8 +101,15 @@ class TorchWhisperBackend:
         if decoding.beam_size != 1:
             raise ValueError(f"the torch backend decodes greedily; set model.decoding.beam_size: 1 "
                              f"(got {decoding.beam_size})")
-        if cpu_threads and self.device.type == "cpu":
-            torch.set_num_threads(cpu_threads)
+        if self.device.type == "cpu":
+            if cpu_threads:
+                torch.set_num_threads(cpu_threads)
+        else:
+            # On a GPU the engine does no CPU math worth parallelising, and torch's intra-op CPU
+            # threads (one per core by default) spin after each small host op: on the H200 machine
+            # they kept 10 of 16 cores busy and, with the cores oversubscribed, made each admission's
+            # host work take ~40 ms instead of ~1.5 ms (bench/gpu_admit_probe.py, gpu_e2e.py).
+            torch.set_num_threads(cpu_threads or 1)
         dtype = DTYPES[target.backend_compute_type]
         if self.device.type == "cpu" and dtype != torch.float32:
             raise EngineMismatchError(f"{target.name}: the torch backend runs fp32 on the CPU")
@@ -119,6 +126,7 @@ class TorchWhisperBackend:
         self.features = LogMel(self.model.dims.num_mel_bins, self.device)
         self.decoder = GreedyDecoder(self.model, self.special, max_batch=max_batch_size,
                                      use_cuda_graphs=use_cuda_graphs)
+        self._rows: dict[int, tuple[WindowTask, str]] = {}  # busy slot -> its task and language
         # CUDA graphs are captured on first use of each (batch bucket, span), not here: capturing
         # all of them at load (GreedyDecoder.capture_all) doubled a tiny replica's load on the
         # H200 (6.7 s -> 14.0 s, 18 graphs) and did not change a 64-request burst's p50
@@ -128,26 +136,79 @@ class TorchWhisperBackend:
         """Whisper's decoder prompt (see ``prompt_tokens``)."""
         return prompt_tokens(self.tokenizer, self.special, self.multilingual, language, timestamps, previous)
 
-    @torch.inference_mode()
-    def transcribe_batch(self, tasks: list[WindowTask]) -> tuple[list[WindowResult], ExecutionTimings]:
-        """Run all ``tasks`` as one execution (at most max_batch_size windows); results in order."""
-        t0 = time.perf_counter()
-        feats = self.features([t.samples for t in tasks]).to(self.decoder.dtype)
-        t1 = time.perf_counter()
-        encoded = self.model.encode(feats)
+    # --- continuous batching (worker.engine drives these) -----------------------------------
+
+    @property
+    def free_slots(self) -> int:
+        return self.decoder.free_slots
+
+    def _prompts(self, tasks: list[WindowTask]) -> tuple[list[str], list[bool], list[list[int]]]:
         languages = [t.language or self.decoding.language or "en" for t in tasks]
         with_ts = [t.timestamps or not self.decoding.without_timestamps for t in tasks]
         prompts = [self.prompt(lang, ts, t.prompt) for t, lang, ts in zip(tasks, languages, with_ts)]
-        rows = self.decoder.decode(encoded, prompts, with_ts, max_new_tokens=self.decoding.max_new_tokens)
+        return languages, with_ts, prompts
+
+    @torch.inference_mode()
+    def admit(self, tasks: list[WindowTask]) -> tuple[list[int], ExecutionTimings]:
+        """Features and one encoder pass for ``tasks``, then their rows join the running decode.
+        Returns one handle (slot) per task and the time of the features (input) and the encoder
+        (infer). Raises ValueError for more tasks than free slots or a bad prompt."""
+        t0 = time.perf_counter()
+        languages, with_ts, prompts = self._prompts(tasks)
+        feats = self.features([t.samples for t in tasks]).to(self.decoder.dtype)
+        t1 = time.perf_counter()
+        encoded = self.model.encode(feats)
+        slots = self.decoder.admit(encoded, prompts, with_ts, max_new_tokens=self.decoding.max_new_tokens,
+                                   temperatures=[t.temperature for t in tasks],
+                                   min_new_tokens=self.decoding.min_new_tokens)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         t2 = time.perf_counter()
-        s = self.special
-        out = []
-        for task, lang, row in zip(tasks, languages, rows):
-            avg = row.sum_logprob / (len(row.tokens) + 1)
-            out.append(window_result(task, row.tokens, lang, avg, row.no_speech_prob, s.eot, s.timestamp_begin,
-                                     lambda ids: self.tokenizer.decode(ids)))
+        for slot, task, lang in zip(slots, tasks, languages):
+            self._rows[slot] = (task, lang)
+        return slots, ExecutionTimings(input_s=t1 - t0, infer_s=t2 - t1)
+
+    def run(self, steps: int) -> None:
+        """``steps`` decoder steps for every row decoding now."""
+        self.decoder.run(steps)
+
+    def finished(self) -> tuple[list[tuple[int, WindowResult]], float]:
+        """Rows that ended, as window results, and the seconds spent detokenizing them."""
+        rows = self.decoder.finished()
+        t0 = time.perf_counter()
+        out = [(slot, self._result(*self._rows.pop(slot), row)) for slot, row in rows]
+        return out, time.perf_counter() - t0
+
+    def release(self, slots: list[int]) -> None:
+        """Stop the rows of ``slots`` (their request went away)."""
+        self.decoder.release(slots)
+        for s in slots:
+            self._rows.pop(s, None)
+
+    def _result(self, task: WindowTask, lang: str, row) -> WindowResult:
+        s, d = self.special, self.decoding
+        avg = row.sum_logprob / (len(row.tokens) + 1)
+        return window_result(task, row.tokens, lang, avg, row.no_speech_prob, s.eot, s.timestamp_begin,
+                             lambda ids: self.tokenizer.decode(ids), d.no_speech_threshold, d.log_prob_threshold)
+
+    # --- one static batch ---------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def transcribe_batch(self, tasks: list[WindowTask]) -> tuple[list[WindowResult], ExecutionTimings]:
+        """Run all ``tasks`` as one execution (at most max_batch_size windows, on an idle
+        decoder); results in order."""
+        t0 = time.perf_counter()
+        languages, with_ts, prompts = self._prompts(tasks)
+        feats = self.features([t.samples for t in tasks]).to(self.decoder.dtype)
+        t1 = time.perf_counter()
+        encoded = self.model.encode(feats)
+        rows = self.decoder.decode(encoded, prompts, with_ts, max_new_tokens=self.decoding.max_new_tokens,
+                                   temperatures=[t.temperature for t in tasks],
+                                   min_new_tokens=self.decoding.min_new_tokens)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        out = [self._result(task, lang, row) for task, lang, row in zip(tasks, languages, rows)]
         t3 = time.perf_counter()
         return out, ExecutionTimings(input_s=t1 - t0, infer_s=t2 - t1, output_s=t3 - t2)
 

@@ -1,4 +1,5 @@
-"""Batched greedy decoding for Whisper over a static KV cache, one CUDA graph per step.
+"""Batched decoding for Whisper over a static KV cache, one CUDA graph per step, with
+continuous (in-flight) batching: rows are slots that windows join and leave at any step.
 
 Every row carries its own prompt (``<|startoftranscript|>`` … task tokens … and an optional
 previous-text prompt before it) and position, so requests with different prompts share one
@@ -18,7 +19,18 @@ Logit rules, as OpenAI Whisper's decoder and CTranslate2 apply them at temperatu
   best text token's, a timestamp is forced;
 - ``min_new_tokens`` suppresses end-of-text until that many tokens (used by benchmarks to fix
   the decode length, as ``generate(min_new_tokens=…)`` does).
+A row with a temperature > 0 samples from softmax(logits / T) over the tokens the rules allow
+(Gumbel-max: argmax of logits / T plus Gumbel noise), as Whisper's temperature fallback does;
+its log-probability is still read from the unscaled logits (Whisper's ``sum_logprobs``).
 Source: Radford et al. 2022 (Whisper), section 4.5 and its reference decoder.
+
+Continuous batching (``admit`` / ``run`` / ``finished``): each slot of the preallocated state is a
+row of its own window, with its own prompt, position, token limit and stop. A chunk of steps
+runs over the slots ``[:b]`` (``b`` a power-of-two bucket covering the highest busy slot; free
+slots are marked done and change nothing); between chunks, finished rows leave and new windows
+join (their cross-attention K/V written into their slots), so a row that runs to the token
+limit holds only its own slot. This is the in-flight batching of TensorRT-LLM and vLLM applied
+to Whisper's decoder; ``decode`` (one static batch) is the same machinery run to completion.
 """
 
 from __future__ import annotations
@@ -95,6 +107,7 @@ class GreedyDecoder:
         self.sum_logprob = torch.zeros(b, dtype=torch.float32, device=d)
         self.no_speech = torch.zeros(b, dtype=torch.float32, device=d)
         self.last_ts = torch.full((b,), -1, **long)
+        self.temperature = torch.zeros(b, dtype=torch.float32, device=d)
         ids = torch.arange(v, device=d)
         s = special
         self.is_ts = ids >= s.timestamp_begin
@@ -106,13 +119,18 @@ class GreedyDecoder:
         self.blank_eot = torch.zeros(v, dtype=torch.bool, device=d)
         self.blank_eot[[s.blank, s.eot]] = True
         self.ids = ids
-        self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self._graphs: dict[tuple[int, int, bool], torch.cuda.CUDAGraph] = {}
         self._step_fn = torch.compile(self._step, dynamic=False) if compile_step else self._step
         self._pool = None
+        # Host bookkeeping of the slots: busy slot -> steps run since it was admitted (an upper
+        # bound of its position, which picks the attention span), and the plen of each.
+        self._busy: dict[int, int] = {}
+        self._plen: dict[int, int] = {}
+        self._sampling: set[int] = set()
 
     # --- the step: static shapes, in-place state, no host sync ---------------------------------
 
-    def _step(self, b: int, span: int) -> None:
+    def _step(self, b: int, span: int, sampling: bool = False) -> None:
         s = self.special
         tok, pos, plen = self.tok[:b], self.pos[:b], self.prompt_len[:b]
         done, hist = self.done[:b], self.hist[:b]
@@ -148,7 +166,13 @@ class GreedyDecoder:
         best_text = filtered.masked_fill(self.is_ts[None, :], _NEG_INF).max(dim=-1).values
         force_ts = ts_on[:, 0] & (ts_mass > best_text)
         filtered = filtered.masked_fill(force_ts[:, None] & ~self.is_ts[None, :], _NEG_INF)
-        sample = filtered.argmax(dim=-1)
+        if sampling:  # rows with T > 0 draw from softmax(filtered / T) (Gumbel-max); T == 0 rows take argmax
+            temp = self.temperature[:b]
+            u = torch.rand_like(filtered).clamp_(min=1e-20, max=1.0 - 1e-7)
+            noisy = filtered / temp.clamp(min=1e-6)[:, None] - torch.log(-torch.log(u))
+            sample = torch.where(temp > 0, noisy.argmax(dim=-1), filtered.argmax(dim=-1))
+        else:
+            sample = filtered.argmax(dim=-1)
         sample_lp = filtered.gather(1, sample[:, None])[:, 0] - torch.logsumexp(filtered, dim=-1)
 
         in_prompt = pos + 1 < plen
@@ -166,11 +190,11 @@ class GreedyDecoder:
         self.tok[:b] = nxt
         self.done[:b] = new_done
 
-    def _run_step(self, b: int, span: int) -> None:
+    def _run_step(self, b: int, span: int, sampling: bool = False) -> None:
         if not self.graphs_enabled:
-            self._step_fn(b, span)
+            self._step_fn(b, span, sampling)
             return
-        key = (b, span)
+        key = (b, span, sampling)
         graph = self._graphs.get(key)
         if graph is None:
             saved = {n: getattr(self, n).clone() for n in _STATE}
@@ -178,7 +202,7 @@ class GreedyDecoder:
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 for _ in range(2):  # warm-up before capture (allocations, autotuning, compilation)
-                    self._step_fn(b, span)
+                    self._step_fn(b, span, sampling)
             torch.cuda.current_stream().wait_stream(side)
             for n, v in saved.items():  # the warm-up must not change the batch's state
                 getattr(self, n).copy_(v)
@@ -186,7 +210,7 @@ class GreedyDecoder:
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             with torch.cuda.graph(graph, pool=self._pool):
-                self._step_fn(b, span)
+                self._step_fn(b, span, sampling)
             for n, v in saved.items():
                 getattr(self, n).copy_(v)
             self._graphs[key] = graph
@@ -210,7 +234,7 @@ class GreedyDecoder:
         torch.cuda.synchronize()
         return len(self._graphs) - before
 
-    # --- a batch --------------------------------------------------------------------------
+    # --- slots: continuous batching -------------------------------------------------------
 
     def bucket(self, n: int) -> int:
         """The padded batch size for n rows: a power of two up to max_batch (few graphs)."""
@@ -219,65 +243,150 @@ class GreedyDecoder:
             b *= 2
         return min(b, self.max_batch)
 
-    @torch.inference_mode()
-    def decode(self, encoded: torch.Tensor, prompts: list[list[int]], timestamps: list[bool],
-               max_new_tokens: int | None = None, min_new_tokens: int = 0, check_every: int = 4) -> list[RowResult]:
-        """Greedy-decode ``len(prompts)`` rows over ``encoded`` ``[n, 1500, d_model]``.
+    @property
+    def free_slots(self) -> int:
+        """Slots that can take a new row now."""
+        return self.max_batch - len(self._busy)
 
-        Each prompt must contain ``<|startoftranscript|>``; at most ``max_new_tokens`` (default:
-        up to the 448-token context) are sampled per row. Raises ValueError for an empty batch,
-        more rows than ``max_batch`` or a prompt longer than ``max_prompt``.
+    @property
+    def busy_slots(self) -> tuple[int, ...]:
+        return tuple(sorted(self._busy))
+
+    @torch.inference_mode()
+    def admit(self, encoded: torch.Tensor, prompts: list[list[int]], timestamps: list[bool],
+              max_new_tokens: list[int | None] | int | None = None, temperatures: list[float] | None = None,
+              min_new_tokens: int = 0) -> list[int]:
+        """Put ``len(prompts)`` new rows into the lowest free slots; return their slot numbers.
+
+        ``encoded`` ``[n, 1500, d_model]`` is each row's encoder output; each prompt must hold
+        ``<|startoftranscript|>`` and at most ``max_prompt`` tokens; ``max_new_tokens`` caps the
+        sampled tokens per row (None: up to the 448-token context); ``temperatures`` (default 0)
+        picks greedy (0) or sampling (> 0) per row. Raises ValueError for an empty list, more
+        rows than free slots, or a bad prompt.
         """
         n = len(prompts)
-        if not 0 < n <= self.max_batch or encoded.shape[0] != n:
-            raise ValueError(f"a batch has 1..{self.max_batch} rows and one encoder output each; got {n} prompts, "
-                             f"{encoded.shape[0]} outputs")
+        if not 0 < n <= self.free_slots or encoded.shape[0] != n:
+            raise ValueError(f"admit takes 1..{self.free_slots} rows (free slots) and one encoder output each; "
+                             f"got {n} prompts, {encoded.shape[0]} outputs")
         t = self.dims.max_target_positions
-        b = self.bucket(n)
-        self.model.fill_cross(self.cache, encoded.to(self.dtype))
-        host = torch.zeros(b, self.max_prompt, dtype=torch.long)  # filled here, copied to the device once
-        plens = []
+        caps = max_new_tokens if isinstance(max_new_tokens, list) else [max_new_tokens] * n
+        temps = [0.0] * n if temperatures is None else [float(x) for x in temperatures]
+        host = torch.zeros(n, self.max_prompt, dtype=torch.long)  # filled here, copied to the device once
+        plens, sots = [], []
         for i, p in enumerate(prompts):
             if not p or len(p) > self.max_prompt or self.special.sot not in p:
                 raise ValueError(f"prompt {i} has {len(p)} tokens; it needs <|startoftranscript|> and at most {self.max_prompt}")
             host[i, : len(p)] = torch.tensor(p, dtype=torch.long)
             plens.append(len(p))
-        plens += [1] * (b - n)
-        self.prompt[:b].copy_(host)
+            sots.append(p.index(self.special.sot))
+        free = [s for s in range(self.max_batch) if s not in self._busy][:n]
         dev = self.device
+        idx = torch.tensor(free, dtype=torch.long, device=dev)
+        prompt_dev = host.to(dev)
         plen = torch.tensor(plens, dtype=torch.long, device=dev)
-        self.prompt_len[:b] = plen
-        self.sot_index[:b] = torch.tensor([p.index(self.special.sot) for p in prompts] + [0] * (b - n), device=dev)
-        limit = t if max_new_tokens is None else torch.clamp(plen + max_new_tokens, max=t)
-        self.max_len[:b] = limit
-        self.min_new[:b] = min_new_tokens
-        self.timestamps[:b] = torch.tensor(list(timestamps) + [False] * (b - n), device=dev)
-        self.tok[:b] = self.prompt[:b, 0]
-        self.pos[:b] = 0
-        self.hist[:b].zero_()
-        self.hist[:b, 0] = self.prompt[:b, 0]
-        self.done[:b] = torch.arange(b, device=dev) >= n  # padding rows are done from the start
-        self.ended[:b] = False
-        self.sum_logprob[:b] = 0
-        self.no_speech[:b] = 0
-        self.last_ts[:b] = -1
-        longest = max(plens) + (t if max_new_tokens is None else max_new_tokens)
-        steps = min(longest, t - 1)
-        for i in range(steps):
-            span = next(s for s in self.spans if s >= min(i + 2, t))
-            self._run_step(b, span)
-            if (i + 1) % check_every == 0 and bool(self.done[:b].all()):
-                break
-        # One device-to-host copy per state tensor, not one per row.
-        hist, pos, ended, logprob, no_speech = (getattr(self, name)[:n].cpu().tolist() for name in
+        self.model.fill_cross(self.cache, encoded.to(self.dtype), rows=idx)
+        self.prompt.index_copy_(0, idx, prompt_dev)
+        self.prompt_len.index_copy_(0, idx, plen)
+        self.sot_index.index_copy_(0, idx, torch.tensor(sots, dtype=torch.long, device=dev))
+        limits = [t if c is None else min(pl + c, t) for pl, c in zip(plens, caps)]
+        self.max_len.index_copy_(0, idx, torch.tensor(limits, dtype=torch.long, device=dev))
+        self.min_new.index_fill_(0, idx, min_new_tokens)
+        self.timestamps.index_copy_(0, idx, torch.tensor(list(timestamps), dtype=torch.bool, device=dev))
+        self.temperature.index_copy_(0, idx, torch.tensor(temps, dtype=torch.float32, device=dev))
+        first = prompt_dev[:, 0]
+        self.tok.index_copy_(0, idx, first)
+        self.pos.index_fill_(0, idx, 0)
+        hist = torch.zeros(n, t + 1, dtype=torch.long, device=dev)
+        hist[:, 0] = first
+        self.hist.index_copy_(0, idx, hist)
+        self.done.index_fill_(0, idx, False)
+        self.ended.index_fill_(0, idx, False)
+        self.sum_logprob.index_fill_(0, idx, 0.0)
+        self.no_speech.index_fill_(0, idx, 0.0)
+        self.last_ts.index_fill_(0, idx, -1)
+        for s, pl, temp in zip(free, plens, temps):
+            self._busy[s] = 0
+            self._plen[s] = pl
+            if temp > 0:
+                self._sampling.add(s)
+        return free
+
+    def run(self, steps: int) -> None:
+        """Run ``steps`` decoder steps over the busy slots (no host sync). Does nothing when
+        no slot is busy."""
+        if not self._busy:
+            return
+        t = self.dims.max_target_positions
+        b = self.bucket(max(self._busy) + 1)
+        sampling = bool(self._sampling)
+        for _ in range(steps):
+            longest = max(self._busy.values())
+            span = next(s for s in self.spans if s >= min(longest + 2, t))
+            self._run_step(b, span, sampling)
+            for s in self._busy:
+                self._busy[s] += 1
+
+    @torch.inference_mode()
+    def finished(self) -> list[tuple[int, RowResult]]:
+        """Rows that have ended (end-of-text or their token limit), with their results; their
+        slots are free again. One device-to-host copy of the done flags, and one per state
+        tensor for the finished rows only."""
+        if not self._busy:
+            return []
+        b = self.bucket(max(self._busy) + 1)
+        done = self.done[:b].cpu().tolist()
+        slots = [s for s in sorted(self._busy) if done[s]]
+        if not slots:
+            return []
+        idx = torch.tensor(slots, dtype=torch.long, device=self.device)
+        hist, pos, ended, logprob, no_speech = (getattr(self, name).index_select(0, idx).cpu().tolist() for name in
                                                  ("hist", "pos", "ended", "sum_logprob", "no_speech"))
         out = []
-        for i in range(n):
-            toks = hist[i][plens[i]: pos[i] + 1]
-            if ended[i] and toks and toks[-1] == self.special.eot:
+        for k, s in enumerate(slots):
+            plen = self._plen.pop(s)
+            del self._busy[s]
+            self._sampling.discard(s)
+            toks = hist[k][plen: pos[k] + 1]
+            if ended[k] and toks and toks[-1] == self.special.eot:
                 toks = toks[:-1]
-            out.append(RowResult(tokens=toks, sum_logprob=logprob[i], no_speech_prob=no_speech[i], ended=ended[i]))
+            out.append((s, RowResult(tokens=toks, sum_logprob=logprob[k], no_speech_prob=no_speech[k], ended=ended[k])))
         return out
+
+    def release(self, slots: list[int]) -> None:
+        """Stop the rows in ``slots`` now (their caller went away); the slots are free again."""
+        slots = [s for s in slots if s in self._busy]
+        if not slots:
+            return
+        self.done.index_fill_(0, torch.tensor(slots, dtype=torch.long, device=self.device), True)
+        for s in slots:
+            del self._busy[s]
+            self._plen.pop(s, None)
+            self._sampling.discard(s)
+
+    # --- one static batch -------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def decode(self, encoded: torch.Tensor, prompts: list[list[int]], timestamps: list[bool],
+               max_new_tokens: int | None = None, min_new_tokens: int = 0, check_every: int = 4,
+               temperatures: list[float] | None = None) -> list[RowResult]:
+        """Decode ``len(prompts)`` rows over ``encoded`` ``[n, 1500, d_model]`` to completion.
+
+        The rows are admitted together into an idle decoder and run until every row has ended;
+        see ``admit`` for the arguments. Raises ValueError for an empty batch, more rows than
+        ``max_batch``, a busy decoder or a bad prompt.
+        """
+        n = len(prompts)
+        if self._busy:
+            raise ValueError("decode() needs an idle decoder; use admit/run/finished alongside other rows")
+        if not 0 < n <= self.max_batch or encoded.shape[0] != n:
+            raise ValueError(f"a batch has 1..{self.max_batch} rows and one encoder output each; got {n} prompts, "
+                             f"{encoded.shape[0]} outputs")
+        slots = self.admit(encoded, prompts, timestamps, max_new_tokens, temperatures, min_new_tokens)
+        results: dict[int, RowResult] = {}
+        while self._busy:
+            self.run(check_every)
+            results.update(self.finished())
+        return [results[s] for s in slots]
 
 
 _STATE = ("tok", "pos", "hist", "done", "ended", "sum_logprob", "no_speech", "last_ts")

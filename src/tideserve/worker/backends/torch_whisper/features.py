@@ -48,28 +48,65 @@ def mel_filters(n_mels: int, sample_rate: int = SAMPLE_RATE, n_fft: int = N_FFT)
 
 
 class LogMel:
-    """Log-mel features for windows of audio, computed on ``device``."""
+    """Log-mel features for windows of audio, computed on ``device`` as one batched operation."""
 
     def __init__(self, n_mels: int, device: torch.device) -> None:
         self.device = device
         self.filters = torch.from_numpy(mel_filters(n_mels)).to(device)
         self.window = torch.hann_window(N_FFT, periodic=True, device=device)
+        self._pinned: torch.Tensor | None = None
+
+    def _host_buffer(self, n: int, dtype: torch.dtype) -> torch.Tensor:
+        """A reusable 1-D host buffer of at least ``n`` samples, page-locked when the device is a
+        GPU (so the copy to the device is one DMA transfer)."""
+        buf = self._pinned
+        if buf is None or buf.dtype != dtype or buf.shape[0] < n:
+            size = max(n, 2 * (0 if buf is None else buf.shape[0]))
+            buf = torch.empty(size, dtype=dtype, pin_memory=self.device.type == "cuda")
+            self._pinned = buf
+        return buf[:n]
 
     def __call__(self, windows: list[np.ndarray]) -> torch.Tensor:
-        """``windows`` of float32 samples (each <= 30 s) -> ``[B, n_mels, 3000]`` float32."""
-        out = torch.zeros(len(windows), self.filters.shape[0], N_FRAMES, device=self.device)
-        for i, samples in enumerate(windows):
-            x = torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32)).to(self.device)
-            # The reflect padding of a centred STFT needs more than N_FFT // 2 samples: a clip of
-            # a few samples (e.g. one) is zero-extended to that length, as silence would be.
-            x = torch.nn.functional.pad(x, (0, max(HOP, N_FFT // 2 + 1 - x.shape[0])))
-            spec = torch.stft(x, N_FFT, HOP, window=self.window, center=True, pad_mode="reflect", return_complex=True)
-            power = spec[:, :-1].abs() ** 2
-            logmel = torch.clamp(self.filters @ power, min=1e-10).log10()
-            logmel = torch.maximum(logmel, logmel.max() - 8.0)
-            logmel = (logmel + 4.0) / 4.0
-            # faster-whisper's backend drops one more frame before padding to 3000 (see its
-            # ``pad_or_trim(fe(samples)[..., :-1])``); do the same so both backends agree.
-            logmel = logmel[:, :-1][:, :N_FRAMES]
-            out[i, :, : logmel.shape[1]] = logmel
+        """``windows`` of samples (each <= 30 s; int16 PCM or float32 in [-1, 1]) ->
+        ``[B, n_mels, 3000]`` float32.
+
+        The windows' samples are packed end to end into one host buffer (only the audio, no
+        padding), copied to the device at once, laid out in zero-padded rows there, and
+        transformed together (one STFT, one mel product). Each row equals the per-window
+        computation: the zeros after a window's end are exactly the zeros and reflected zeros
+        the per-window STFT sees in the frames kept (the last two frames are dropped, see the
+        module doc), and each row's floor (max - 8) is taken over its own frames only.
+        """
+        n = len(windows)
+        lengths = [len(w) for w in windows]
+        # Per window: samples + HOP zeros (at least N_FFT // 2 + 1 in all, for the reflect padding).
+        padded = [max(length + HOP, N_FFT // 2 + 1) for length in lengths]
+        total = max(max(padded), N_FRAMES * HOP + HOP)
+        int16 = all(w.dtype == np.int16 for w in windows)
+        flat = self._host_buffer(max(1, sum(lengths)), torch.int16 if int16 else torch.float32)
+        if sum(lengths):
+            np.concatenate([w if int16 else w.astype(np.float32, copy=False) for w in windows],
+                           out=flat.numpy()[: sum(lengths)])
+        # Blocking copy: the buffer is reused by the next call.
+        dev = flat.to(self.device).float()
+        if int16:
+            dev = dev / 32768.0
+        x = torch.zeros(n, total, device=self.device)
+        offset = 0
+        for i, length in enumerate(lengths):
+            x[i, :length] = dev[offset: offset + length]
+            offset += length
+        spec = torch.stft(x, N_FFT, HOP, window=self.window, center=True, pad_mode="reflect", return_complex=True)
+        power = spec[..., :-1].abs() ** 2  # [B, 201, frames]
+        logmel = torch.clamp(self.filters @ power, min=1e-10).log10()  # [B, n_mels, frames]
+        frames = torch.tensor([p // HOP for p in padded], device=self.device)  # frames before the 2nd drop
+        valid = torch.arange(logmel.shape[-1], device=self.device)[None, :] < frames[:, None]
+        peak = logmel.masked_fill(~valid[:, None, :], float("-inf")).amax(dim=(1, 2), keepdim=True)
+        logmel = (torch.maximum(logmel, peak - 8.0) + 4.0) / 4.0
+        # faster-whisper drops one more frame before padding to 3000 (``pad_or_trim(fe(x)[..., :-1])``).
+        keep = torch.arange(logmel.shape[-1], device=self.device)[None, :] < (frames - 1)[:, None]
+        logmel = logmel.masked_fill(~keep[:, None, :], 0.0)
+        out = torch.zeros(n, self.filters.shape[0], N_FRAMES, device=self.device)
+        width = min(N_FRAMES, logmel.shape[-1])
+        out[:, :, :width] = logmel[:, :, :width]
         return out

@@ -203,13 +203,19 @@ class Whisper(nn.Module):
     def encode(self, features: torch.Tensor) -> torch.Tensor:
         return self.encoder(features)
 
-    def fill_cross(self, cache: KVCache, encoded: torch.Tensor) -> None:
-        """Cross-attention K/V of ``encoded`` ``[B, 1500, d_model]`` into cache rows ``[:B]``."""
+    def fill_cross(self, cache: KVCache, encoded: torch.Tensor, rows: torch.Tensor | None = None) -> None:
+        """Cross-attention K/V of ``encoded`` ``[B, 1500, d_model]`` into cache rows ``[:B]``, or
+        into the rows listed by ``rows`` (``[B]`` int64, on the cache's device)."""
         b = encoded.shape[0]
         for i, layer in enumerate(self.decoder.layers):
             a = layer.encoder_attn
-            cache.cross_k[i][:b].copy_(a.split(a.k_proj(encoded)))
-            cache.cross_v[i][:b].copy_(a.split(a.v_proj(encoded)))
+            k, v = a.split(a.k_proj(encoded)), a.split(a.v_proj(encoded))
+            if rows is None:
+                cache.cross_k[i][:b].copy_(k)
+                cache.cross_v[i][:b].copy_(v)
+            else:
+                cache.cross_k[i].index_copy_(0, rows, k)
+                cache.cross_v[i].index_copy_(0, rows, v)
 
     def step(self, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor, span: int | None = None) -> torch.Tensor:
         """One decoder step for B rows, each at its own position.

@@ -1,0 +1,130 @@
+"""Continuous (in-flight) batching in the torch decoder, on the CPU: rows join a running decode
+at any step and leave when they end, each with its own length and stop, and every row's tokens
+equal the same window decoded alone. Self-contained like test_torch_backend (GPU runnable)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from test_torch_backend import DEVICES, DIMS, SPECIAL, make_model
+from tideserve.worker.backends.torch_whisper.decode import GreedyDecoder
+from tideserve.worker.backends.torch_whisper.features import HOP, N_FFT, N_FRAMES, LogMel
+
+
+def _alone(dec: GreedyDecoder, enc: torch.Tensor, prompt: list[int], cap: int, min_new: int = 0):
+    return dec.decode(enc[None], [prompt], [False], max_new_tokens=cap, min_new_tokens=min_new)[0]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rows_join_a_running_decode_and_equal_decoding_alone(device: str) -> None:
+    m = make_model(device)
+    dec = GreedyDecoder(m, SPECIAL, max_batch=4, max_prompt=16)
+    torch.manual_seed(3)
+    prompts = [[SPECIAL.sot, SPECIAL.no_timestamps], [50360, 11, 12, SPECIAL.sot, SPECIAL.no_timestamps],
+               [SPECIAL.sot, SPECIAL.no_timestamps]]
+    caps = [20, 6, 11]  # each row its own token limit
+    with torch.inference_mode():
+        enc = m.encode(torch.randn(3, 80, 3000, device=device))
+        want = [_alone(dec, enc[i], prompts[i], caps[i], min_new=caps[i]) for i in range(3)]
+        # Row 0 starts alone; row 1 joins after 5 steps, row 2 after 9: they meet it mid-decode.
+        got = {}
+        (s0,) = dec.admit(enc[0:1], [prompts[0]], [False], [caps[0]], min_new_tokens=caps[0])
+        dec.run(5)
+        got.update(dec.finished())
+        (s1,) = dec.admit(enc[1:2], [prompts[1]], [False], [caps[1]], min_new_tokens=caps[1])
+        dec.run(4)
+        got.update(dec.finished())
+        (s2,) = dec.admit(enc[2:3], [prompts[2]], [False], [caps[2]], min_new_tokens=caps[2])
+        order = []
+        while dec.busy_slots:
+            dec.run(1)
+            for slot, row in dec.finished():
+                got[slot] = row
+                order.append(slot)
+    assert len({s0, s1, s2}) == 3
+    assert [len(got[s].tokens) for s in (s0, s1, s2)] == caps
+    assert [got[s].tokens for s in (s0, s1, s2)] == [w.tokens for w in want]
+    for s, w in zip((s0, s1, s2), want):
+        assert got[s].sum_logprob == pytest.approx(w.sum_logprob, abs=1e-3)
+        assert got[s].no_speech_prob == pytest.approx(w.no_speech_prob, abs=1e-4)
+    # Each row left when it ended: the shortest (row 1, 6 tokens, joined at step 5) first.
+    assert order[0] == s1
+
+
+def test_a_row_at_the_token_limit_holds_only_its_own_slot() -> None:
+    m = make_model("cpu")
+    dec = GreedyDecoder(m, SPECIAL, max_batch=2, max_prompt=8)
+    torch.manual_seed(4)
+    p = [SPECIAL.sot, SPECIAL.no_timestamps]
+    with torch.inference_mode():
+        enc = m.encode(torch.randn(3, 80, 3000))
+        (long_slot,) = dec.admit(enc[0:1], [p], [False], [60], min_new_tokens=60)  # the "looping" window
+        (short,) = dec.admit(enc[1:2], [p], [False], [4], min_new_tokens=4)
+        done_at: dict[str, int] = {}
+        names = {long_slot: "long", short: "short"}
+        step = 0
+        while dec.busy_slots:
+            dec.run(1)
+            step += 1
+            for slot, _ in dec.finished():
+                done_at[names.pop(slot)] = step
+                if "third" not in done_at and "short" in done_at and slot == short:
+                    # Its slot is free at once: a third window takes it while the long row runs.
+                    (third,) = dec.admit(enc[2:3], [p], [False], [4], min_new_tokens=4)
+                    names[third] = "third"
+                    done_at["third"] = -1
+    assert done_at["short"] == 4 + 1  # prompt position + 4 tokens
+    assert third == short and done_at["third"] == 5 + 5 and done_at["long"] == 61
+
+
+def test_release_stops_a_row_and_frees_its_slot() -> None:
+    dec = GreedyDecoder(make_model("cpu"), SPECIAL, max_batch=2, max_prompt=8)
+    with torch.inference_mode():
+        enc = torch.randn(2, 1500, DIMS.d_model)
+        slots = dec.admit(enc, [[SPECIAL.sot]] * 2, [False, False], [30, 30], min_new_tokens=30)
+        dec.run(3)
+        dec.release([slots[0]])
+        assert dec.free_slots == 1 and dec.busy_slots == (slots[1],)
+        with pytest.raises(ValueError, match="idle decoder"):
+            dec.decode(enc[:1], [[SPECIAL.sot]], [False])
+        with pytest.raises(ValueError, match="free slots"):
+            dec.admit(enc, [[SPECIAL.sot]] * 2, [False, False])
+
+
+def test_sampling_rows_beside_greedy_rows_leave_greedy_rows_unchanged() -> None:
+    m = make_model("cpu")
+    dec = GreedyDecoder(m, SPECIAL, max_batch=2, max_prompt=8)
+    p = [SPECIAL.sot, SPECIAL.no_timestamps]
+    torch.manual_seed(5)
+    with torch.inference_mode():
+        enc = m.encode(torch.randn(1, 80, 3000)).expand(2, -1, -1)
+        want = _alone(dec, enc[0], p, 15, min_new=15)
+        rows = dec.decode(enc, [p, p], [False, False], max_new_tokens=15, min_new_tokens=15, temperatures=[0.0, 1.0])
+    assert rows[0].tokens == want.tokens
+    assert len(rows[1].tokens) == 15 and rows[1].tokens != want.tokens  # sampled at T=1 over 51k tokens
+
+
+def _per_window_log_mel(samples: np.ndarray, n_mels: int = 80) -> torch.Tensor:
+    """The per-window reference (the computation before batching): faster-whisper's features."""
+    mel = LogMel(n_mels, torch.device("cpu"))
+    x = torch.from_numpy(samples.astype(np.float32))
+    x = torch.nn.functional.pad(x, (0, max(HOP, N_FFT // 2 + 1 - x.shape[0])))
+    spec = torch.stft(x, N_FFT, HOP, window=mel.window, center=True, pad_mode="reflect", return_complex=True)
+    logmel = torch.clamp(mel.filters @ (spec[:, :-1].abs() ** 2), min=1e-10).log10()
+    logmel = (torch.maximum(logmel, logmel.max() - 8.0) + 4.0) / 4.0
+    logmel = logmel[:, :-1][:, :N_FRAMES]
+    out = torch.zeros(n_mels, N_FRAMES)
+    out[:, : logmel.shape[1]] = logmel
+    return out
+
+
+def test_batched_features_equal_per_window_features_from_int16() -> None:
+    rng = np.random.default_rng(0)
+    lengths = [1, 40, 16_000 * 3 + 7, 16_000 * 30]
+    pcm = [(rng.standard_normal(n) * 3000).clip(-32768, 32767).astype(np.int16) for n in lengths]
+    batched = LogMel(80, torch.device("cpu"))(pcm)
+    for i, x in enumerate(pcm):
+        want = _per_window_log_mel(x.astype(np.float32) / 32768.0)
+        assert torch.allclose(batched[i], want, atol=1e-4), f"window {i} ({lengths[i]} samples)"
