@@ -41,7 +41,17 @@ _FAMILIES: dict[str, tuple[str, str]] = {
     "tideserve_worker_dropped": ("counter", "Queued windows dropped unexecuted because their client went away"),
     "tideserve_worker_requests_in_batcher": ("gauge", "Requests whose audio windows are queued or executing"),
     "tideserve_model_load_seconds": ("gauge", "Seconds this replica took to load its model, by model source scheme"),
+    "tideserve_worker_stage_duration_us": ("counter", "Cumulative microseconds spent per serving stage (prep: body parsing "
+                                           "and audio decoding in the prep processes; queue: windows waiting in the engine, "
+                                           "summed per window; features, encoder, decode_steps, detokenize: engine time)"),
+    "tideserve_worker_decode_rows": ("counter", "Sum over decode chunks of the rows decoding in them (divide by "
+                                     "tideserve_worker_decode_chunks for the mean running batch)"),
+    "tideserve_worker_decode_chunks": ("counter", "Decode chunks (a few decoder steps each) the engine ran"),
+    "tideserve_worker_fallbacks": ("counter", "Windows decoded again at a higher temperature (Whisper's fallback)"),
+    "tideserve_worker_seeks": ("counter", "Window parts started from a seek point (Whisper's long-form rule)"),
+    "tideserve_worker_active_rows": ("gauge", "Windows decoding in the engine now"),
 }
+STAGES = ("prep", "queue", "features", "encoder", "decode_steps", "detokenize")
 
 
 def _fmt_labels(labels: dict[str, str]) -> str:
@@ -61,6 +71,9 @@ class TritonMetrics:
                 self._values[(name, ())] = 0.0
         for reason in FAILURE_REASONS:  # every failure series exists from the start, at 0
             self._values[("nv_inference_request_failure", (("reason", reason),))] = 0.0
+        del self._values[("tideserve_worker_stage_duration_us", ())]
+        for stage in STAGES:
+            self._values[("tideserve_worker_stage_duration_us", (("stage", stage),))] = 0.0
         self.registry = CollectorRegistry()
         lbl = list(self.labels)
         self._latency = Histogram(
@@ -119,6 +132,29 @@ class TritonMetrics:
         self.add("nv_inference_compute_infer_duration_us", timings.infer_s * batch_size * 1e6)
         self.add("nv_inference_compute_output_duration_us", timings.output_s * batch_size * 1e6)
         self._batch.labels(**self.labels).observe(batch_size)
+
+    def on_engine_stats(self, st) -> None:
+        """Add the engine's counters (a ``worker.engine.EngineStats`` delta). Triton's compute
+        durations are the engine's time per stage (input: features; infer: encoder and decode
+        steps; output: detokenize), counted once, not once per window of a batch."""
+        self.add("nv_inference_exec_count", st.executions)
+        self.add("nv_inference_count", st.windows)
+        self.add("nv_inference_queue_duration_us", st.queue_s * 1e6)
+        self.add("nv_inference_compute_input_duration_us", st.features_s * 1e6)
+        self.add("nv_inference_compute_infer_duration_us", (st.encoder_s + st.decode_s) * 1e6)
+        self.add("nv_inference_compute_output_duration_us", st.detokenize_s * 1e6)
+        for stage, v in (("queue", st.queue_s), ("features", st.features_s), ("encoder", st.encoder_s),
+                         ("decode_steps", st.decode_s), ("detokenize", st.detokenize_s)):
+            self.add("tideserve_worker_stage_duration_us", v * 1e6, stage=stage)
+        self.add("tideserve_worker_decode_rows", st.rows_stepped)
+        self.add("tideserve_worker_decode_chunks", st.chunks)
+        self.add("tideserve_worker_fallbacks", st.fallbacks)
+        self.add("tideserve_worker_seeks", st.seeks)
+        with self._lock:
+            self._values[("nv_inference_pending_request_count", ())] = float(st.queued)
+            self._values[("tideserve_worker_active_rows", ())] = float(st.active)
+        if st.executions and st.windows:
+            self._batch.labels(**self.labels).observe(st.windows / st.executions)
 
     def on_request(self, ok: bool, duration_s: float, reason: str = "") -> None:
         """Count one finished request. ``reason`` labels failures: REJECTED (bad input),

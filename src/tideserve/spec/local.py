@@ -43,6 +43,10 @@ class LocalConfig(_Strict):
     cpu_threads_per_replica: int = Field(
         0, ge=0, description="Intra-op threads per CPU replica; 0 = the backend's default (all cores)."
     )
+    prep_processes: int = Field(
+        0, ge=0, le=64, description="Processes per replica that parse request bodies and decode audio, apart from "
+        "the engine process; 0 = a quarter of the cores, 1 to 8.",
+    )
     zygote: bool = Field(
         True, description="Fork replicas from a template process that has already imported the worker's "
         "libraries (about 1 s less cold start here); false starts each replica as a fresh interpreter.",

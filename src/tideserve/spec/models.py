@@ -116,6 +116,33 @@ class Decoding(_Strict):
     max_new_tokens: int | None = Field(
         None, ge=1, le=440, description="Cap on generated tokens per 30 s window (Whisper's limit is 448 with the prompt)."
     )
+    min_new_tokens: int = Field(
+        0, ge=0, le=440, description="Benchmarks only: suppress end-of-text until this many tokens per window "
+        "(fixes the decode length, as Hugging Face generate(min_new_tokens=...) does). The torch backend only.",
+    )
+    temperatures: list[float] = Field(
+        default_factory=lambda: [0.0, 0.2, 0.4, 0.6, 0.8, 1.0],
+        min_length=1, max_length=11,
+        description="Whisper's temperature fallback: a window is decoded at the first temperature and again at the "
+        "next one while its output fails the thresholds below (openai/whisper transcribe's defaults).",
+    )
+    compression_ratio_threshold: float | None = Field(
+        2.4, gt=0, description="Fall back when the text's gzip compression ratio exceeds this (repetition); None: off.",
+    )
+    log_prob_threshold: float | None = Field(
+        -1.0, le=0, description="Fall back when the mean token log-probability is below this; None: off.",
+    )
+    no_speech_threshold: float | None = Field(
+        0.6, ge=0, le=1, description="A window whose no-speech probability exceeds this while its mean log-probability "
+        "is under log_prob_threshold is silence (empty text, no fallback); None: off.",
+    )
+
+    @field_validator("temperatures")
+    @classmethod
+    def _temperatures(cls, v: list[float]) -> list[float]:
+        if any(t < 0 or t > 2 for t in v) or v != sorted(v) or len(set(v)) != len(v):
+            raise ValueError(f"temperatures {v} must rise strictly, each in 0..2, e.g. [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]")
+        return v
 
 
 class ModelSpec(_Strict):

@@ -5,9 +5,10 @@ Routes (same as the gateway's, so a client can talk to either):
 ``/v2/models/{name}[/versions/{v}][/ready]``, ``POST .../infer``; OpenAI
 ``POST /v1/audio/transcriptions``, ``GET /v1/models``; ``GET /metrics``; ``GET /admin/worker``.
 
-A request is decoded (PyAV), cut into <= 30 s windows, and its windows go through the
-dynamic batcher. If the client disconnects, aiohttp cancels the handler and the request's
-queued windows are dropped before execution.
+A request's body is parsed and its audio decoded and cut into <= 30 s windows in a prep
+process (``worker.prep``); its windows are decoded by the engine process (``worker.engine``).
+This process only does HTTP. If the client disconnects, aiohttp cancels the handler and the
+engine drops the request's queued windows and stops its decoding rows.
 """
 
 from __future__ import annotations
@@ -33,18 +34,15 @@ from tideserve.httpcommon import ApiHandlers, add_api_routes, request_id_and_err
 from tideserve.metrics.gpu import GpuMetrics
 from tideserve.metrics.triton import TritonMetrics
 from tideserve.protocol import TranscriptionRequest, TranscriptionResult, kserve, openai, sagemaker
-from tideserve.worker.audio import SAMPLE_RATE, decode_audio
-from tideserve.worker.backends.base import Backend, WindowResult, WindowTask
-from tideserve.worker.batcher import DynamicBatcher, Usage
-from tideserve.worker.windows import split_windows
+from tideserve.worker.batcher import Usage
+from tideserve.worker.engine import RequestOptions
+from tideserve.worker.engine_client import EngineClient
+from tideserve.worker.prep import Prepared, PrepPool, prepare_audio, prepare_infer, prepare_invocation
 
 log = logging.getLogger("tideserve.worker")
 TOKEN_HEADER = "X-Tideserve-Token"
-#: Model time (ms) the request's windows used, summed over the executions they ran in.
+#: Model time (ms) the request's windows used: its fair share of every execution they ran in.
 COMPUTE_HEADER = "X-Tideserve-Compute-Ms"
-#: Most extra decoding rounds for window tails that Whisper left unfinished (each round's tails
-#: are shorter than the window they come from, so this only bounds pathological cases).
-MAX_TAIL_ROUNDS = 2
 
 
 @dataclass
@@ -55,68 +53,63 @@ class WorkerState:
 
 
 class WorkerService:
-    """Transcription on top of a backend and a batcher; no HTTP here."""
+    """Transcription on top of the prep processes and the engine process; no HTTP here.
 
-    def __init__(self, model_name: str, backend: Backend, batcher: DynamicBatcher, metrics: TritonMetrics,
-                 max_audio_s: float | None = None, max_prompt_chars: int | None = None) -> None:
+    ``prep`` runs parsing and audio decoding (``PrepPool``), ``engine`` the model
+    (``EngineClient``); ``languages`` are the model's (from the engine once it has loaded)."""
+
+    def __init__(self, model_name: str, prep: PrepPool, engine: EngineClient, metrics: TritonMetrics,
+                 max_audio_s: float | None = None, max_prompt_chars: int | None = None,
+                 languages: frozenset[str] = frozenset()) -> None:
         self.model_name = model_name
         self.max_audio_s = max_audio_s
         self.max_prompt_chars = max_prompt_chars
-        self.backend = backend
-        self.batcher = batcher
+        self.prep = prep
+        self.engine = engine
         self.metrics = metrics
+        self.languages = languages
         self.state = WorkerState()
 
-    async def transcribe(self, req: TranscriptionRequest, usage: Usage | None = None) -> TranscriptionResult:
-        """Decode, window and batch one request. ``usage`` collects the model time it used.
-        Raises BadInputError for bad audio or a language the model does not know."""
+    def check(self, req: TranscriptionRequest) -> None:
+        """Raise BadInputError for a prompt over the limit or a language the model does not know."""
         if self.max_prompt_chars is not None and req.prompt and len(req.prompt) > self.max_prompt_chars:
             raise BadInputError(
                 f"prompt is {len(req.prompt)} characters, over the limit of {self.max_prompt_chars} "
                 "(spec.gateway.max_prompt_chars); Whisper uses only the last 223 tokens of a prompt"
             )
-        if req.language is not None and req.language not in self.backend.languages:
-            known = ", ".join(sorted(self.backend.languages)[:12])
-            more = "..." if len(self.backend.languages) > 12 else ""
+        if req.language is not None and req.language not in self.languages:
+            known = ", ".join(sorted(self.languages)[:12])
+            more = "..." if len(self.languages) > 12 else ""
             raise BadInputError(f"language '{req.language}' is not supported by model '{self.model_name}'; use one of {known}{more}")
-        samples = await asyncio.get_running_loop().run_in_executor(None, decode_audio, req.audio, self.max_audio_s)
-        windows = split_windows(samples, SAMPLE_RATE)
-        tasks = [WindowTask(w.samples, w.offset_s, req.prompt, req.language, req.timestamps) for w in windows]
+
+    async def prepare(self, fn, *args) -> Prepared:
+        """Run a ``worker.prep`` function in a prep process, timing the stage."""
+        t0 = time.monotonic()
+        try:
+            return await self.prep.run(fn, *args)
+        finally:
+            self.metrics.add("tideserve_worker_stage_duration_us", (time.monotonic() - t0) * 1e6, stage="prep")
+
+    async def transcribe(self, prepared: Prepared, usage: Usage | None = None) -> TranscriptionResult:
+        """Decode the prepared request's windows in the engine. ``usage`` collects the model
+        time it used. Raises BadInputError for a bad prompt or language, EngineDiedError."""
+        req = prepared.request
+        self.check(req)
+        options = RequestOptions(req.prompt, req.language, req.timestamps)
         self.metrics.add("tideserve_worker_requests_in_batcher", 1)
         try:
-            results = await self._decode(tasks, usage)
+            results, compute_s = await self.engine.transcribe(prepared.segments(), options)
         finally:
             self.metrics.add("tideserve_worker_requests_in_batcher", -1)
+        if usage is not None:
+            usage.compute_s += compute_s
+        language = results[0].language if results else (req.language or "en")
         return TranscriptionResult(
             text=" ".join(r.text for r in results if r.text),
-            language=results[0].language,
-            duration_s=len(samples) / SAMPLE_RATE,
+            language=language,
+            duration_s=prepared.duration_s,
             segments=[s for r in results for s in r.segments],
         )
-
-
-    async def _decode(self, tasks: list[WindowTask], usage: Usage | None,
-                      rounds_left: int = MAX_TAIL_ROUNDS) -> list[WindowResult]:
-        """Decode windows in one batched round; where a window stopped short of its end
-        (Whisper leaves unfinished speech for the next seek), decode the rest of that window
-        in a further round, batched with the other tails, and splice it in after its window."""
-        results: list[WindowResult] = await self.batcher.submit_many(tasks, usage)
-        tails = [
-            (i, WindowTask(t.samples[int(r.unfinished_from_s * SAMPLE_RATE):], t.offset_s + r.unfinished_from_s,
-                           t.prompt, t.language, t.timestamps))
-            for i, (t, r) in enumerate(zip(tasks, results))
-            if r.unfinished_from_s is not None
-        ]
-        if not tails or rounds_left <= 0:
-            return results
-        tail_results = await self._decode([t for _, t in tails], usage, rounds_left - 1)
-        out: list[WindowResult] = []
-        extra = dict(zip((i for i, _ in tails), tail_results))
-        for i, r in enumerate(results):
-            out.append(r)
-            if i in extra:
-                out.append(extra[i])
-        return out
 
 
 def build_app(service: WorkerService, max_body_bytes: int, token: str | None = None,
@@ -157,13 +150,14 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
         if not ready():
             raise CapacityError("replica is not ready (loading or draining); retry on another replica", retry_after_s=1)
 
-    async def run(request: web.Request, req: TranscriptionRequest) -> TranscriptionResult:
+    async def run(request: web.Request, prep_fn, *args) -> tuple[Prepared, TranscriptionResult]:
         st.in_flight += 1
         started = time.monotonic()
         usage = Usage()
         request["usage"] = usage
         try:
-            result = await service.transcribe(req, usage)
+            prepared = await service.prepare(prep_fn, *args)
+            result = await service.transcribe(prepared, usage)
         except (BadInputError, PayloadTooLargeError):
             service.metrics.on_request(False, time.monotonic() - started, "REJECTED")
             raise
@@ -182,7 +176,7 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
         elapsed = time.monotonic() - started
         service.metrics.on_request(True, elapsed)
         log.info("transcribed", extra={"audio_s": round(result.duration_s, 3), "duration_ms": round(elapsed * 1000, 1)})
-        return result
+        return prepared, result
 
     # --- SageMaker style -------------------------------------------------------------
     async def ping(request: web.Request) -> web.Response:
@@ -190,8 +184,8 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
 
     async def invocations(request: web.Request) -> web.Response:
         check_accepting()
-        req = sagemaker.parse_invocation(await request.read())
-        return web.json_response(sagemaker.format_invocation(await run(request, req)))
+        _, result = await run(request, prepare_invocation, await request.read(), service.max_audio_s)
+        return web.json_response(sagemaker.format_invocation(result))
 
     # --- KServe v2 ---------------------------------------------------------------------
     async def live(request: web.Request) -> web.Response:
@@ -214,9 +208,9 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
     async def infer(request: web.Request) -> web.Response:
         check_model(request.match_info["name"])
         check_accepting()
-        parsed = kserve.parse_infer(await request.read(), request.headers.get(kserve.HEADER_LENGTH))
-        result = await run(request, parsed.request)
-        body, headers, ctype = kserve.format_infer(name, parsed, result)
+        prepared, result = await run(request, prepare_infer, await request.read(),
+                                     request.headers.get(kserve.HEADER_LENGTH), service.max_audio_s)
+        body, headers, ctype = kserve.format_infer(name, prepared.extra, result)
         return web.Response(body=body, headers=headers, content_type=ctype)
 
     # --- OpenAI style ------------------------------------------------------------------
@@ -245,7 +239,8 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
             else:
                 fields[key] = str(value)
         req, fmt = openai.parse_form(fields, file_bytes, name)
-        body, ctype = openai.format_response(await run(request, req), fmt)
+        _, result = await run(request, prepare_audio, req, service.max_audio_s)
+        body, ctype = openai.format_response(result, fmt)
         return web.Response(body=body, headers={"Content-Type": ctype})
 
     async def models(request: web.Request) -> web.Response:
@@ -261,7 +256,11 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
     async def admin(request: web.Request) -> web.Response:
         return web.json_response({
             "model": name, "ready": st.ready, "draining": st.draining, "in_flight": st.in_flight,
-            "queued_windows": service.batcher.queued, "executions": service.batcher.executions,
+            "engine_requests": service.engine.outstanding,
+            "queued_windows": int(service.metrics.value("nv_inference_pending_request_count")),
+            "executions": int(service.metrics.value("nv_inference_exec_count")),
+            "prep_processes": service.prep.processes, "prep_pool_replaced": service.prep.replaced,
+            "prep_pids": service.prep.pids(), "engine_pid": service.engine.process.pid,
         })
 
     add_api_routes(app.router, ApiHandlers(

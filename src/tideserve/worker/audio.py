@@ -5,15 +5,18 @@ with the demuxer named explicitly: FFmpeg's own probing would also accept playli
 session descriptions (SDP, HLS, concat) that open network sockets or other files. Accepted:
 wav, flac, mp3, ogg (vorbis, opus, flac), webm/matroska, mp4/m4a, aiff, au, aac (ADTS); any
 sample rate from 1 kHz up and any channel count: channels are mixed to mono and the rate
-converted by FFmpeg's resampler. This is the only module that imports ``av``.
+converted by FFmpeg's resampler. This is the only module that imports ``av`` (lazily: a WAV
+file that is already 16 kHz mono 16-bit PCM, what most clients send, is read directly, without
+FFmpeg and without converting its samples).
 """
 
 from __future__ import annotations
 
 import io
 import struct
+import wave
+from typing import Iterator
 
-import av
 import numpy as np
 
 from tideserve.errors import BadInputError, PayloadTooLargeError
@@ -77,22 +80,25 @@ def sniff_format(data: bytes) -> str:
     raise BadInputError(f"not a supported audio file (unrecognised header {data[:8]!r}); send {_FORMATS}")
 
 
-def decode_audio(data: bytes, max_duration_s: float | None = None) -> np.ndarray:
-    """Decode ``data`` (an encoded audio file) to float32 samples, shape (n,), 16 kHz mono.
-
-    Raises BadInputError for empty input, bytes that are not audio of an accepted format,
-    truncated WAV files, sample rates under 1 kHz, non-finite samples and audio with no
-    samples; PayloadTooLargeError when the audio is longer than ``max_duration_s`` seconds
-    (decoding stops there: a small file cannot expand into hours of samples).
-    """
+def _decode_chunks(data: bytes, max_duration_s: float | None) -> Iterator[np.ndarray]:
+    """Decode ``data`` frame by frame, yielding 16 kHz mono float32 chunks; the duration limit
+    is checked as the chunks come, so decoding stops as soon as it is passed (a small file
+    cannot expand into hours of samples). Raises as ``decode_audio`` says."""
     if not data:
         raise BadInputError(f"audio is empty (0 bytes); send an encoded audio file: {_FORMATS}")
     fmt = sniff_format(data)
     if fmt == "wav":
         check_wav_complete(data)
     limit = None if max_duration_s is None else int(max_duration_s * SAMPLE_RATE)
-    chunks: list[np.ndarray] = []
     total = 0
+    import av  # only here: the fast WAV path (pcm16_wav) needs no FFmpeg
+
+    def too_long() -> PayloadTooLargeError:
+        return PayloadTooLargeError(
+            f"audio is longer than the limit of {max_duration_s:g} s (spec.gateway.max_audio_s); "
+            "send a shorter file or raise the limit"
+        )
+
     try:
         with av.open(io.BytesIO(data), mode="r", format=fmt, metadata_errors="ignore") as container:
             if not container.streams.audio:
@@ -105,24 +111,85 @@ def decode_audio(data: bytes, max_duration_s: float | None = None) -> np.ndarray
             for frame in container.decode(stream):
                 for out in resampler.resample(frame):
                     chunk = out.to_ndarray().reshape(-1)
-                    chunks.append(chunk)
                     total += len(chunk)
-                if limit is not None and total > limit:
-                    raise PayloadTooLargeError(
-                        f"audio is longer than the limit of {max_duration_s:g} s (spec.gateway.max_audio_s); "
-                        "send a shorter file or raise the limit"
-                    )
+                    if limit is not None and total > limit:
+                        raise too_long()
+                    yield chunk
             for out in resampler.resample(None):
-                chunks.append(out.to_ndarray().reshape(-1))
+                chunk = out.to_ndarray().reshape(-1)
+                total += len(chunk)
+                if limit is not None and total > limit:
+                    raise too_long()
+                yield chunk
     except (BadInputError, PayloadTooLargeError):
         raise
     except (av.FFmpegError, ValueError, EOFError, MemoryError, OverflowError) as exc:
         raise BadInputError(f"could not decode the audio as {fmt} ({type(exc).__name__}: {exc}); send {_FORMATS}") from None
+
+
+def _check_chunk(chunk: np.ndarray) -> None:
+    if not np.isfinite(chunk).all():
+        raise BadInputError("the audio holds NaN or infinite samples; send real audio")
+
+
+def decode_audio(data: bytes, max_duration_s: float | None = None) -> np.ndarray:
+    """Decode ``data`` (an encoded audio file) to float32 samples, shape (n,), 16 kHz mono, in [-1, 1].
+
+    Raises BadInputError for empty input, bytes that are not audio of an accepted format,
+    truncated WAV files, sample rates under 1 kHz, non-finite samples and audio with no
+    samples; PayloadTooLargeError when the audio is longer than ``max_duration_s`` seconds
+    (decoding stops there: a small file cannot expand into hours of samples).
+    """
+    chunks = []
+    for chunk in _decode_chunks(data, max_duration_s):
+        _check_chunk(chunk)
+        chunks.append(chunk)
     samples = np.concatenate(chunks).astype(np.float32, copy=False) if chunks else np.zeros(0, np.float32)
     if samples.size == 0:
         raise BadInputError("the audio decodes to no samples; send a file with at least some sound")
-    if limit is not None and samples.size > limit:
-        raise PayloadTooLargeError(f"audio is longer than the limit of {max_duration_s:g} s (spec.gateway.max_audio_s)")
-    if not np.isfinite(samples).all():
-        raise BadInputError("the audio holds NaN or infinite samples; send real audio")
     return np.clip(samples, -1.0, 1.0, out=samples)
+
+
+def pcm16_wav(data: bytes, max_duration_s: float | None = None) -> np.ndarray | None:
+    """The samples of a complete RIFF/WAVE file that is already 16 kHz, mono, 16-bit PCM (read
+    without FFmpeg, one copy), or None for any other file. The duration limit is checked from
+    the header before any sample is read. Raises PayloadTooLargeError past ``max_duration_s``."""
+    if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
+        return None
+    try:
+        with wave.open(io.BytesIO(data), "rb") as w:
+            if (w.getnchannels(), w.getsampwidth(), w.getframerate(), w.getcomptype()) != (1, 2, SAMPLE_RATE, "NONE"):
+                return None
+            n = w.getnframes()
+            if max_duration_s is not None and n > int(max_duration_s * SAMPLE_RATE):
+                raise PayloadTooLargeError(
+                    f"audio is longer than the limit of {max_duration_s:g} s (spec.gateway.max_audio_s); "
+                    "send a shorter file or raise the limit"
+                )
+            frames = w.readframes(n)
+    except (wave.Error, EOFError, struct.error):
+        return None  # FFmpeg decides (and names the problem)
+    if len(frames) != 2 * n or n == 0:
+        return None
+    return np.frombuffer(frames, dtype="<i2").astype(np.int16)
+
+
+def decode_pcm16(data: bytes, max_duration_s: float | None = None) -> np.ndarray:
+    """Decode ``data`` to int16 PCM, shape (n,), 16 kHz mono (full scale 32768 = 1.0).
+
+    What the serving path keeps: 2 bytes a sample (1.92 MB per audio minute), converted chunk by
+    chunk as FFmpeg decodes, so a request never holds its whole audio as float32. Raises as
+    ``decode_audio``.
+    """
+    if data[:4] == b"RIFF":
+        check_wav_complete(data)
+        fast = pcm16_wav(data, max_duration_s)
+        if fast is not None:
+            return fast
+    chunks = []
+    for chunk in _decode_chunks(data, max_duration_s):
+        _check_chunk(chunk)
+        chunks.append(np.clip(np.rint(chunk * 32768.0), -32768, 32767).astype(np.int16))
+    if not chunks or sum(len(c) for c in chunks) == 0:
+        raise BadInputError("the audio decodes to no samples; send a file with at least some sound")
+    return np.concatenate(chunks)

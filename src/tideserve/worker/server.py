@@ -1,9 +1,10 @@
 """Worker process entry point: ``python -m tideserve.worker --endpoint FILE --pool NAME``.
 
-Start-up order: check the engine target against this device, resolve the model source,
-start loading the model on a thread; meanwhile import the HTTP stack, bind the port (health
-answers "not ready") and write the port file; once the model is loaded, report ready
-(``--startup-file`` receives the time of each phase).
+Start-up order: check the engine target against this device, resolve the model source, fork
+the engine process (which loads the model); meanwhile start the prep processes, bind the port
+(health answers "not ready") and write the port file; once the engine has loaded the model,
+report ready (``--startup-file`` receives the time of each phase). This process then only
+serves HTTP: prep processes parse and decode, the engine process runs the model.
 
 Exit codes: 0 after a clean drain; 78 (EX_CONFIG) when the replica can never start here
 (engine target mismatch, missing model source, invalid spec) so the runtime does not restart
@@ -28,7 +29,7 @@ from tideserve.logs import setup_logging
 from tideserve.sources import resolve_source
 from tideserve.spec import load_endpoint, load_local_config
 from tideserve.files import write_atomic
-from tideserve.worker.backends import backend_class
+from tideserve.worker.engine_client import EngineLoadError
 
 # The HTTP stack (aiohttp, the API module, prometheus-client) is imported inside serve(), after
 # the model has started loading on another thread, so that the two overlap (cold start).
@@ -50,6 +51,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model-dir", default=None,
                    help="the prepared engine directory (the runtime fetched and checked it); default: resolve the source")
     p.add_argument("--cpu-threads", type=int, default=None, help="intra-op threads (default: local config)")
+    p.add_argument("--prep-processes", type=int, default=0,
+                   help="processes that parse bodies and decode audio (default: local config, else a quarter of the cores, 1-8)")
     p.add_argument("--drain-timeout-s", type=float, default=300.0)
     p.add_argument("--log-format", choices=["json", "text"], default="json")
     return p.parse_args(argv)
@@ -65,31 +68,33 @@ async def serve(args: argparse.Namespace, phases: dict[str, float]) -> int:
     model_dir = Path(args.model_dir) if args.model_dir else resolve_source(
         spec.model.source, cfg.allowed_file_roots, cfg.cache_dir)
     threads = args.cpu_threads if args.cpu_threads is not None else cfg.cpu_threads_per_replica
-    loop = asyncio.get_running_loop()
     phases["imported"] = time.time()
-    loading = loop.run_in_executor(
-        None, lambda: backend_class(spec.model.backend)(model_dir, target, spec.model.decoding, cpu_threads=threads,
-                                                max_batch_size=spec.batching.max_batch_size)
-    )
+
+    from tideserve.metrics.triton import TritonMetrics
+    from tideserve.worker.engine import EngineConfig
+    from tideserve.worker.engine_client import EngineClient
+
+    metrics = TritonMetrics(spec.model.name)
+    # The engine process is forked first, while this process runs no thread (see engine_client);
+    # it loads the model while this process starts its prep processes and binds the port.
+    engine = EngineClient(EngineConfig(
+        backend=spec.model.backend, model_dir=str(model_dir), target=target, decoding=spec.model.decoding,
+        max_batch_size=spec.batching.max_batch_size, max_queue_delay_s=spec.batching.max_queue_delay_ms / 1000.0,
+        cpu_threads=threads), on_stats=metrics.on_engine_stats)
+    loop = asyncio.get_running_loop()
 
     from aiohttp import web
 
-    from tideserve.metrics.triton import TritonMetrics
     from tideserve.worker.api import WorkerService, build_app
-    from tideserve.worker.batcher import DynamicBatcher
+    from tideserve.worker.prep import PrepPool, default_processes
 
-    metrics = TritonMetrics(spec.model.name)
+    prep = PrepPool(args.prep_processes or cfg.prep_processes or default_processes())
+    prep.start()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
-    holder: dict = {}
-    batcher: DynamicBatcher = DynamicBatcher(
-        lambda tasks: holder["backend"].transcribe_batch(tasks),
-        spec.batching.max_batch_size, spec.batching.max_queue_delay_ms / 1000.0, metrics,
-    )
-    service = WorkerService(spec.model.name, None, batcher, metrics,  # type: ignore[arg-type]
-                            spec.gateway.max_audio_s, spec.gateway.max_prompt_chars)
+    service = WorkerService(spec.model.name, prep, engine, metrics, spec.gateway.max_audio_s, spec.gateway.max_prompt_chars)
     app = build_app(service, spec.gateway.max_body_bytes, os.environ.get("TIDESERVE_WORKER_TOKEN") or None,
                     platform=spec.model.backend)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
@@ -100,26 +105,29 @@ async def serve(args: argparse.Namespace, phases: dict[str, float]) -> int:
     if args.port_file:
         write_atomic(args.port_file, str(port))
     phases["listening"] = time.time()
-    log.info("listening", extra={"port": port, "pool": pool.name, "replica": args.replica_id})
+    log.info("listening", extra={"port": port, "pool": pool.name, "replica": args.replica_id,
+                                 "prep_processes": prep.processes, "engine_pid": engine.process.pid})
 
     try:
-        backend = await loading
+        info = await engine.start()
     except BaseException:
         await runner.cleanup()
+        prep.close()
+        engine.stop(1.0)
         raise
-    holder["backend"] = backend
-    service.backend = backend
+    service.languages = frozenset(info["languages"])
     phases["model_loaded"] = time.time()
     metrics.model_loaded(spec.model.source.partition("://")[0], phases["model_loaded"] - phases["imported"])
     # No warm-up inference: measured here it cost 0.5-0.6 s of start-up to save ~0.1 s on the
     # first request (bench/cold_start.py), and loading already validates the model.
-    batcher.start()
     service.state.ready = True
     if args.startup_file:
         write_atomic(args.startup_file, json.dumps(phases))
-    log.info("ready", extra={"phases_s": {k: round(v - phases["interpreter"], 3) for k, v in phases.items()}})
+    log.info("ready", extra={"phases_s": {k: round(v - phases["interpreter"], 3) for k, v in phases.items()},
+                             "continuous_batching": info.get("continuous", False)})
 
     parent = os.getppid()
+    code = 0
     while not stop.is_set():
         try:
             await asyncio.wait_for(stop.wait(), 1.0)
@@ -127,16 +135,21 @@ async def serve(args: argparse.Namespace, phases: dict[str, float]) -> int:
             if os.getppid() != parent:
                 log.warning("parent process went away; shutting down")
                 break
+            if engine.dead:
+                log.error("the engine process exited; this replica stops so that it is restarted")
+                code = 1
+                break
 
     # Drain: stop taking new work, finish what is queued or running, then exit.
     service.state.draining = True
     deadline = time.monotonic() + args.drain_timeout_s
-    while (service.state.in_flight or batcher.queued) and time.monotonic() < deadline:
+    while service.state.in_flight and not engine.dead and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     log.info("drained; exiting", extra={"left_in_flight": service.state.in_flight})
-    await batcher.close()
     await runner.cleanup()
-    return 0
+    prep.close()
+    engine.stop()
+    return code
 
 
 def main(argv: list[str] | None = None, started_at: float | None = None) -> int:
@@ -154,6 +167,9 @@ def main(argv: list[str] | None = None, started_at: float | None = None) -> int:
         log.error("cannot start replica: %s", exc, extra={"reason": type(exc).__name__})
         print(f"tideserve-worker: cannot start: {exc}", file=sys.stderr, flush=True)
         return EX_CONFIG
+    except EngineLoadError as exc:
+        log.error("cannot load the model: %s", exc, extra={"reason": exc.kind})
+        return 1
     except (EngineMismatchError, SpecError, KeyError) as exc:
         msg = exc.args[0] if isinstance(exc, KeyError) else str(exc)
         log.error("cannot start replica: %s", msg, extra={"reason": type(exc).__name__})

@@ -26,7 +26,7 @@ class Window:
 def split_windows(
     samples: np.ndarray, sample_rate: int = 16_000, window_s: float = WINDOW_S, search_s: float = 5.0
 ) -> list[Window]:
-    """Cut ``samples`` (shape (n,)) into windows of at most ``window_s`` seconds.
+    """Cut ``samples`` (shape (n,), int16 PCM or float) into windows of at most ``window_s`` seconds.
 
     Returns at least one window; windows cover the input exactly, in order, without overlap.
     """
@@ -36,7 +36,7 @@ def split_windows(
     start, n = 0, len(samples)
     while n - start > limit:
         lo = start + limit - int(search_s * sample_rate)
-        region = samples[lo : start + limit]
+        region = samples[lo : start + limit].astype(np.float32)  # int16 PCM squared would overflow
         nframes = len(region) // frame
         energy = np.sqrt(np.mean(region[: nframes * frame].reshape(nframes, frame) ** 2, axis=1))
         # Cut in the middle of the quietest frame; ties go to the latest frame (longer window).

@@ -13,14 +13,21 @@ from tideserve.worker.batcher import ExecutionTimings
 
 @dataclass(frozen=True)
 class WindowTask:
-    """One window (<= 30 s) of one request: 16 kHz mono float32 ``samples`` starting at
-    ``offset_s`` in the file, with that request's prompt, language and timestamp wish."""
+    """One window (<= 30 s) of one request: 16 kHz mono ``samples`` (int16 PCM, or float32 in
+    [-1, 1]) starting at ``offset_s`` in the file, with that request's prompt, language and
+    timestamp wish, decoded at ``temperature`` (0: greedy/beam; > 0: sampling, Whisper's
+    fallback)."""
 
     samples: np.ndarray
     offset_s: float = 0.0
     prompt: str | None = None
     language: str | None = None
     timestamps: bool = False
+    temperature: float = 0.0
+
+    @property
+    def duration_s(self) -> float:
+        return len(self.samples) / 16_000
 
 
 @dataclass
@@ -33,6 +40,15 @@ class WindowResult:
     #: Seconds from the window's start where decoding stopped short, leaving the rest of the
     #: window untranscribed for a next window (Whisper's seek); None when the window is done.
     unfinished_from_s: float | None = None
+    #: Whisper's quality signals of this decode: mean log-probability per sampled token (the
+    #: end-of-text included in the count), the no-speech probability at <|startoftranscript|>,
+    #: and the gzip compression ratio of the text (high means repetition).
+    avg_logprob: float = 0.0
+    no_speech_prob: float = 0.0
+    compression_ratio: float = 0.0
+    #: True when the window was judged silence (its text is then empty).
+    silent: bool = False
+    temperature: float = 0.0
 
 
 class Backend(Protocol):

@@ -89,7 +89,7 @@ class FasterWhisperBackend:
         """
         t0 = time.perf_counter()
         fe = self._model.feature_extractor
-        feats = np.stack([pad_or_trim(fe(t.samples)[..., :-1]) for t in tasks]).astype(np.float32)
+        feats = np.stack([pad_or_trim(fe(_float32(t.samples))[..., :-1]) for t in tasks]).astype(np.float32)
         t1 = time.perf_counter()
 
         encoded = self._model.encode(feats)
@@ -106,21 +106,24 @@ class FasterWhisperBackend:
             with_timestamps = task.timestamps or not self._decoding.without_timestamps
             prompts.append(self._model.get_prompt(tok, previous, without_timestamps=not with_timestamps))
             toks.append(tok)
-        groups: dict[tuple[int, int], list[int]] = {}
+        groups: dict[tuple[int, int, float], list[int]] = {}
         for i, (prompt, tok) in enumerate(zip(prompts, toks)):
             sot = prompt.index(tok.sot)
-            groups.setdefault((sot, len(prompt) - sot), []).append(i)
+            groups.setdefault((sot, len(prompt) - sot, tasks[i].temperature), []).append(i)
         decoded: list = [None] * len(tasks)
-        for idx in groups.values():
+        for (_, _, temperature), idx in groups.items():
             enc = encoded if len(groups) == 1 else ctranslate2.StorageView.from_array(np.asarray(encoded)[idx])
             group_prompts = [prompts[i] for i in idx]
             max_length = _MAX_LENGTH
             if self._decoding.max_new_tokens is not None:
                 max_length = min(_MAX_LENGTH, len(group_prompts[0]) + self._decoding.max_new_tokens)
+            # Temperature 0: beam search (or greedy); above 0: one sampled hypothesis (Whisper's fallback).
+            sampling = dict(beam_size=1, sampling_temperature=temperature, sampling_topk=0) if temperature > 0 \
+                else dict(beam_size=self._decoding.beam_size)
             res = self._model.model.generate(
                 enc,
                 group_prompts,
-                beam_size=self._decoding.beam_size,
+                **sampling,
                 max_length=max_length,
                 return_scores=True,
                 return_no_speech_prob=True,
@@ -138,5 +141,13 @@ class FasterWhisperBackend:
     def _window_result(self, task: WindowTask, tok: Tokenizer, language: str, res) -> WindowResult:
         tokens = [t for t in res.sequences_ids[0]]
         avg_logprob = res.scores[0] * len(tokens) / (len(tokens) + 1)  # length_penalty 1 (faster-whisper)
+        d = self._decoding
         return window_result(task, tokens, language, avg_logprob, res.no_speech_prob, tok.eot, tok.timestamp_begin,
-                             tok.decode)
+                             tok.decode, d.no_speech_threshold, d.log_prob_threshold)
+
+
+def _float32(samples: np.ndarray) -> np.ndarray:
+    """Samples as float32 in [-1, 1] (int16 PCM is scaled by 1/32768)."""
+    if samples.dtype == np.int16:
+        return samples.astype(np.float32) / 32768.0
+    return samples.astype(np.float32, copy=False)

@@ -26,30 +26,64 @@ def compression_ratio(text: str) -> float:
     return len(b) / len(zlib.compress(b)) if b else 0.0
 
 
+def is_silence(no_speech_prob: float, avg_logprob: float, no_speech_threshold: float | None = NO_SPEECH_THRESHOLD,
+               logprob_threshold: float | None = LOGPROB_THRESHOLD) -> bool:
+    """Whisper's no-speech rule: the no-speech probability is over its threshold while the
+    decode is not confident (average log-probability under its threshold). A threshold of None
+    switches the rule off (no window is silence)."""
+    if no_speech_threshold is None:
+        return False
+    if no_speech_prob <= no_speech_threshold:
+        return False
+    return logprob_threshold is None or avg_logprob < logprob_threshold
+
+
+def seek_point(tokens: Sequence[int], timestamp_begin: int) -> tuple[int, float] | None:
+    """Where Whisper's long-form loop seeks after a window (openai/whisper ``transcribe``):
+    when the output has a completed segment pair (``<|t|><|t|>``) and does not end with a lone
+    timestamp after text, the window is unfinished from the first timestamp of its last pair.
+    Returns ``(k, seconds)``: keep ``tokens[:k]`` (text after the last pair is decoded again
+    from the seek), seek to ``seconds`` in the window; None when the window is done."""
+    is_ts = [t >= timestamp_begin for t in tokens]
+    if len(tokens) >= 2 and not is_ts[-2] and is_ts[-1]:
+        return None  # "text <|t|>": the last segment was closed; the window is done
+    pairs = [i for i in range(1, len(tokens)) if is_ts[i] and is_ts[i - 1]]
+    if not pairs:
+        return None  # no completed segment boundary: the whole window is one segment
+    k = pairs[-1]
+    return k, (tokens[k - 1] - timestamp_begin) * TIME_PRECISION_S
+
+
 def window_result(task: WindowTask, tokens: Sequence[int], language: str, avg_logprob: float, no_speech_prob: float,
-                  eot: int, timestamp_begin: int, decode: Callable[[list[int]], str]) -> WindowResult:
+                  eot: int, timestamp_begin: int, decode: Callable[[list[int]], str],
+                  no_speech_threshold: float | None = NO_SPEECH_THRESHOLD,
+                  logprob_threshold: float | None = LOGPROB_THRESHOLD) -> WindowResult:
     """The result of one decoded window from its sampled ``tokens`` (end-of-text excluded).
 
-    A window whose no-speech probability exceeds 0.6 while its average log-probability is
-    below -1.0 is silence (empty text). With timestamp tokens, ``unfinished_from_s`` marks
-    speech the model left after its last timestamp (Whisper's long-form seek rule); segments
-    (absolute times) are filled when the task asked for timestamps.
+    Silence (``is_silence``) gives empty text with ``silent`` set. With timestamp tokens,
+    ``unfinished_from_s`` marks speech left after the window's last completed segment
+    (``seek_point``), and the tokens after it are dropped, since the next part decodes them
+    again; a seek that does not move past the window's start (a last pair at 0.0 s) or leaves
+    less than ``MIN_TAIL_S`` is no seek, so a window is never decoded twice from the same
+    point. Segments (absolute times) are filled when the task asked for timestamps. The
+    quality signals (average log-probability, no-speech probability, compression ratio of the
+    whole decoded text) are carried for the fallback rule.
     """
     tokens = list(tokens)
-    text = decode([t for t in tokens if t < eot]).strip()
-    if no_speech_prob > NO_SPEECH_THRESHOLD and avg_logprob < LOGPROB_THRESHOLD:
-        return WindowResult(text="", language=language)
-    duration = len(task.samples) / SAMPLE_RATE
+    full_text = decode([t for t in tokens if t < eot]).strip()
+    signals = dict(avg_logprob=float(avg_logprob), no_speech_prob=float(no_speech_prob),
+                   compression_ratio=compression_ratio(full_text), temperature=task.temperature)
+    if is_silence(no_speech_prob, avg_logprob, no_speech_threshold, logprob_threshold):
+        return WindowResult(text="", language=language, silent=True, **signals)
+    duration = task.duration_s
     unfinished = None
-    stamps = [t for t in tokens if t >= timestamp_begin]
-    if stamps:
-        # Output ending in "text <|t|>" closed its last segment and the window is done;
-        # otherwise (ending in "<|t|><|t|>" or in text) the model left the speech after its
-        # last timestamp for the next window.
-        single_ending = len(tokens) >= 2 and tokens[-2] < timestamp_begin <= tokens[-1]
-        last = (stamps[-1] - timestamp_begin) * TIME_PRECISION_S
-        if not single_ending and duration - last > MIN_TAIL_S:
-            unfinished = last
+    seek = seek_point(tokens, timestamp_begin)
+    if seek is not None:
+        k, at = seek
+        if at > 0.0 and duration - at > MIN_TAIL_S:
+            unfinished = at
+            tokens = tokens[:k]
+    text = full_text if unfinished is None else decode([t for t in tokens if t < eot]).strip()
     segments = []
     if task.timestamps:
         for start, end, seg_tokens in split_by_timestamps(tokens, timestamp_begin, duration):
@@ -60,7 +94,7 @@ def window_result(task: WindowTask, tokens: Sequence[int], language: str, avg_lo
                     tokens=tuple(seg_tokens), avg_logprob=float(avg_logprob),
                     no_speech_prob=float(no_speech_prob), compression_ratio=compression_ratio(seg_text),
                 ))
-    return WindowResult(text=text, language=language, segments=segments, unfinished_from_s=unfinished)
+    return WindowResult(text=text, language=language, segments=segments, unfinished_from_s=unfinished, **signals)
 
 
 def split_by_timestamps(

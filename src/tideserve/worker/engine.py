@@ -1,0 +1,453 @@
+"""The engine: one loop that owns the model and schedules windows onto it, in a process of its own.
+
+A worker replica runs three kinds of process (DESIGN.md, "a process per stage"): the HTTP front
+(``worker.server``), prep processes that parse bodies and decode audio (``worker.prep``), and
+this engine process, which does only scheduling and model work, so the model loop never waits
+for the interpreter lock behind request handling (the cause of the served path running at 5%
+of the engine on an H200; issue 12). vLLM V1 splits its API server and engine core the same way.
+
+Units of work: a request arrives as *segments* (cuts of its audio at quiet points, each <= 30 s,
+int16 PCM). Each segment is decoded as a chain of *parts*: a part is one decode of the audio
+from a seek point to the segment's end at one temperature. After each decode Whisper's
+long-form rules (``worker.longform.follow_up``) decide: decode again at a higher temperature
+(fallback), continue from the seek point (a new part), or accept. Parts of one segment run one
+after another; segments and requests run side by side. Follow-up parts go to the front of the
+queue, so a request that has started finishes before newer ones start.
+
+Two ways to run a backend, chosen by what it offers:
+- continuous (a backend with ``admit``/``run``/``finished``, the torch backend): windows join
+  the running decode whenever slots are free (their features and encoder pass run between
+  decode chunks) and leave it when they end, so one window that runs to the token limit holds
+  only its own slot (in-flight batching, as TensorRT-LLM and vLLM do);
+- static (``transcribe_batch`` only, faster-whisper): Triton's dynamic batcher, the pure
+  ``worker.batching.cut_batch`` decision, one execution at a time.
+In both, which queued parts go next is a round-robin over requests (``batching.round_robin``),
+so a long file's windows interleave with short requests instead of running ahead of them.
+
+Messages (pickled tuples over ``multiprocessing`` connections):
+front -> engine: ``("submit", rid, segments, options)`` with ``segments`` a list of
+``(int16 array, offset_s)`` and ``options`` a ``RequestOptions``; ``("cancel", rid)``; ``("stop",)``.
+engine -> front: ``("ready", info)`` or ``("failed", kind, message)`` once at start;
+``("segment", rid, index, results, compute_s)`` when a segment's chain is complete;
+``("error", rid, kind, message)`` when a request failed; every message after ``ready`` is
+preceded by ``("stats", EngineStats)`` when counters moved.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable
+
+import numpy as np
+
+from tideserve.spec.models import Decoding
+from tideserve.worker.backends.base import WindowResult, WindowTask
+from tideserve.worker.batching import QueuedItem, cut_batch, round_robin
+from tideserve.worker.longform import Accept, follow_up, is_digital_silence
+
+log = logging.getLogger("tideserve.worker.engine")
+SAMPLE_RATE = 16_000
+#: Most parts one segment may take (seeks and fallbacks). Each seek moves forward by at least
+#: a timestamp step, so this only bounds pathological outputs.
+MAX_PARTS_PER_SEGMENT = 32
+#: Decoder steps between two looks at which rows ended (one device sync each).
+DEFAULT_CHUNK_STEPS = 8
+
+
+@dataclass(frozen=True)
+class RequestOptions:
+    """What a request asks of every window: prompt, language, timestamps."""
+
+    prompt: str | None = None
+    language: str | None = None
+    timestamps: bool = False
+
+
+@dataclass
+class EngineStats:
+    """Counters the engine sends to the front (deltas since the last message). Seconds are
+    engine wall time per stage; ``queue_s`` sums each part's wait before it started."""
+
+    windows: int = 0          # parts decoded (Triton's inference count)
+    executions: int = 0       # encoder passes (continuous) or batches (static)
+    rows_stepped: int = 0     # sum over decode chunks of the rows they ran (mean batch = rows/chunks)
+    chunks: int = 0
+    fallbacks: int = 0
+    seeks: int = 0
+    queue_s: float = 0.0
+    features_s: float = 0.0
+    encoder_s: float = 0.0
+    decode_s: float = 0.0
+    detokenize_s: float = 0.0
+    queued: int = 0           # parts waiting now (a gauge, not a delta)
+    active: int = 0           # rows decoding now (a gauge)
+
+    def take(self) -> "EngineStats":
+        """A copy of the counters, which are then zeroed (gauges kept)."""
+        out = EngineStats(**{f.name: getattr(self, f.name) for f in fields(self)})
+        for f in fields(self):
+            if f.name not in ("queued", "active"):
+                setattr(self, f.name, type(getattr(self, f.name))())
+        return out
+
+    def moved(self) -> bool:
+        return any(getattr(self, f.name) for f in fields(self) if f.name not in ("queued", "active"))
+
+
+@dataclass
+class _Part:
+    rid: int
+    segment: int
+    samples: np.ndarray
+    offset_s: float
+    options: RequestOptions
+    temperature: float
+    enqueued_s: float
+    attempts: list[WindowResult] = field(default_factory=list)
+    parts_so_far: int = 1
+    compute_s: float = 0.0
+
+    def task(self) -> WindowTask:
+        o = self.options
+        return WindowTask(self.samples, self.offset_s, o.prompt, o.language, o.timestamps, self.temperature)
+
+
+@dataclass
+class _Request:
+    rid: int
+    segments: int
+    results: dict[int, list[WindowResult]] = field(default_factory=dict)
+    compute_s: float = 0.0
+
+
+Emit = Callable[[tuple], None]
+
+
+class EngineLoop:
+    """Schedules the windows of many requests onto ``backend``; see the module doc.
+
+    ``emit(message)`` sends a message to the front; ``clock()`` gives seconds (monotonic).
+    ``submit``/``cancel`` are called by the loop's own thread (from ``handle``); ``run_once``
+    does one round of scheduling and model work and returns whether anything was done.
+    """
+
+    def __init__(self, backend: Any, decoding: Decoding, max_batch_size: int, max_queue_delay_s: float,
+                 emit: Emit, clock: Callable[[], float] = time.monotonic, chunk_steps: int = DEFAULT_CHUNK_STEPS) -> None:
+        self.backend = backend
+        self.decoding = decoding
+        self.max_batch_size = max_batch_size
+        self.max_queue_delay_s = max_queue_delay_s
+        self.emit = emit
+        self.clock = clock
+        self.chunk_steps = chunk_steps
+        self.continuous = all(hasattr(backend, a) for a in ("admit", "run", "finished", "release"))
+        self.queue: collections.deque[_Part] = collections.deque()
+        self.requests: dict[int, _Request] = {}
+        self.active: dict[Any, _Part] = {}  # backend handle (slot) -> part
+        self.stats = EngineStats()
+
+    # --- messages ------------------------------------------------------------------------
+
+    def handle(self, msg: tuple) -> bool:
+        """Apply one message from the front. Returns False for ``stop``."""
+        op = msg[0]
+        if op == "submit":
+            self.submit(msg[1], msg[2], msg[3])
+        elif op == "cancel":
+            self.cancel(msg[1])
+        elif op == "stop":
+            return False
+        return True
+
+    def submit(self, rid: int, segments: list[tuple[np.ndarray, float]], options: RequestOptions) -> None:
+        if not segments:
+            self.emit(("error", rid, "BadInputError", "the request has no audio windows"))
+            return
+        now = self.clock()
+        req = _Request(rid, len(segments))
+        self.requests[rid] = req
+        silent = []
+        for k, (samples, offset) in enumerate(segments):
+            if is_digital_silence(samples):
+                silent.append(k)
+            else:
+                self.queue.append(_Part(rid, k, samples, offset, options, self.decoding.temperatures[0], now))
+        for k in silent:  # answered without the model
+            req.results[k] = [WindowResult(text="", language=options.language or "en", silent=True)]
+            self.emit(("segment", rid, k, req.results[k], 0.0))
+        if len(req.results) == req.segments:
+            del self.requests[rid]
+
+    def cancel(self, rid: int) -> None:
+        """Forget request ``rid``: its queued parts are dropped, its decoding rows stopped."""
+        if self.requests.pop(rid, None) is None:
+            return
+        self.queue = collections.deque(p for p in self.queue if p.rid != rid)
+        handles = [h for h, p in self.active.items() if p.rid == rid]
+        for h in handles:
+            del self.active[h]
+        if handles:
+            self.backend.release(handles)
+
+    # --- scheduling ------------------------------------------------------------------------
+
+    @property
+    def idle(self) -> bool:
+        return not self.queue and not self.active
+
+    def wait_s(self) -> float | None:
+        """How long the loop may block for messages before it has work: None = until one
+        arrives; 0 = work is ready now."""
+        if self.active:
+            return 0.0
+        if not self.queue:
+            return None
+        if self.continuous:
+            return 0.0
+        cut = cut_batch(self._queued_items(), self.max_batch_size, self.max_queue_delay_s, self.clock())
+        return 0.0 if cut.take else cut.wait_s
+
+    def _queued_items(self) -> list[QueuedItem]:
+        return [QueuedItem(p.rid, p.enqueued_s) for p in self.queue]
+
+    def _take(self, indices: tuple[int, ...]) -> list[_Part]:
+        chosen = set(indices)
+        parts = [self.queue[i] for i in indices]  # in the cut's (round-robin) order
+        self.queue = collections.deque(p for i, p in enumerate(self.queue) if i not in chosen)
+        now = self.clock()
+        for p in parts:
+            self.stats.queue_s += max(0.0, now - p.enqueued_s)
+        return parts
+
+    def run_once(self) -> bool:
+        """One round: admit/execute what the policy allows, collect what ended. Returns True
+        when model work was done."""
+        worked = self._run_continuous() if self.continuous else self._run_static()
+        self.stats.queued = len(self.queue)
+        self.stats.active = len(self.active)
+        if self.stats.moved():
+            self.emit(("stats", self.stats.take()))
+        return worked
+
+    def _run_static(self) -> bool:
+        if not self.queue:
+            return False
+        cut = cut_batch(self._queued_items(), self.max_batch_size, self.max_queue_delay_s, self.clock())
+        if not cut.take:
+            return False
+        parts = self._take(cut.take)
+        tasks = [p.task() for p in parts]
+        try:
+            results, timings = self.backend.transcribe_batch(tasks)
+            if len(results) != len(parts):
+                raise RuntimeError(f"backend returned {len(results)} results for {len(parts)} inputs")
+        except Exception as exc:  # noqa: BLE001 - isolate the bad input: run each part alone
+            if len(parts) > 1:
+                self._run_alone(parts)
+            else:
+                self._fail(parts[0].rid, exc)
+            return True
+        self.stats.executions += 1
+        self.stats.windows += len(parts)
+        self.stats.features_s += timings.input_s
+        self.stats.encoder_s += timings.infer_s
+        self.stats.detokenize_s += timings.output_s
+        share = timings.total_s / len(parts)
+        for p, r in zip(parts, results):
+            p.compute_s += share
+            self._on_result(p, r)
+        return True
+
+    def _run_alone(self, parts: list[_Part]) -> None:
+        """Run ``parts`` one by one (a batch of them failed): one bad input fails only its own
+        request, the others get their results."""
+        for p in parts:
+            if p.rid not in self.requests:
+                continue
+            try:
+                (r,), timings = self.backend.transcribe_batch([p.task()])
+            except Exception as exc:  # noqa: BLE001 - the bad input fails only its own request
+                self._fail(p.rid, exc)
+                continue
+            self.stats.executions += 1
+            self.stats.windows += 1
+            p.compute_s += timings.total_s
+            self._on_result(p, r)
+
+    def _run_continuous(self) -> bool:
+        b = self.backend
+        worked = False
+        free = b.free_slots
+        if self.queue and free > 0:
+            cut = round_robin(self._queued_items(), min(free, self.max_batch_size))
+            parts = self._take(cut)
+            try:
+                handles, timings = b.admit([p.task() for p in parts])
+            except Exception as exc:  # noqa: BLE001 - admit each alone to find the bad input
+                handles, timings = [], None
+                for p in parts:
+                    try:
+                        (h,), t = b.admit([p.task()])
+                    except Exception as one:  # noqa: BLE001
+                        self._fail(p.rid, one)
+                        continue
+                    self.active[h] = p
+                    self._charge([p], t.total_s)
+                    self.stats.executions += 1
+                log.debug("batched admit failed (%s); admitted one by one", exc)
+            else:
+                for h, p in zip(handles, parts):
+                    self.active[h] = p
+                self._charge(parts, timings.total_s)
+                self.stats.executions += 1
+                self.stats.features_s += timings.input_s
+                self.stats.encoder_s += timings.infer_s
+            self.stats.windows += len(parts)
+            worked = True
+        if self.active:
+            rows = len(self.active)
+            t0 = self.clock()
+            b.run(self.chunk_steps)
+            done, detok_s = b.finished()
+            elapsed = self.clock() - t0
+            self.stats.chunks += 1
+            self.stats.rows_stepped += rows
+            self.stats.decode_s += max(0.0, elapsed - detok_s)
+            self.stats.detokenize_s += detok_s
+            self._charge(list(self.active.values()), elapsed)
+            for h, r in done:
+                p = self.active.pop(h, None)
+                if p is not None:
+                    self._on_result(p, r)
+            worked = True
+        return worked
+
+    def _charge(self, parts: list[_Part], seconds: float) -> None:
+        """Share ``seconds`` of model time equally among ``parts`` (their requests' compute)."""
+        if parts:
+            share = seconds / len(parts)
+            for p in parts:
+                p.compute_s += share
+
+    # --- results ---------------------------------------------------------------------------
+
+    def _on_result(self, part: _Part, result: WindowResult) -> None:
+        req = self.requests.get(part.rid)
+        if req is None:
+            return  # cancelled meanwhile
+        req.compute_s += part.compute_s
+        part.compute_s = 0.0
+        part.attempts.append(result)
+        action = follow_up(part.attempts, self.decoding)
+        now = self.clock()
+        if not isinstance(action, Accept):
+            self.stats.fallbacks += 1
+            part.temperature = action.temperature
+            part.enqueued_s = now
+            self.queue.appendleft(part)
+            return
+        chain = req.results.setdefault(part.segment, [])
+        chain.append(action.result)
+        seek = action.seek_s
+        if seek is not None and part.parts_so_far < MAX_PARTS_PER_SEGMENT:
+            start = int(round(seek * SAMPLE_RATE))
+            if 0 < start < len(part.samples):
+                self.stats.seeks += 1
+                nxt = _Part(part.rid, part.segment, part.samples[start:], part.offset_s + seek, part.options,
+                            self.decoding.temperatures[0], now, parts_so_far=part.parts_so_far + 1)
+                self.queue.appendleft(nxt)
+                return
+        self.emit(("segment", part.rid, part.segment, chain, req.compute_s))
+        req.compute_s = 0.0
+        if len(req.results) == req.segments and not any(
+                p.rid == part.rid for p in list(self.queue) + list(self.active.values())):
+            del self.requests[part.rid]
+
+    def _fail(self, rid: int, exc: BaseException) -> None:
+        if rid in self.requests:
+            self.cancel(rid)
+            self.emit(("error", rid, type(exc).__name__, str(exc)))
+
+
+# --- the engine process ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine process needs to load its model (picklable)."""
+
+    backend: str
+    model_dir: str
+    target: Any  # spec.models.Target
+    decoding: Decoding
+    max_batch_size: int
+    max_queue_delay_s: float
+    cpu_threads: int = 0
+    chunk_steps: int = DEFAULT_CHUNK_STEPS
+
+
+def engine_main(inbox: Any, outbox: Any, config: EngineConfig) -> None:
+    """Entry point of the engine process: load the backend, say ``ready`` (or ``failed``), then
+    serve messages until ``stop`` or the front goes away. ``inbox``/``outbox``: the two ends
+    of ``multiprocessing`` pipes (``recv``/``send``)."""
+    from tideserve.worker.backends import backend_class
+
+    send_lock = threading.Lock()
+
+    def emit(msg: tuple) -> None:
+        with send_lock:
+            outbox.send(msg)
+
+    try:
+        backend = backend_class(config.backend)(
+            config.model_dir, config.target, config.decoding, cpu_threads=config.cpu_threads,
+            max_batch_size=config.max_batch_size)
+    except BaseException as exc:  # noqa: BLE001 - the front maps the kind to an exit code
+        emit(("failed", type(exc).__name__, str(exc) or traceback.format_exc(limit=3)))
+        return
+    emit(("ready", {"languages": sorted(backend.languages),
+                    "continuous": all(hasattr(backend, a) for a in ("admit", "run", "finished", "release"))}))
+    loop = EngineLoop(backend, config.decoding, config.max_batch_size, config.max_queue_delay_s, emit,
+                      chunk_steps=config.chunk_steps)
+    messages: queue.SimpleQueue = queue.SimpleQueue()
+
+    def receive() -> None:
+        # recv() blocks in a syscall without the interpreter lock; unpickling the int16 PCM is a copy.
+        try:
+            while True:
+                msg = inbox.recv()
+                messages.put(msg)
+                if msg[0] == "stop":
+                    return
+        except (EOFError, OSError):
+            messages.put(("stop",))
+
+    threading.Thread(target=receive, name="engine-inbox", daemon=True).start()
+    running = True
+    while running:
+        timeout = loop.wait_s()
+        try:
+            msg = messages.get(timeout=timeout) if timeout != 0.0 else messages.get_nowait()
+        except queue.Empty:
+            msg = None
+        while msg is not None:
+            if not loop.handle(msg):
+                running = False
+                break
+            try:
+                msg = messages.get_nowait()
+            except queue.Empty:
+                msg = None
+        if running:
+            try:
+                loop.run_once()
+            except Exception:  # noqa: BLE001 - a bug here must not hang every request: fail them all
+                log.exception("engine loop failed")
+                for rid in list(loop.requests):
+                    loop._fail(rid, RuntimeError("the engine failed; see the worker log"))

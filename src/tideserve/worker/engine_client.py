@@ -1,0 +1,209 @@
+"""The HTTP front's side of the engine process: start it, send it windows, await results.
+
+The engine process (``worker.engine.engine_main``) is forked from the front at start, before
+the front runs any thread, so it inherits the imported libraries (a zygote-forked replica
+starts warm) and no lock held by another thread. Messages go through two ``multiprocessing``
+pipes; a reader thread in the front blocks on the engine's pipe and hands each message to the
+event loop. If the engine process dies, every waiting request fails with ``EngineDiedError``
+(503, retry elsewhere) and ``dead`` is set, so the worker exits and its runtime restarts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import itertools
+import multiprocessing
+import os
+import signal
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from tideserve.errors import (
+    BadInputError,
+    CapacityError,
+    EngineMismatchError,
+    PayloadTooLargeError,
+    SourceError,
+    SpecError,
+    TideserveError,
+)
+from tideserve.worker.backends.base import WindowResult
+from tideserve.worker.engine import EngineConfig, EngineStats, RequestOptions, engine_main
+
+
+class EngineDiedError(CapacityError):
+    """The engine process exited while requests were waiting on it."""
+
+
+class EngineLoadError(TideserveError):
+    """The engine could not load its model (not a mismatch or spec error): ``kind`` names the
+    exception it raised."""
+
+    def __init__(self, message: str, kind: str = "") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+_LOAD_ERRORS: dict[str, type[TideserveError]] = {
+    "EngineMismatchError": EngineMismatchError,
+    "SpecError": SpecError,
+    "SourceError": SourceError,
+}
+_REQUEST_ERRORS: dict[str, type[TideserveError]] = {
+    "BadInputError": BadInputError,
+    "PayloadTooLargeError": PayloadTooLargeError,
+}
+
+
+def _engine_entry(inbox: Any, outbox: Any, config: EngineConfig) -> None:
+    """In the forked engine process: detach from the front's signal set-up, die with it."""
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the front, which stops us
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+    engine_main(inbox, outbox, config)
+
+
+@dataclass
+class _Pending:
+    future: asyncio.Future
+    segments: int
+    results: dict[int, list[WindowResult]] = field(default_factory=dict)
+    compute_s: float = 0.0
+    on_segment: Callable[[int, list[WindowResult]], None] | None = None
+
+
+class EngineClient:
+    """Start the engine process for ``config``; ``on_stats(EngineStats)`` receives its counters."""
+
+    def __init__(self, config: EngineConfig, on_stats: Callable[[EngineStats], None] | None = None) -> None:
+        ctx = multiprocessing.get_context("fork")
+        to_engine_r, self._to_engine = ctx.Pipe(duplex=False)
+        self._from_engine, from_engine_w = ctx.Pipe(duplex=False)
+        self.process = ctx.Process(target=_engine_entry, args=(to_engine_r, from_engine_w, config),
+                                   name="tideserve-engine", daemon=True)
+        self.process.start()
+        to_engine_r.close()
+        from_engine_w.close()
+        self.on_stats = on_stats
+        self.info: dict = {}
+        self.dead = False
+        self._ids = itertools.count(1)
+        self._pending: dict[int, _Pending] = {}
+        self._send_lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ready: asyncio.Future | None = None
+
+    async def start(self) -> dict:
+        """Wait until the engine has loaded its model; return its info (languages...).
+
+        Raises EngineMismatchError / SpecError / SourceError as the engine's load raised them,
+        EngineLoadError for anything else, EngineDiedError if the process exited first."""
+        self._loop = asyncio.get_running_loop()
+        self._ready = self._loop.create_future()
+        threading.Thread(target=self._read, name="engine-results", daemon=True).start()
+        self.info = await self._ready
+        return self.info
+
+    def _read(self) -> None:
+        loop = self._loop
+        assert loop is not None
+        try:
+            while True:
+                msg = self._from_engine.recv()
+                loop.call_soon_threadsafe(self._on_message, msg)
+        except (EOFError, OSError):
+            loop.call_soon_threadsafe(self._on_exit)
+
+    def _on_message(self, msg: tuple) -> None:
+        op = msg[0]
+        if op == "stats":
+            if self.on_stats is not None:
+                self.on_stats(msg[1])
+        elif op == "segment":
+            _, rid, index, results, compute_s = msg
+            p = self._pending.get(rid)
+            if p is None:
+                return
+            p.results[index] = results
+            p.compute_s += compute_s
+            if p.on_segment is not None:
+                p.on_segment(index, results)
+            if len(p.results) == p.segments and not p.future.done():
+                p.future.set_result(None)
+        elif op == "error":
+            _, rid, kind, message = msg
+            p = self._pending.get(rid)
+            if p is not None and not p.future.done():
+                p.future.set_exception(_REQUEST_ERRORS.get(kind, RuntimeError)(message))
+        elif op == "ready":
+            if self._ready is not None and not self._ready.done():
+                self._ready.set_result(msg[1])
+        elif op == "failed":
+            _, kind, message = msg
+            exc: Exception = _LOAD_ERRORS[kind](message) if kind in _LOAD_ERRORS else EngineLoadError(
+                f"{kind}: {message}", kind)
+            if self._ready is not None and not self._ready.done():
+                self._ready.set_exception(exc)
+
+    def _on_exit(self) -> None:
+        self.dead = True
+        code = self.process.exitcode
+        err = EngineDiedError(f"the engine process exited (code {code}); retry on another replica", retry_after_s=1)
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_exception(err)
+        for p in self._pending.values():
+            if not p.future.done():
+                p.future.set_exception(err)
+
+    def _send(self, msg: tuple) -> None:
+        with self._send_lock:
+            self._to_engine.send(msg)
+
+    @property
+    def outstanding(self) -> int:
+        """Requests sent to the engine and not yet answered."""
+        return len(self._pending)
+
+    async def transcribe(self, segments: list[tuple[Any, float]], options: RequestOptions,
+                         on_segment: Callable[[int, list[WindowResult]], None] | None = None,
+                         ) -> tuple[list[WindowResult], float]:
+        """Decode ``segments`` (``(int16 PCM, offset_s)`` each) as one request: the window
+        results in audio order and the model seconds the request used. Cancelling the caller
+        cancels the request in the engine (queued windows dropped, decoding rows stopped).
+        Raises BadInputError / PayloadTooLargeError from the engine, EngineDiedError."""
+        if self.dead:
+            raise EngineDiedError("the engine process has exited; retry on another replica", retry_after_s=1)
+        loop = asyncio.get_running_loop()
+        rid = next(self._ids)
+        pending = _Pending(loop.create_future(), len(segments), on_segment=on_segment)
+        self._pending[rid] = pending
+        try:
+            # The send copies the PCM into the pipe; off the event loop, as a big one can block briefly.
+            await loop.run_in_executor(None, self._send, ("submit", rid, segments, options))
+            await pending.future
+        except asyncio.CancelledError:
+            if not self.dead:
+                self._send(("cancel", rid))
+            raise
+        finally:
+            self._pending.pop(rid, None)
+        ordered = [r for k in sorted(pending.results) for r in pending.results[k]]
+        return ordered, pending.compute_s
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Ask the engine to stop and wait for it (then kill it)."""
+        if self.process.is_alive():
+            try:
+                self._send(("stop",))
+            except OSError:
+                pass
+            self.process.join(timeout_s)
+            if self.process.is_alive():
+                os.kill(self.process.pid, signal.SIGKILL)
+                self.process.join(1.0)

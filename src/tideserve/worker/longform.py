@@ -1,0 +1,87 @@
+"""Whisper's long-form rules for one window's follow-up, pure: fall back to a higher
+temperature, seek to the rest of the window, or accept.
+
+Source: openai/whisper ``transcribe`` (``decode_with_fallback`` and the seek loop) and
+faster-whisper's ``generate_with_fallback``:
+- a decode *needs fallback* when its gzip compression ratio exceeds ``compression_ratio_threshold``
+  (2.4: repetition) or its mean log-probability is under ``log_prob_threshold`` (-1.0), unless
+  it is silence (no-speech probability over ``no_speech_threshold`` while under the log-prob
+  threshold); it is then decoded again at the next of ``temperatures``;
+- when every temperature failed, the attempt kept is the one with the highest mean
+  log-probability among those under the compression threshold (faster-whisper), else the last;
+- an accepted window that left speech after its last completed segment (``unfinished_from_s``)
+  continues from there as a new part (the seek), starting again at the first temperature.
+
+No clock, no I/O and no model: the engine loop and the tests call the same function.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from tideserve.spec.models import Decoding
+from tideserve.worker.backends.base import WindowResult
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Decode the same window again at ``temperature``."""
+
+    temperature: float
+
+
+@dataclass(frozen=True)
+class Accept:
+    """Keep ``result``; if ``seek_s`` is set, decode the rest of the window from there."""
+
+    result: WindowResult
+    seek_s: float | None = None
+
+
+#: Peak amplitude (int16 full scale 32768) at or under which a window is digital silence: -60 dBFS.
+SILENCE_PEAK = 32
+
+
+def is_digital_silence(samples: np.ndarray) -> bool:
+    """True when no sample of ``samples`` (int16 PCM, or float in [-1, 1]) rises above -60 dBFS:
+    such a window holds no speech, and Whisper decodes it to hallucinated text ("You"), so it is
+    answered as silence without running the model (what a voice-activity detector would decide)."""
+    if samples.size == 0:
+        return True
+    peak = float(np.max(np.abs(samples)))
+    return peak <= (SILENCE_PEAK if samples.dtype == np.int16 else SILENCE_PEAK / 32768.0)
+
+
+def needs_fallback(r: WindowResult, d: Decoding) -> bool:
+    """True when ``r`` fails Whisper's quality thresholds and is not silence."""
+    if r.silent:
+        return False
+    if d.compression_ratio_threshold is not None and r.compression_ratio > d.compression_ratio_threshold:
+        return True
+    return d.log_prob_threshold is not None and r.avg_logprob < d.log_prob_threshold
+
+
+def best_attempt(attempts: Sequence[WindowResult], d: Decoding) -> WindowResult:
+    """The attempt to keep when every temperature failed (see the module doc)."""
+    limit = d.compression_ratio_threshold
+    fitting = [a for a in attempts if limit is None or a.compression_ratio <= limit]
+    return max(fitting, key=lambda a: a.avg_logprob) if fitting else attempts[-1]
+
+
+def follow_up(attempts: Sequence[WindowResult], d: Decoding) -> Retry | Accept:
+    """What to do after the latest of ``attempts`` (every decode of this window so far, in
+    temperature order). Raises ValueError for no attempts."""
+    if not attempts:
+        raise ValueError("follow_up needs at least one attempt")
+    last = attempts[-1]
+    if needs_fallback(last, d):
+        higher = [t for t in d.temperatures if t > last.temperature]
+        if higher:
+            return Retry(higher[0])
+        kept = best_attempt(attempts, d)
+    else:
+        kept = last
+    return Accept(kept, kept.unfinished_from_s)

@@ -1,0 +1,98 @@
+"""The worker's processes (issue 12): prep processes that die are replaced and the request is
+answered; an engine process that dies takes its replica down, the runtime restarts it, and
+requests are answered again; no request hangs."""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+import os
+import signal
+import time
+
+import httpx
+import pytest
+
+from endpoint import EndpointProcess, write_endpoint
+
+pytestmark = pytest.mark.integration
+
+
+def invoke(ep: EndpointProcess, wav: bytes, timeout: float = 120) -> httpx.Response:
+    with ep.client(timeout=timeout) as c:
+        return c.post("/invocations", json={"audio_data": base64.b64encode(wav).decode()})
+
+
+def test_dead_prep_processes_are_replaced_and_requests_answered(tmp_path, en_clips, long_clip):
+    path = write_endpoint(tmp_path)
+    with EndpointProcess(path, tmp_path) as ep:
+        assert invoke(ep, en_clips[0].wav).status_code == 200
+        (worker,) = ep.worker_pids()
+        children = _children(worker)
+        assert len(children) >= 2, children  # the engine and at least the prep forkserver
+        preps = [p for p in _descendants(worker) if "forkserver" not in _cmdline(p) and p not in children]
+        assert preps, "no prep process found"
+        for pid in preps:  # kill every prep process: the next request needs a new pool
+            os.kill(pid, signal.SIGKILL)
+        r = invoke(ep, long_clip.wav)
+        assert r.status_code == 200 and r.json()["transcribe_text"]
+        # Killed again while a request may be in a prep process: whichever stage the request is
+        # in when they die, it is answered (the pool is replaced and the request retried once).
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(invoke, ep, long_clip.wav)
+            for pid in [p for p in _descendants(worker) if p not in children and "forkserver" not in _cmdline(p)]:
+                os.kill(pid, signal.SIGKILL)
+            resp = pending.result(timeout=120)
+        assert resp.status_code == 200, resp.text
+
+
+def test_a_dead_engine_restarts_the_replica_and_requests_are_answered(tmp_path, en_clips):
+    path = write_endpoint(tmp_path)
+    with EndpointProcess(path, tmp_path) as ep:
+        assert invoke(ep, en_clips[0].wav).status_code == 200
+        (worker,) = ep.worker_pids()
+        engine = _engine_pid(worker)
+        os.kill(engine, signal.SIGKILL)
+        # The replica exits (its engine is gone) and the runtime starts a new one; the request
+        # is held meanwhile and answered.
+        r = invoke(ep, en_clips[0].wav, timeout=120)
+        assert r.status_code == 200, r.text
+        assert r.json()["transcribe_text"]
+        assert ep.worker_pids() != [worker]
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], _children(pid)
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += _children(p)
+    return out
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _engine_pid(worker: int) -> int:
+    """The engine is the worker's forked child (same command line); the prep forkserver runs
+    ``multiprocessing.forkserver``."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        engines = [p for p in _children(worker) if "forkserver" not in _cmdline(p)]
+        if len(engines) == 1:
+            return engines[0]
+        time.sleep(0.1)
+    raise AssertionError(f"engine process of {worker} not found among {_children(worker)}")

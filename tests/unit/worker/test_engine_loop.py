@@ -1,0 +1,221 @@
+"""The engine loop (worker.engine.EngineLoop) with scripted backends and an injected clock:
+static batches follow the dynamic-batching rule, continuous batching lets windows leave and join
+independently, Whisper's fallback and seek re-enter the queue, results come back in audio order,
+and a cancelled request's work is dropped."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tideserve.spec.models import Decoding
+from tideserve.worker.backends.base import WindowResult, WindowTask
+from tideserve.worker.batcher import ExecutionTimings
+from tideserve.worker.engine import EngineLoop, RequestOptions
+
+SR = 16_000
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def pcm(seconds: float, mark: int = 1) -> np.ndarray:
+    return np.full(int(seconds * SR), mark * 100, dtype=np.int16)  # loud enough not to be digital silence
+
+
+def ok(task: WindowTask, text: str, **kw) -> WindowResult:
+    return WindowResult(text=text, language="en", avg_logprob=-0.2, compression_ratio=1.0,
+                        temperature=task.temperature, **kw)
+
+
+class StaticBackend:
+    """transcribe_batch only: text = 'w<mark>@<offset>'; records each batch."""
+
+    languages = frozenset({"en"})
+
+    def __init__(self) -> None:
+        self.batches: list[list[WindowTask]] = []
+
+    def transcribe_batch(self, tasks):
+        self.batches.append(tasks)
+        return [ok(t, f"w{int(t.samples[0]) // 100}@{t.offset_s:g}") for t in tasks], ExecutionTimings(0.1, 0.2, 0.0)
+
+
+class SlotBackend:
+    """A continuous backend: each admitted window decodes for ``steps_of(task)`` steps."""
+
+    languages = frozenset({"en"})
+
+    def __init__(self, slots: int, steps_of, result_of=None) -> None:
+        self.slots = slots
+        self.steps_of = steps_of
+        self.result_of = result_of or (lambda t: ok(t, f"w{int(t.samples[0]) // 100}@{t.offset_s:g}"))
+        self.rows: dict[int, list] = {}  # slot -> [task, steps left]
+        self.admitted: list[list[WindowTask]] = []
+        self.released: list[int] = []
+        self.steps_run = 0
+
+    @property
+    def free_slots(self) -> int:
+        return self.slots - len(self.rows)
+
+    def admit(self, tasks):
+        self.admitted.append(tasks)
+        free = [s for s in range(self.slots) if s not in self.rows]
+        for s, t in zip(free, tasks):
+            self.rows[s] = [t, self.steps_of(t)]
+        return free[: len(tasks)], ExecutionTimings(0.01, 0.02)
+
+    def run(self, steps):
+        for _ in range(steps):
+            self.steps_run += 1
+            for row in self.rows.values():
+                row[1] -= 1
+
+    def finished(self):
+        done = [s for s, (_, left) in self.rows.items() if left <= 0]
+        return [(s, self.result_of(self.rows.pop(s)[0])) for s in done], 0.0
+
+    def release(self, slots):
+        for s in slots:
+            self.rows.pop(s, None)
+            self.released.append(s)
+
+
+def run_until_idle(loop: EngineLoop, clock: Clock, limit: int = 1000) -> None:
+    for _ in range(limit):
+        if loop.idle:
+            return
+        if not loop.run_once():
+            clock.t += loop.wait_s() or 0.0
+    raise AssertionError("the engine did not become idle")
+
+
+def segments_of(out: list[tuple], rid: int) -> dict[int, list[str]]:
+    return {m[2]: [r.text for r in m[3]] for m in out if m[0] == "segment" and m[1] == rid}
+
+
+def test_static_backend_batches_by_size_or_delay_and_round_robin_over_requests() -> None:
+    clock, out, be = Clock(), [], StaticBackend()
+    loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=3, max_queue_delay_s=0.5, emit=out.append, clock=clock)
+    loop.submit(1, [(pcm(30, 1), 0.0), (pcm(30, 2), 30.0), (pcm(30, 3), 60.0)], RequestOptions())
+    assert loop.wait_s() == 0.0  # three windows = max_batch_size: a batch now
+    loop.submit(2, [(pcm(2, 9), 0.0)], RequestOptions())
+    loop.run_once()
+    # Round robin: request 2's only window goes in the first batch beside request 1's first two.
+    assert [int(t.samples[0]) // 100 for t in be.batches[0]] == [1, 9, 2]
+    assert loop.wait_s() == 0.5  # one window left: it waits for the delay
+    clock.t += 0.5
+    loop.run_once()
+    assert [int(t.samples[0]) // 100 for t in be.batches[1]] == [3]
+    assert segments_of(out, 1) == {0: ["w1@0"], 1: ["w2@30"], 2: ["w3@60"]}
+    assert segments_of(out, 2) == {0: ["w9@0"]}
+    stats = [m[1] for m in out if m[0] == "stats"]
+    assert sum(s.executions for s in stats) == 2 and sum(s.windows for s in stats) == 4
+
+
+def test_continuous_windows_leave_and_join_independently() -> None:
+    clock, out = Clock(), []
+    # Window "7" runs 400 steps (a loop to the token limit); the others 8 each.
+    be = SlotBackend(2, steps_of=lambda t: 400 if int(t.samples[0]) // 100 == 7 else 8)
+    loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=2, max_queue_delay_s=0.0, emit=out.append,
+                      clock=clock, chunk_steps=4)
+    loop.submit(1, [(pcm(5, 7), 0.0)], RequestOptions())
+    for rid in (2, 3, 4):
+        loop.submit(rid, [(pcm(5, rid), 0.0)], RequestOptions())
+    finished_at = {}
+    while not loop.idle:
+        loop.run_once()
+        for m in out:
+            if m[0] == "segment":
+                finished_at.setdefault(m[1], be.steps_run)
+    # The short requests went through the one free slot one after another while "7" ran.
+    assert finished_at[2] == 8 and finished_at[3] == 16 and finished_at[4] == 24
+    assert finished_at[1] == 400
+    assert [len(a) for a in be.admitted] == [2, 1, 1]
+
+
+def test_fallback_retries_at_the_next_temperature_and_keeps_the_passing_decode() -> None:
+    clock, out = Clock(), []
+
+    def result_of(t: WindowTask) -> WindowResult:
+        if t.temperature < 0.4:  # a repetition loop at 0.0 and 0.2
+            return WindowResult(text="la la la", language="en", avg_logprob=-0.3, compression_ratio=5.0,
+                                temperature=t.temperature)
+        return ok(t, f"good@{t.temperature}")
+
+    be = SlotBackend(4, steps_of=lambda t: 3, result_of=result_of)
+    loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=4, max_queue_delay_s=0.0, emit=out.append, clock=clock)
+    loop.submit(1, [(pcm(5), 0.0)], RequestOptions())
+    run_until_idle(loop, clock)
+    assert [t.temperature for a in be.admitted for t in a] == [0.0, 0.2, 0.4]
+    assert segments_of(out, 1) == {0: ["good@0.4"]}
+    assert sum(m[1].fallbacks for m in out if m[0] == "stats") == 2
+
+
+def test_seek_continues_a_window_from_its_last_segment_in_order() -> None:
+    clock, out = Clock(), []
+
+    def result_of(t: WindowTask) -> WindowResult:
+        # The first part stops at 12 s of its 25 s: the rest is decoded as a second part.
+        if t.offset_s == 100.0:
+            return ok(t, "first", unfinished_from_s=12.0)
+        return ok(t, f"rest@{t.offset_s:g}/{t.duration_s:g}s")
+
+    be = SlotBackend(4, steps_of=lambda t: 2, result_of=result_of)
+    loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=4, max_queue_delay_s=0.0, emit=out.append, clock=clock)
+    loop.submit(1, [(pcm(3), 90.0), (pcm(25), 100.0)], RequestOptions())
+    run_until_idle(loop, clock)
+    assert segments_of(out, 1) == {0: ["rest@90/3s"], 1: ["first", "rest@112/13s"]}
+    assert sum(m[1].seeks for m in out if m[0] == "stats") == 1
+
+
+def test_cancel_drops_queued_windows_and_stops_decoding_rows() -> None:
+    clock, out = Clock(), []
+    be = SlotBackend(1, steps_of=lambda t: 50)
+    loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=1, max_queue_delay_s=0.0, emit=out.append, clock=clock)
+    loop.submit(1, [(pcm(30, 1), 0.0), (pcm(30, 2), 30.0)], RequestOptions())
+    loop.submit(2, [(pcm(3, 5), 0.0)], RequestOptions())
+    loop.run_once()  # request 1's first window decoding; its second and request 2's queued
+    loop.cancel(1)
+    assert be.released == [0] and [p.rid for p in loop.queue] == [2]
+    run_until_idle(loop, clock)
+    assert segments_of(out, 1) == {} and segments_of(out, 2) == {0: ["w5@0"]}
+
+
+def test_a_window_that_fails_to_admit_fails_only_its_request() -> None:
+    clock, out = Clock(), []
+    be = SlotBackend(4, steps_of=lambda t: 2)
+    real_admit = be.admit
+
+    def admit(tasks):
+        if any(int(t.samples[0]) // 100 == 66 for t in tasks):
+            raise ValueError("bad prompt")
+        return real_admit(tasks)
+
+    be.admit = admit  # type: ignore[method-assign]
+    loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=4, max_queue_delay_s=0.0, emit=out.append, clock=clock)
+    loop.submit(1, [(pcm(2, 66), 0.0)], RequestOptions())
+    loop.submit(2, [(pcm(2, 3), 0.0)], RequestOptions())
+    run_until_idle(loop, clock)
+    assert [m[:3] for m in out if m[0] == "error"] == [("error", 1, "ValueError")]
+    assert segments_of(out, 2) == {0: ["w3@0"]}
+
+
+def test_digital_silence_is_answered_empty_without_the_model() -> None:
+    # Before: 10 s of digital silence came back as "You" (the model's hallucination).
+    clock, out = Clock(), []
+    be = SlotBackend(4, steps_of=lambda t: 2)
+    loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=4, max_queue_delay_s=0.0, emit=out.append, clock=clock)
+    quiet = np.zeros(10 * SR, np.int16)
+    quiet[::1000] = 20  # dither far below -60 dBFS
+    loop.submit(1, [(quiet, 0.0)], RequestOptions())
+    loop.submit(2, [(pcm(3, 5), 0.0), (np.zeros(SR, np.int16), 3.0)], RequestOptions())
+    run_until_idle(loop, clock)
+    assert segments_of(out, 1) == {0: [""]}
+    assert segments_of(out, 2) == {0: ["w5@0"], 1: [""]}
+    assert [int(t.samples[0]) // 100 for a in be.admitted for t in a] == [5]  # only the speech reached the model

@@ -1,0 +1,77 @@
+"""Whisper's long-form rules, pure: the seek point from timestamp tokens (a window is never
+decoded twice from the same point), silence, and the temperature fallback."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tideserve.spec.models import Decoding
+from tideserve.worker.backends.base import WindowResult, WindowTask
+from tideserve.worker.backends.whisper_text import seek_point, window_result
+from tideserve.worker.longform import Accept, Retry, follow_up
+
+TB = 1000  # timestamp_begin in these token lists; <|t|> = TB + t / 0.02
+EOT = 999
+
+
+def ts(seconds: float) -> int:
+    return TB + int(round(seconds / 0.02))
+
+
+def decode(ids: list[int]) -> str:
+    return " ".join(f"w{i}" for i in ids)
+
+
+def test_seek_point_follows_whisper() -> None:
+    assert seek_point([ts(0), 1, 2, ts(3)], TB) is None  # "text <|t|>": done
+    assert seek_point([ts(0), 1, 2], TB) is None  # no completed pair: one segment, done
+    # Two segments, then unfinished text: seek to the end of the last completed segment.
+    toks = [ts(0), 1, ts(3), ts(3), 2, ts(7), ts(7), 3, 4]
+    assert seek_point(toks, TB) == (6, pytest.approx(7.0))
+
+
+def test_a_last_pair_at_zero_is_no_seek_so_the_window_is_decoded_once() -> None:
+    # Before: a prompt matching the audio gave "<|0.00|> HELLO WORLD! <|0.00|><|0.00|>"-like output, the
+    # window was taken as unfinished from 0.0 s and decoded again: the text came back twice.
+    task = WindowTask(np.zeros(16_000 * 2, np.int16), timestamps=True)
+    r = window_result(task, [ts(0), 5, 6, ts(0), ts(0)], "en", -0.1, 0.01, EOT, TB, decode)
+    assert r.unfinished_from_s is None and r.text == "w5 w6"
+
+
+def test_unfinished_window_drops_the_text_after_its_last_segment() -> None:
+    task = WindowTask(np.zeros(16_000 * 20, np.int16), offset_s=30.0, timestamps=True)
+    r = window_result(task, [ts(0), 5, ts(4), ts(4), 6, 7], "en", -0.1, 0.01, EOT, TB, decode)
+    assert r.unfinished_from_s == pytest.approx(4.0)
+    assert r.text == "w5" and [(s.start_s, s.end_s, s.text) for s in r.segments] == [(30.0, 34.0, "w5")]
+
+
+def test_silence_is_empty_and_not_a_fallback() -> None:
+    task = WindowTask(np.zeros(16_000 * 10, np.int16))
+    r = window_result(task, [7], "en", -1.5, 0.9, EOT, TB, decode)
+    assert r.silent and r.text == ""
+    assert isinstance(follow_up([r], Decoding(beam_size=1)), Accept)
+
+
+def attempt(t: float, cr: float = 1.2, lp: float = -0.3, unfinished: float | None = None) -> WindowResult:
+    return WindowResult(text=f"t{t}", language="en", compression_ratio=cr, avg_logprob=lp, temperature=t,
+                        unfinished_from_s=unfinished)
+
+
+def test_fallback_on_repetition_or_low_confidence_then_accept() -> None:
+    d = Decoding(beam_size=1)
+    assert follow_up([attempt(0.0, cr=3.1)], d) == Retry(0.2)
+    assert follow_up([attempt(0.0), attempt(0.2, lp=-1.4)], d) == Retry(0.4)
+    assert follow_up([attempt(0.0, cr=3.1), attempt(0.2, unfinished=9.0)], d) == Accept(attempt(0.2, unfinished=9.0), 9.0)
+
+
+def test_when_every_temperature_fails_the_best_fitting_attempt_is_kept() -> None:
+    d = Decoding(beam_size=1, temperatures=[0.0, 0.5, 1.0])
+    tries = [attempt(0.0, cr=4.0, lp=-0.1), attempt(0.5, lp=-1.6), attempt(1.0, lp=-1.2)]
+    assert follow_up(tries, d) == Accept(tries[2], None)  # best log-prob under the ratio limit
+    assert follow_up([attempt(0.0, cr=3.0), attempt(0.5, cr=3.5), attempt(1.0, cr=2.9)], d).result.temperature == 1.0
+
+
+def test_temperatures_must_rise() -> None:
+    with pytest.raises(ValueError, match="must rise strictly"):
+        Decoding(temperatures=[0.0, 0.4, 0.2])
