@@ -27,10 +27,17 @@ def main() -> int:
     ap.add_argument("--tokenizer", type=Path, required=True, help="a Whisper tokenizer.json of the same vocabulary")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--vocab-size", type=int, default=None,
+                    help="override the size's vocabulary (e.g. 51864 to pair large-v3 shapes with tiny.en's tokenizer)")
     a = ap.parse_args()
     dims = WhisperDims.tiny() if a.size == "tiny" else WhisperDims.large_v3()
+    if a.vocab_size:
+        from dataclasses import replace
+        dims = replace(dims, vocab_size=a.vocab_size)
     torch.manual_seed(a.seed)
-    model = Whisper(dims)
+    # Initialise on the GPU where there is one: 1.5 B parameters take minutes on a CPU.
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = Whisper(dims)
     with torch.no_grad():  # small weights keep random activations finite in fp16/bf16
         for p in model.parameters():
             if p.dim() >= 2:

@@ -1,0 +1,504 @@
+"""The served path against the engine alone and Hugging Face, on one GPU, in one run (issue 12).
+
+1. Audio: files of mixed lengths (1-60 s) built from the shipped English clips (concatenated with
+   0.4 s gaps and cut to length), sent as 16 kHz WAV.
+2. Served: ``tideserve up`` with one replica of the torch backend; closed-loop clients (several
+   client processes, aiohttp) keep ``C`` requests in flight until ``--requests`` are done, for each
+   ``C`` of ``--concurrency``. Recorded: audio-s per s (RTFx), req/s, p50/p99, GPU utilisation
+   (NVML, sampled every 100 ms), CPU cores used per process of the replica.
+3. Engine in-process: the same requests' windows through ``worker.engine.EngineLoop`` and the same
+   backend (all submitted at once, no HTTP, no other process).
+4. Hugging Face ``generate`` (and ``pipeline`` where it loads) on the same windows, batch 64.
+5. Agreement: word error rate of the served transcripts against Hugging Face's on the same files.
+6. Head-of-line: the served p99 of normal requests with one request in the mix whose window is
+   forced to the token limit, against the same load without it (in-process engine, fallback off).
+
+    python bench/gpu_e2e.py --model-dir DIR --clips DIR --out OUT [--concurrency 64,256] [--requests 2000]
+    python bench/gpu_e2e.py --model-dir LARGE_RANDOM_DIR --fixed-tokens 100 ...   # random weights, fixed length
+
+Writes ``OUT/gpu_e2e.json`` (keys ``rtfx_e2e``, ``rtfx_engine``, ``gpu_busy``, ``rtfx_hf_generate``,
+``concurrency``, ``requests``, and the rest of the figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import io
+import json
+import multiprocessing
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import wave
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+SR = 16_000
+DURATIONS_S = (1, 2, 3, 4, 6, 8, 10, 12, 15, 18, 22, 26, 28, 35, 45, 60)
+
+
+def build_audio(clips: list[Path]) -> list[np.ndarray]:
+    """int16 PCM files of ``DURATIONS_S`` seconds from the clips (cycled, 0.4 s gaps)."""
+    from tideserve.worker.audio import decode_pcm16
+
+    pcm = [decode_pcm16(p.read_bytes()) for p in clips]
+    gap = np.zeros(int(0.4 * SR), np.int16)
+    out = []
+    k = 0
+    for d in DURATIONS_S:
+        parts, n = [], 0
+        while n < d * SR:
+            c = pcm[k % len(pcm)]
+            k += 1
+            parts += [c, gap]
+            n += len(c) + len(gap)
+        out.append(np.concatenate(parts)[: d * SR])
+    return out
+
+
+def wav_bytes(x: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(SR)
+        w.writeframes(x.tobytes())
+    return buf.getvalue()
+
+
+def pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(xs), q)) if xs else float("nan")
+
+
+def words(text: str) -> list[str]:
+    return re.sub(r"[^a-z0-9' ]+", " ", text.lower()).split()
+
+
+def wer(ref: str, hyp: str) -> float:
+    """Word error rate of ``hyp`` against ``ref`` (Levenshtein over lower-cased words)."""
+    r, h = words(ref), words(hyp)
+    if not r:
+        return 0.0 if not h else 1.0
+    prev = list(range(len(h) + 1))
+    for i, rw in enumerate(r, 1):
+        cur = [i] + [0] * len(h)
+        for j, hw in enumerate(h, 1):
+            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (rw != hw))
+        prev = cur
+    return prev[-1] / len(r)
+
+
+# --- served -----------------------------------------------------------------------------------
+
+
+def _client_proc(url: str, bodies: list[bytes], indices: list[int], concurrency: int, q) -> None:
+    import aiohttp
+
+    async def main() -> None:
+        results: list[tuple[int, int, float, str]] = []
+        it = iter(indices)
+        conn = aiohttp.TCPConnector(limit=concurrency)
+        async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=900)) as s:
+            async def worker() -> None:
+                for i in it:
+                    t0 = time.perf_counter()
+                    async with s.post(f"{url}/invocations", data=bodies[i],
+                                      headers={"Content-Type": "application/json"}) as r:
+                        body = await r.read()
+                    dt = time.perf_counter() - t0
+                    text = json.loads(body).get("transcribe_text", "") if r.status == 200 else body[:200].decode()
+                    results.append((i, r.status, dt, text))
+
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+        q.put(results)
+
+    asyncio.run(main())
+
+
+class GpuSampler:
+    """NVML utilisation of GPU 0 every ``period_s`` while running (None without NVML)."""
+
+    def __init__(self, period_s: float = 0.1) -> None:
+        self.period_s = period_s
+        self.samples: list[int] = []
+        self._stop = threading.Event()
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._h = pynvml.nvmlDeviceGetHandleByIndex(0)
+            self._nvml = pynvml
+        except Exception:  # noqa: BLE001 - no GPU: no samples
+            self._nvml = None
+
+    def __enter__(self) -> "GpuSampler":
+        if self._nvml is not None:
+            threading.Thread(target=self._run, daemon=True).start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            self.samples.append(self._nvml.nvmlDeviceGetUtilizationRates(self._h).gpu)
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+
+    @property
+    def busy(self) -> float | None:
+        return statistics.mean(self.samples) / 100 if self.samples else None
+
+
+def _proc_children(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out += [int(x) for x in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return out
+
+
+def process_tree_cpu(root_pid: int) -> dict[int, tuple[str, float]]:
+    """CPU seconds (user + system) of ``root_pid`` and its descendants, from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out, todo = {}, [root_pid]
+    while todo:
+        pid = todo.pop()
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:120]
+        except OSError:
+            continue
+        out[pid] = (cmd, (int(fields[11]) + int(fields[12])) / tick)
+        todo += _proc_children(pid)
+    return out
+
+
+def served(a, files: list[np.ndarray], tmp: Path) -> dict:
+    import urllib.request
+
+    model = Path(a.model_dir).resolve()
+    ep = tmp / "ep.yaml"
+    # Fallback off (temperatures [0.0]) on every side: the files repeat three short clips, so their
+    # text repeats too, which Whisper's compression-ratio rule would take for loops and decode again;
+    # Hugging Face generate has no fallback either, so all sides do the same work.
+    decoding = "{beam_size: 1, without_timestamps: true, temperatures: [0.0]"
+    if a.fixed_tokens:
+        decoding += f", max_new_tokens: {a.fixed_tokens}, min_new_tokens: {a.fixed_tokens}"
+    decoding += "}"
+    ep.write_text(f"""apiVersion: tideserve.io/v1alpha1
+kind: InferenceEndpoint
+metadata: {{name: e2e}}
+spec:
+  model: {{name: whisper, backend: torch, source: "file://{model}", decoding: {decoding}}}
+  batching: {{max_batch_size: {a.batch}, max_queue_delay_ms: 5}}
+  pools:
+    - {{name: gpu, accelerator: {"cpu" if a.target.startswith("cpu") else "h200"}, target: {a.target}, replicas: {{min: 1, max: 1}}, max_concurrency: 4096}}
+  autoscaling: {{target: 100000}}
+  gateway: {{port: {a.port}, hold_timeout_s: 900, request_timeout_s: 900, max_pending: 100000}}
+""")
+    local = tmp / "local.yaml"
+    local.write_text(f"cache_dir: {tmp}/cache\nallowed_file_roots: [{model.parent}]\n")
+    url = f"http://127.0.0.1:{a.port}"
+    log = open(tmp / "up.log", "w")
+    up = subprocess.Popen([sys.executable, "-m", "tideserve", "up", str(ep), "--config", str(local),
+                           "--log-format", "text"], stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
+    bodies = [json.dumps({"audio_data": base64.b64encode(wav_bytes(f)).decode()}).encode() for f in files]
+    durations = [len(f) / SR for f in files]
+    out: dict = {"runs": []}
+    try:
+        deadline = time.time() + 600
+        while True:
+            try:
+                req = urllib.request.Request(f"{url}/invocations", data=bodies[0], headers={"Content-Type": "application/json"})
+                with urllib.request.urlopen(req, timeout=600) as r:
+                    if r.status == 200:
+                        break
+            except Exception:  # noqa: BLE001 - not up yet
+                if time.time() > deadline or up.poll() is not None:
+                    raise SystemExit(f"tideserve up did not serve: see {tmp}/up.log")
+                time.sleep(1)
+        # Warm-up: every window count and batch bucket once (CUDA graph captures).
+        if a.warmup:
+            run_load(url, bodies, list(range(len(files))) * a.warmup, min(64, a.concurrency[0]), a.client_procs)
+        for c in a.concurrency:
+            idx = [k % len(files) for k in range(a.requests)]
+            before = process_tree_cpu(up.pid)
+            with GpuSampler() as gpu:
+                t0 = time.perf_counter()
+                results = run_load(url, bodies, idx, c, a.client_procs)
+                wall = time.perf_counter() - t0
+            after = process_tree_cpu(up.pid)
+            ok = [r for r in results if r[1] == 200]
+            lat = [r[2] for r in ok]
+            audio_s = sum(durations[r[0]] for r in ok)
+            cpu = {str(pid): {"cmd": after[pid][0], "cores": round((after[pid][1] - before.get(pid, ("", 0.0))[1]) / wall, 3)}
+                   for pid in after}
+            run = {"concurrency": c, "requests": len(results), "ok": len(ok), "wall_s": wall,
+                   "rtfx": audio_s / wall, "req_per_s": len(ok) / wall, "p50_s": pct(lat, 50), "p99_s": pct(lat, 99),
+                   "gpu_busy": gpu.busy, "gpu_samples": len(gpu.samples), "cpu_cores_by_process": cpu,
+                   "errors": sorted({f"{r[1]}: {r[3][:80]}" for r in results if r[1] != 200})[:5]}
+            out["runs"].append(run)
+            out.setdefault("texts", {r[0]: r[3] for r in ok})
+            print(json.dumps({k: v for k, v in run.items() if k != "cpu_cores_by_process"}), flush=True)
+        with urllib.request.urlopen(f"{url}/admin/sd") as r:
+            targets = [t for g in json.loads(r.read()) for t in g.get("targets", [])]
+        if targets:
+            with urllib.request.urlopen(f"http://{targets[0]}/metrics") as r:
+                (tmp / "worker_metrics.txt").write_bytes(r.read())
+    finally:
+        up.send_signal(signal.SIGINT)
+        try:
+            up.wait(60)
+        except subprocess.TimeoutExpired:
+            up.kill()
+        log.close()
+    return out
+
+
+def run_load(url: str, bodies: list[bytes], idx: list[int], concurrency: int, procs: int) -> list:
+    procs = max(1, min(procs, concurrency))
+    ctx = multiprocessing.get_context("spawn")
+    q = ctx.Queue()
+    ps = []
+    for k in range(procs):
+        share = idx[k::procs]
+        c = concurrency // procs + (1 if k < concurrency % procs else 0)
+        p = ctx.Process(target=_client_proc, args=(url, bodies, share, c, q))
+        p.start()
+        ps.append(p)
+    results = []
+    for _ in ps:
+        results += q.get()
+    for p in ps:
+        p.join()
+    return results
+
+
+# --- in-process engine, HF --------------------------------------------------------------------
+
+
+def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: bool = False) -> dict:
+    """All ``n_requests`` (file k % len(files)) submitted at once to an EngineLoop over the backend."""
+    import torch
+
+    from tideserve.spec.models import Decoding, Target
+    from tideserve.worker.backends.torch_whisper.backend import TorchWhisperBackend
+    from tideserve.worker.engine import EngineLoop, RequestOptions
+    from tideserve.worker.prep import Prepared, prepare_audio
+    from tideserve.protocol.types import TranscriptionRequest
+
+    kw = dict(beam_size=1, without_timestamps=True, temperatures=[0.0])  # as served (see served())
+    if a.fixed_tokens:
+        kw.update(max_new_tokens=a.fixed_tokens, min_new_tokens=a.fixed_tokens)
+    decoding = Decoding(**kw)
+    backend = TorchWhisperBackend(Path(a.model_dir), Target.parse(a.target), decoding, max_batch_size=a.batch)
+    prepared = [prepare_audio(TranscriptionRequest(audio=wav_bytes(f)), None) for f in files]
+    done: dict[int, float] = {}
+    texts: dict[int, list] = {}
+
+    def emit(msg: tuple) -> None:
+        if msg[0] == "segment":
+            texts.setdefault(msg[1], []).append((msg[2], msg[3]))
+            if len(texts[msg[1]]) == len(prepared[msg[1] % len(files)].cuts) or msg[1] < 0:
+                done[msg[1]] = time.perf_counter()
+
+    loop = EngineLoop(backend, decoding, a.batch, 0.005, emit)
+    # Warm-up (CUDA graph captures).
+    for k in range(len(files) * min(a.warmup, 4)):
+        loop.submit(10_000 + k, prepared[k % len(files)].segments(), RequestOptions())
+    while not loop.idle:
+        loop.run_once()
+    done.clear()
+    texts.clear()
+    if loop_request:  # a window forced to the token limit, with the others
+        backend.decoding = Decoding(**{**kw, "min_new_tokens": 440})
+        loop.submit(-1, prepared[0].segments()[:1], RequestOptions())
+        loop.run_once()  # admitted with the forced length
+        backend.decoding = decoding
+    t0 = time.perf_counter()
+    start = {}
+    for k in range(n_requests):
+        loop.submit(k, prepared[k % len(files)].segments(), RequestOptions())
+        start[k] = time.perf_counter()
+    while not loop.idle:
+        loop.run_once()
+    wall = time.perf_counter() - t0
+    torch.cuda.synchronize() if torch.cuda.is_available() else None
+    audio_s = sum(len(files[k % len(files)]) / SR for k in range(n_requests))
+    lat = [done[k] - start[k] for k in range(n_requests) if k in done]
+    text_of = {k: " ".join(r.text for _, rs in sorted(texts[k], key=lambda x: x[0]) for r in rs if r.text)
+               for k in range(len(files)) if k in texts}
+    del backend, loop
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return {"requests": n_requests, "wall_s": wall, "rtfx": audio_s / wall, "p50_s": pct(lat, 50),
+            "p99_s": pct(lat, 99), "texts": text_of}
+
+
+def hf_baselines(a, files: list[np.ndarray], pipeline: bool) -> dict:
+    import torch
+    from transformers import WhisperForConditionalGeneration
+
+    from tideserve.protocol.types import TranscriptionRequest
+    from tideserve.worker.backends.torch_whisper.features import LogMel
+    from tideserve.worker.prep import prepare_audio
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(Path(a.model_dir) / "tokenizer.json"))
+    sot, no_ts, eot = (tok.token_to_id(t) for t in ("<|startoftranscript|>", "<|notimestamps|>", "<|endoftext|>"))
+    model = WhisperForConditionalGeneration.from_pretrained(a.model_dir, torch_dtype=torch.bfloat16,
+                                                            attn_implementation="sdpa").to("cuda").eval()
+    gc = model.generation_config
+    gc.decoder_start_token_id, gc.eos_token_id, gc.pad_token_id = sot, eot, eot
+    gc.no_timestamps_token_id = no_ts
+    gc.forced_decoder_ids = None
+    gc.begin_suppress_tokens = None
+    gc.suppress_tokens = None
+    windows, owner = [], []
+    for k, f in enumerate(files):
+        p = prepare_audio(TranscriptionRequest(audio=wav_bytes(f)), None)
+        for seg, _ in p.segments():
+            windows.append(seg)
+            owner.append(k)
+    reps = max(1, (8 * a.batch) // len(windows))
+    work = windows * reps
+    mel = LogMel(model.config.num_mel_bins, torch.device("cuda"))
+    kw = dict(max_new_tokens=a.fixed_tokens or 440, do_sample=False, num_beams=1)
+    if a.fixed_tokens:
+        kw["min_new_tokens"] = a.fixed_tokens
+    out_texts = []
+
+    def run(batch: list[np.ndarray]) -> list[str]:
+        feats = mel(batch).to(torch.bfloat16)
+        ids = torch.tensor([[sot, no_ts]] * len(batch), device="cuda")
+        with torch.inference_mode():
+            seq = model.generate(input_features=feats, decoder_input_ids=ids, **kw)
+        seq = seq if isinstance(seq, torch.Tensor) else seq["sequences"]
+        return [tok.decode([t for t in row.tolist() if t < eot]).strip() for row in seq]
+
+    run(work[: a.batch])  # warm-up
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(0, len(work), a.batch):
+        texts = run(work[i: i + a.batch])
+        if i < len(windows):
+            out_texts += texts
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    audio_s = sum(len(w) for w in work) / SR
+    per_file: dict[int, list[str]] = {}
+    for k, t in zip(owner, out_texts[: len(windows)]):
+        per_file.setdefault(k, []).append(t)
+    res = {"rtfx_generate": audio_s / wall, "windows": len(work), "texts": {k: " ".join(v) for k, v in per_file.items()}}
+    if pipeline:
+        try:
+            from transformers import WhisperFeatureExtractor, WhisperTokenizerFast
+            from transformers import pipeline as hf_pipeline
+
+            fe = WhisperFeatureExtractor(feature_size=model.config.num_mel_bins)
+            tk = WhisperTokenizerFast(tokenizer_file=str(Path(a.model_dir) / "tokenizer.json"))
+            asr = hf_pipeline("automatic-speech-recognition", model=model, tokenizer=tk, feature_extractor=fe,
+                              device=0, torch_dtype=torch.bfloat16)
+            inputs = [{"raw": w.astype(np.float32) / 32768, "sampling_rate": SR} for w in work]
+            asr(inputs[: a.batch], batch_size=a.batch, generate_kwargs=kw)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            asr(inputs, batch_size=a.batch, generate_kwargs=kw)
+            torch.cuda.synchronize()
+            res["rtfx_pipeline"] = audio_s / (time.perf_counter() - t0)
+        except Exception as exc:  # noqa: BLE001 - report, do not lose the rest of the run
+            res["pipeline_error"] = f"{type(exc).__name__}: {exc}"[:300]
+    del model
+    torch.cuda.empty_cache()
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model-dir", required=True)
+    ap.add_argument("--clips", type=Path, required=True, help="folder of English speech wav clips")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--target", default="cuda-sm90-bf16")
+    ap.add_argument("--concurrency", default="64,256")
+    ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--port", type=int, default=18080)
+    ap.add_argument("--client-procs", type=int, default=4)
+    ap.add_argument("--warmup", type=int, default=8, help="warm-up requests per file before measuring")
+    ap.add_argument("--fixed-tokens", type=int, default=0, help="force this many tokens per window (random weights)")
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: served,engine,hf,pipeline,hol")
+    a = ap.parse_args()
+    a.concurrency = [int(c) for c in a.concurrency.split(",")]
+    skip = set(filter(None, a.skip.split(",")))
+    a.out.mkdir(parents=True, exist_ok=True)
+    tmp = Path("/tmp/gpu_e2e")
+    tmp.mkdir(exist_ok=True)
+    files = build_audio(sorted(a.clips.glob("*.wav")))
+    res: dict = {"files_s": [len(f) / SR for f in files], "model_dir": a.model_dir, "fixed_tokens": a.fixed_tokens,
+                 "batch": a.batch, "concurrency": a.concurrency, "requests": a.requests}
+    try:
+        import torch
+        res["device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+        res["torch"] = torch.__version__
+        res["cpu_count"] = os.cpu_count()
+    except ImportError:
+        pass
+    if "served" not in skip:
+        s = served(a, files, tmp)
+        res["served"] = s["runs"]
+        served_texts = s.get("texts", {})
+        best = max(s["runs"], key=lambda r: r["rtfx"])
+        res["rtfx_e2e"] = best["rtfx"]
+        res["gpu_busy"] = best["gpu_busy"]
+    if "engine" not in skip:
+        e = engine_inprocess(a, files, a.requests)
+        res["engine"] = {k: v for k, v in e.items() if k != "texts"}
+        res["rtfx_engine"] = e["rtfx"]
+        print(json.dumps(res["engine"]), flush=True)
+        if "served" not in skip:
+            res["wer_served_vs_engine"] = statistics.mean(wer(e["texts"].get(k, ""), served_texts.get(k, ""))
+                                                          for k in range(len(files)))
+    if "hf" not in skip:
+        h = hf_baselines(a, files, "pipeline" not in skip)
+        res["hf"] = {k: v for k, v in h.items() if k != "texts"}
+        res["rtfx_hf_generate"] = h["rtfx_generate"]
+        if "rtfx_pipeline" in h:
+            res["rtfx_hf_pipeline"] = h["rtfx_pipeline"]
+        print(json.dumps(res["hf"]), flush=True)
+        if "served" not in skip and not a.fixed_tokens:
+            per = {k: wer(h["texts"].get(k, ""), served_texts.get(k, "")) for k in range(len(files))}
+            res["wer_served_vs_hf_generate"] = statistics.mean(per.values())
+            res["wer_served_vs_hf_by_file"] = {f"{len(files[k]) / SR:g}s": round(v, 3) for k, v in per.items()}
+            res["sample_texts"] = {f"{len(files[k]) / SR:g}s": {"served": served_texts.get(k, "")[:300],
+                                                                 "hf": h["texts"].get(k, "")[:300]} for k in (0, 6, 12)}
+    if "hol" not in skip:
+        n = min(a.requests, 512)
+        base = engine_inprocess(a, files, n)
+        looped = engine_inprocess(a, files, n, loop_request=True)
+        res["head_of_line"] = {"requests": n, "p99_s_without": base["p99_s"], "p99_s_with_loop": looped["p99_s"],
+                               "ratio": looped["p99_s"] / base["p99_s"]}
+        print(json.dumps(res["head_of_line"]), flush=True)
+    if "rtfx_e2e" in res and "rtfx_engine" in res:
+        res["e2e_over_engine"] = res["rtfx_e2e"] / res["rtfx_engine"]
+    if "rtfx_e2e" in res and "rtfx_hf_generate" in res:
+        res["e2e_over_hf_generate"] = res["rtfx_e2e"] / res["rtfx_hf_generate"]
+    (a.out / "gpu_e2e.json").write_text(json.dumps(res, indent=2))
+    print(json.dumps({k: v for k, v in res.items() if k.startswith(("rtfx", "gpu", "e2e", "wer_served_vs"))}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
