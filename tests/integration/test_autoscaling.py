@@ -96,9 +96,12 @@ def test_scale_down_during_long_requests_cuts_none_off(tmp_path, en_clips):
     assert "replica draining" in log and "drained; exiting" in log
 
 
-def test_heterogeneous_pools_route_by_measured_service_rate(tmp_path, en_clips):
-    """int8 (measured here ~2x faster than fp32 for tiny.en) and fp32 pools, one replica each:
-    the router learns each pool's service rate and sends the faster pool more requests."""
+def test_heterogeneous_pools_both_serve_and_are_measured(tmp_path, en_clips):
+    """int8 and fp32 pools, one replica each, behind one gateway: every request is served
+    correctly by whichever pool it is routed to, and the gateway measures a service rate for
+    each pool that served. Which pool is faster depends on this machine and its load, so that
+    comparison is a benchmark (bench/heterogeneous_pools.py); the routing rule itself is checked
+    on scripted service times in tests/unit/gateway/test_service_rate_routing.py."""
     path = write_endpoint(tmp_path, pools=[
         {"name": "cpu-int8", "accelerator": "cpu", "target": "cpu-x86_64-int8", "replicas": {"min": 1, "max": 1},
          "max_concurrency": 4, "cost_usd_per_h": 0.10},
@@ -112,11 +115,12 @@ def test_heterogeneous_pools_route_by_measured_service_rate(tmp_path, en_clips):
     for clip, r in results:
         assert r.status_code == 200, r.text
         assert wer(clip.reference, r.json()["transcribe_text"]) <= 0.15
-    rates = st["gateway"]["service_rates"]
-    assert rates["cpu-int8"] > rates["cpu-fp32"], rates
     routed = {}
     for line in metrics.splitlines():
         if line.startswith("tideserve_routing_decisions_total"):
             pool = line.split('pool="')[1].split('"')[0]
             routed[pool] = float(line.split()[-1])
-    assert routed["cpu-int8"] > routed["cpu-fp32"], routed
+    assert sum(routed.values()) == 36 and set(routed) <= {"cpu-int8", "cpu-fp32"}, routed
+    rates = st["gateway"]["service_rates"]
+    assert set(rates) == {p for p, n in routed.items() if n > 0}, (rates, routed)
+    assert all(r > 0 for r in rates.values()), rates
