@@ -42,6 +42,7 @@ from tideserve.sources import (  # noqa: E402
     resolve_source,
 )
 from tideserve.sources.cache import MANIFEST_NAME  # noqa: E402
+import tideserve.sources.s3 as s3_module  # noqa: E402
 from tideserve.sources.s3 import resolve_s3  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
@@ -62,12 +63,13 @@ def _sha256sums(files: dict[str, bytes]) -> bytes:
 
 class GetCounter:
     """WSGI middleware in front of moto: records each GetObject (GET of /bucket/key with a key)
-    and can slow them down so that concurrent fetchers surely overlap."""
+    and, while ``gate`` is set to an unset Event, holds them until it is set (at most 120 s),
+    so that a test decides when a download may go on."""
 
     def __init__(self, app) -> None:
         self.app = app
         self.keys: list[str] = []
-        self.delay_s = 0.0
+        self.gate: threading.Event | None = None
         self._lock = threading.Lock()
 
     def __call__(self, environ, start_response):
@@ -75,7 +77,9 @@ class GetCounter:
         if environ["REQUEST_METHOD"] == "GET" and key:
             with self._lock:
                 self.keys.append(unquote(key))
-            time.sleep(self.delay_s)
+            gate = self.gate
+            if gate is not None:
+                gate.wait(120)
         return self.app(environ, start_response)
 
     def gets_under(self, prefix: str) -> list[str]:
@@ -280,10 +284,19 @@ def test_unreachable_endpoint_is_a_quick_network_error(aws_env, tmp_path, monkey
         port = s.getsockname()[1]
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{port}")
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
-    t0 = time.monotonic()
+    # Quick = one refused connection attempt, no retry with backoff; counted, not timed.
+    attempts = []
+    make_client = s3_module.make_client
+
+    def counting_client(**kw):
+        client = make_client(**kw)
+        client.meta.events.register("before-send.s3", lambda request, **_: attempts.append(request.url))
+        return client
+
+    monkeypatch.setattr(s3_module, "make_client", counting_client)
     with pytest.raises(SourceNetworkError, match=r"cannot reach the S3 endpoint .*EndpointConnectionError.*AWS_ENDPOINT_URL_S3"):
         resolve_source(f"s3://{BUCKET}/models/tiny", cache_dir=tmp_path)
-    assert time.monotonic() - t0 < 5
+    assert len(attempts) == 1 and attempts[0].startswith(f"http://127.0.0.1:{port}/"), attempts
 
 
 def test_progress_bar_on_a_tty_path(aws_env, tmp_path):
@@ -291,7 +304,11 @@ def test_progress_bar_on_a_tty_path(aws_env, tmp_path):
     assert not hit and _files(path) == TINY_V2
 
 
+@pytest.mark.timeout(300)  # 8 Python processes importing boto3: slow on a busy machine
 def test_eight_replica_processes_download_once(aws_env, tmp_path):
+    """8 processes fetch the same model at once: one downloads it, the 7 others wait on the
+    cache lock and then find it published. The first GetObject is held until all 7 others are
+    waiting on the lock, so the overlap does not depend on how fast the processes start."""
     counter = aws_env["counter"]
     cache, go = tmp_path / "cache", tmp_path / "go"
     code = textwrap.dedent(f"""
@@ -304,30 +321,51 @@ def test_eight_replica_processes_download_once(aws_env, tmp_path):
             time.sleep(0.01)
         print(resolve_source("s3://{BUCKET}/models/tiny", cache_dir={str(cache)!r}))
     """)
-    counter.delay_s = 0.15  # each GetObject takes a while: the 8 fetches surely overlap
+    errs = [tmp_path / f"err{i}" for i in range(8)]
     before = len(counter.gets_under("models/tiny/"))
+    gate = threading.Event()
+    procs: list[subprocess.Popen] = []
     try:
-        procs = [
-            subprocess.Popen([sys.executable, "-c", code, str(tmp_path / f"ready{i}")],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for i in range(8)
-        ]
-        deadline = time.monotonic() + 30
+        for i, err in enumerate(errs):
+            with open(err, "w") as f:
+                procs.append(subprocess.Popen([sys.executable, "-c", code, str(tmp_path / f"ready{i}")],
+                                              stdout=subprocess.PIPE, stderr=f, text=True))
+        # Imports first (slow on a busy machine), so that the held GetObject below is not held
+        # for longer than the client's read timeout.
+        deadline = time.monotonic() + 150
         while not all((tmp_path / f"ready{i}").exists() for i in range(8)):
-            assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), \
+                [e.read_text() for e in errs]
             time.sleep(0.02)
+        counter.gate = gate
         go.touch()
-        outs = [p.communicate(timeout=30) for p in procs]
+        # One process holds the lock and its first GetObject waits at the gate (the only GET so
+        # far); the 7 others queue on the lock. A generous bound, under the client's 60 s read
+        # timeout: only a broken lock keeps them from getting there.
+        deadline = time.monotonic() + 50
+        while True:
+            waiting = sum("another process is fetching it; waiting" in e.read_text() for e in errs)
+            if waiting == 7 and len(counter.gets_under("models/tiny/")[before:]) == 1:
+                break
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), \
+                (waiting, [e.read_text() for e in errs])
+            time.sleep(0.05)
+        gate.set()
+        outs = [p.communicate(timeout=60)[0] for p in procs]
     finally:
-        counter.delay_s = 0.0
-    assert all(p.returncode == 0 for p in procs), [err for _, err in outs]
-    paths = {out.strip() for out, _ in outs}
+        counter.gate = None
+        gate.set()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    logs = [e.read_text() for e in errs]
+    assert all(p.returncode == 0 for p in procs), logs
+    paths = {out.strip() for out in outs}
     assert len(paths) == 1
     gets = counter.gets_under("models/tiny/")[before:]
     assert sorted(gets) == sorted(f"models/tiny/{n}" for n in [*TINY, "sha256sums"])  # each file once
-    logs = [err for _, err in outs]
     assert sum("(downloaded)" in e for e in logs) == 1 and sum("(cache hit)" in e for e in logs) == 7
-    assert any("another process is fetching it; waiting" in e for e in logs)
+    assert sum("another process is fetching it; waiting" in e for e in logs) == 7
 
 
 @pytest.mark.timeout(240)

@@ -63,9 +63,11 @@ def build_gateway_app(
     api_keys: list[str] | None = None,
     worker_token: str | None = None,
     extra_status: Callable[[], dict] | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> web.Application:
     """The gateway app. ``extra_status`` adds keys to ``/admin/status`` (the autoscaler's
-    last decision). The app's ``dispatcher`` (``app["dispatcher"]``) is the load view."""
+    last decision). The app's ``dispatcher`` (``app["dispatcher"]``) is the load view.
+    ``clock`` times the dispatcher and each pool's measured service time (tests inject one)."""
     spec = endpoint.spec
     gw = spec.gateway
     model = spec.model.name
@@ -75,7 +77,7 @@ def build_gateway_app(
     costs = {p.name: p.cost_usd_per_h for p in spec.pools}
     metrics.register_cost(ep_name, lambda: (
         (p["name"], costs.get(p["name"], 0.0), p["replica_seconds"]) for p in runtime.status()["pools"]))
-    dispatcher = Dispatcher(runtime, gw.max_pending, gw.hold_timeout_s)
+    dispatcher = Dispatcher(runtime, gw.max_pending, gw.hold_timeout_s, clock)
 
     @web.middleware
     async def auth(request: web.Request, handler):
@@ -178,13 +180,13 @@ def build_gateway_app(
                     metrics.routed.labels(ep_name, replica.pool).inc()
                     metrics.in_flight.labels(ep_name).set(dispatcher.in_flight())
                     try:
-                        sent = time.monotonic()
+                        sent = clock()
                         async with session.request(
                             request.method, replica.url + request.path_qs, data=body, headers=headers
                         ) as resp:
                             data = await resp.read()
                             if resp.status == 200:
-                                dispatcher.record_service(replica.pool, time.monotonic() - sent)
+                                dispatcher.record_service(replica.pool, clock() - sent)
                                 compute_ms = resp.headers.get(COMPUTE_HEADER)
                                 if compute_ms is not None:
                                     metrics.compute_seconds.labels(ep_name, replica.pool).inc(float(compute_ms) / 1000)

@@ -3,6 +3,8 @@
 ``acquire`` waits while no ready replica has free capacity, up to ``hold_timeout_s``; at most
 ``max_pending`` requests wait at once (then 503 with Retry-After). Every change of replica
 state or of outstanding counts wakes the waiters, which re-run the routing policy.
+Times (arrivals, the hold deadline, the routing tie-break) come from ``clock``,
+``time.monotonic`` unless a test injects one.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ class Dispatcher:
     """Also the gateway's load view for the autoscaler: pending, in-flight and outstanding
     counts, the time of the last arrival, and each pool's measured service rate."""
 
-    def __init__(self, source: ReplicaSource, max_pending: int, hold_timeout_s: float) -> None:
+    def __init__(self, source: ReplicaSource, max_pending: int, hold_timeout_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.source = source
+        self.clock = clock
         self.max_pending = max_pending
         self.hold_timeout_s = hold_timeout_s
         self.outstanding: dict[str, int] = {}
@@ -38,7 +42,7 @@ class Dispatcher:
 
     def arrived(self) -> None:
         """A request arrived (resets the autoscaler's idle timer, whatever becomes of it)."""
-        self._last_arrival = time.monotonic()
+        self._last_arrival = self.clock()
 
     def last_arrival(self) -> float | None:
         return self._last_arrival
@@ -75,7 +79,7 @@ class Dispatcher:
         if rid is None:
             return None
         self.outstanding[rid] = self.outstanding.get(rid, 0) + 1
-        self._last_chosen[rid] = time.monotonic()
+        self._last_chosen[rid] = self.clock()
         return eps[rid]
 
     async def acquire(self, exclude: frozenset[str] = frozenset()) -> ReplicaEndpoint:
@@ -100,7 +104,7 @@ class Dispatcher:
         self.pending += 1
         if self.on_hold is not None:
             self.on_hold()  # activation: the autoscaler decides now, not at its next tick
-        deadline = hold_deadline(time.monotonic(), self.hold_timeout_s)
+        deadline = hold_deadline(self.clock(), self.hold_timeout_s)
         try:
             while True:
                 changed = self._changed
@@ -109,7 +113,7 @@ class Dispatcher:
                     return picked
                 if not self.source.accepting():
                     raise CapacityError(f"no replica can serve this endpoint: {self.source.failure_reason()}", retry_after_s=30)
-                remaining = deadline - time.monotonic()
+                remaining = deadline - self.clock()
                 if remaining <= 0:
                     # Retry soon: a replica is probably starting, and a long wait could outlast
                     # scale_to_zero_after_s and let it go again.

@@ -28,6 +28,15 @@ def ep(i, ready=True, mc=1):
     return ReplicaEndpoint(f"r{i}", "cpu", f"http://127.0.0.1:{9000 + i}", ready, mc)
 
 
+async def held(d, n=1):
+    """Let the loop run until ``n`` requests wait in ``d`` (no wall-clock sleep)."""
+    for _ in range(100):
+        if d.pending == n:
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"{d.pending} requests held, expected {n}")
+
+
 def test_slots_are_reserved_and_released():
     async def main():
         d = Dispatcher(Source([ep(0, mc=2)]), max_pending=10, hold_timeout_s=5)
@@ -35,7 +44,7 @@ def test_slots_are_reserved_and_released():
         b = await d.acquire()
         assert (a.id, b.id) == ("r0", "r0") and d.in_flight() == 2
         waiter = asyncio.ensure_future(d.acquire())
-        await asyncio.sleep(0.01)
+        await held(d)
         assert not waiter.done() and d.pending == 1
         d.release("r0")
         got = await asyncio.wait_for(waiter, 2)
@@ -49,7 +58,7 @@ def test_requests_held_until_a_replica_is_ready():
         src = Source([ep(0, ready=False)])
         d = Dispatcher(src, max_pending=10, hold_timeout_s=5)
         waiter = asyncio.ensure_future(d.acquire())
-        await asyncio.sleep(0.01)
+        await held(d)
         assert not waiter.done()
         src.eps = [ep(0, ready=True)]
         d.notify()
@@ -62,7 +71,7 @@ def test_max_pending_gives_503_with_retry_after():
     async def main():
         d = Dispatcher(Source([ep(0, ready=False)]), max_pending=1, hold_timeout_s=5)
         first = asyncio.ensure_future(d.acquire())
-        await asyncio.sleep(0.01)
+        await held(d)
         with pytest.raises(CapacityError, match="max_pending 1") as ei:
             await d.acquire()
         assert ei.value.http_status == 503 and ei.value.retry_after_s == 1
@@ -72,11 +81,22 @@ def test_max_pending_gives_503_with_retry_after():
 
 
 def test_hold_timeout():
+    """A held request waits until exactly hold_timeout_s on the dispatcher's clock, then 503s."""
     async def main():
-        d = Dispatcher(Source([]), max_pending=5, hold_timeout_s=0.05)
-        with pytest.raises(CapacityError, match="hold_timeout_s=0.05"):
-            await d.acquire()
-        assert d.pending == 0
+        now = [100.0]
+        d = Dispatcher(Source([]), max_pending=5, hold_timeout_s=30, clock=lambda: now[0])
+        waiter = asyncio.ensure_future(d.acquire())
+        await held(d)
+        now[0] = 129.999  # just before the deadline: a wake-up finds it still waiting
+        d.notify()
+        for _ in range(20):  # ample turns of the loop for the waiter to re-check and give up
+            await asyncio.sleep(0)
+        assert not waiter.done() and d.pending == 1
+        now[0] = 130.0
+        d.notify()
+        with pytest.raises(CapacityError, match="hold_timeout_s=30") as ei:
+            await asyncio.wait_for(waiter, 10)
+        assert ei.value.http_status == 503 and ei.value.retry_after_s == 1 and d.pending == 0
 
     asyncio.run(main())
 

@@ -105,8 +105,11 @@ def write_kubeconfig(path: Path, server: str) -> Path:
     return path
 
 
-async def until(what: str, check: Callable[[], Any], timeout_s: float = 10.0) -> Any:
-    """Poll ``check`` until it returns something truthy, at most ``timeout_s``; return it."""
+async def until(what: str, check: Callable[[], Any], timeout_s: float = 60.0) -> Any:
+    """Poll ``check`` until it returns something truthy, at most ``timeout_s``; return it.
+
+    The bound is a safety net for an event (the operator reacting), not a speed requirement:
+    kopf in a thread of a busy 2-core machine took over 10 s to process a delete."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = check()

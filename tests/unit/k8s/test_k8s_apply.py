@@ -151,7 +151,7 @@ def test_kopf_record_filter_keeps_the_object_not_the_settings() -> None:
 # -- against the API mock -------------------------------------------------------------------------
 
 def run(coro: Any) -> None:
-    asyncio.run(asyncio.wait_for(coro, 20))
+    asyncio.run(asyncio.wait_for(coro, 240))  # a safety net under pytest's 300 s, not a speed bound
 
 
 def test_apply_prune_token_and_cluster_scoped_cleanup(tmp_path: Path) -> None:

