@@ -140,7 +140,7 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
     st = service.state
 
     def ready() -> bool:
-        return st.ready and not st.draining
+        return st.ready and not st.draining and not service.engine.dead
 
     def check_model(model: str) -> None:
         if model != name:

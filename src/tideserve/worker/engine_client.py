@@ -185,11 +185,18 @@ class EngineClient:
         self._pending[rid] = pending
         try:
             # The send copies the PCM into the pipe; off the event loop, as a big one can block briefly.
-            await loop.run_in_executor(None, self._send, ("submit", rid, segments, options))
+            try:
+                await loop.run_in_executor(None, self._send, ("submit", rid, segments, options))
+            except (OSError, EOFError, ValueError):  # the pipe is gone: the engine died
+                self.dead = True
+                raise EngineDiedError("the engine process has exited; retry on another replica", retry_after_s=1) from None
             await pending.future
         except asyncio.CancelledError:
             if not self.dead:
-                self._send(("cancel", rid))
+                try:
+                    self._send(("cancel", rid))
+                except (OSError, EOFError, ValueError):
+                    self.dead = True
             raise
         finally:
             self._pending.pop(rid, None)
