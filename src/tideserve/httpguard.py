@@ -33,8 +33,9 @@ from collections import Counter
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
-from tideserve.errors import ClientTimeoutError, PayloadTooLargeError
+from tideserve.errors import BadInputError, ClientTimeoutError, PayloadTooLargeError
 
 log = logging.getLogger("tideserve.http")
 
@@ -144,9 +145,10 @@ class GuardedAppRunner(web.AppRunner):
 
 
 async def read_body(request: web.Request, max_bytes: int, idle_timeout_s: float) -> bytes:
-    """The request body, read as it arrives. Raises PayloadTooLargeError past ``max_bytes``
-    (declared or received) and ClientTimeoutError (408) when no byte arrives for
-    ``idle_timeout_s`` seconds."""
+    """The request body, read as it arrives (decompressed, when it has a Content-Encoding).
+    Raises PayloadTooLargeError past ``max_bytes`` (declared or received), ClientTimeoutError
+    (408) when no byte arrives for ``idle_timeout_s`` seconds, and BadInputError when the body
+    cannot be read (not valid for its Content-Encoding, a broken chunked encoding)."""
     if request.content_length is not None and request.content_length > max_bytes:
         raise PayloadTooLargeError(
             f"request body of {request.content_length} bytes is larger than max_body_bytes={max_bytes}")
@@ -156,6 +158,10 @@ async def read_body(request: web.Request, max_bytes: int, idle_timeout_s: float)
         try:
             async with asyncio.timeout(idle_timeout_s):
                 chunk = await request.content.readany()
+        except (web.RequestPayloadError, HttpProcessingError) as exc:
+            encoding = request.headers.get("Content-Encoding")
+            hint = f"; it is sent with Content-Encoding: {encoding}, so it must be valid {encoding}" if encoding else ""
+            raise BadInputError(f"the request body cannot be read ({str(exc).strip()}){hint}") from None
         except TimeoutError:
             raise ClientTimeoutError(
                 f"no byte of the request body arrived for idle_timeout_s={idle_timeout_s:g} s after {size} bytes; "

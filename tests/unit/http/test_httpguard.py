@@ -158,3 +158,21 @@ def test_connections_over_the_cap_per_address_get_429_and_close():
 def test_bad_limits_are_refused():
     with pytest.raises(ValueError, match="idle_timeout_s"):
         GuardedAppRunner(web.Application(), header_timeout_s=1, idle_timeout_s=0, max_connections_per_client=1)
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "br"])
+def test_a_body_not_valid_for_its_content_encoding_is_400(encoding):
+    async def main():
+        runner, port = await _serve()
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Encoding: " + encoding.encode()
+                         + b"\r\nContent-Length: 5\r\nConnection: close\r\n\r\n\xff\xff\xff\xff\xff")
+            data = await asyncio.wait_for(reader.read(), 5)
+            assert data.startswith(b"HTTP/1.1 400"), data[:200]
+            assert b"cannot be read" in data and encoding.encode() in data
+            writer.close()
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(main())
