@@ -197,7 +197,7 @@ class Fuzzer:
         self.count += 1
         try:
             r = self.client.request(method, path, headers=headers, content=body if method not in ("GET", "HEAD") else None)
-        except (UnicodeError, ValueError, TypeError):  # httpx cannot send this one (e.g. a header it refuses)
+        except (UnicodeError, ValueError, TypeError, httpx.LocalProtocolError):  # httpx will not send this one
             self.skipped += 1
             return
         except httpx.HTTPError as exc:  # a transport failure is a finding too (connection reset)

@@ -49,6 +49,10 @@ _FORWARD_RESPONSE_HEADERS = ("Content-Type", kserve.HEADER_LENGTH, "Retry-After"
 OPEN_PATHS = frozenset({"/ping", "/v2/health/live", "/v2/health/ready"})
 
 
+def _is_inference_path(path: str) -> bool:
+    return path in ("/invocations", "/v1/audio/transcriptions") or (path.startswith("/v2/models/") and path.endswith("/infer"))
+
+
 class Runtime(ReplicaSource, Protocol):
     """What the gateway needs of a runtime beyond routing: status and failure reports."""
 
@@ -92,6 +96,15 @@ def build_gateway_app(
         return await handler(request)
 
     @web.middleware
+    async def read_unused_body(request: web.Request, handler):
+        # Routes other than inference ignore a body, but aiohttp would still read (and decode)
+        # it after the answer, and a body not valid for its Content-Encoding then drops the
+        # connection without an answer. Read it first, with the same limits: errors are 4xx.
+        if request.body_exists and not (request.method == "POST" and _is_inference_path(request.path)):
+            await read_body(request, gw.max_body_bytes, gw.idle_timeout_s)
+        return await handler(request)
+
+    @web.middleware
     async def count(request: web.Request, handler):
         started = time.monotonic()
         resp = await handler(request)
@@ -120,7 +133,7 @@ def build_gateway_app(
 
         return wrapped
 
-    app = web.Application(client_max_size=gw.max_body_bytes, middlewares=[request_id_and_errors, auth, count])
+    app = web.Application(client_max_size=gw.max_body_bytes, middlewares=[request_id_and_errors, auth, read_unused_body, count])
 
     async def on_startup(app: web.Application) -> None:
         app["session"] = aiohttp.ClientSession(

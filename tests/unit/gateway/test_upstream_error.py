@@ -47,3 +47,26 @@ def test_replicas_that_drop_every_attempt_give_502_with_retry_after():
     assert status == 502, body
     assert body["code"] == "upstream_error" and "retry the request" in body["message"]
     assert retry_after == "1"
+
+
+def test_a_body_with_a_broken_content_encoding_on_a_route_that_ignores_bodies_is_400():
+    """Found by bench/fuzz_apis.py: aiohttp read such a body after the answer and dropped the
+    connection without one."""
+    ep = load_model_text(InferenceEndpoint, ENDPOINT, "endpoint.yaml")
+
+    async def main():
+        kg = build_kube_gateway(ep, None, "static", {"cpu": [_dead_url()]})
+        await kg.start("127.0.0.1", 0, 0, autoscale=False)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", kg.http_port)
+            writer.write(b"OPTIONS /v1/models HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\n"
+                         b"Content-Length: 4\r\nConnection: close\r\n\r\n\xff\xff\xff\xff")
+            data = await asyncio.wait_for(reader.read(), 10)
+            writer.close()
+            return data
+        finally:
+            await kg.stop()
+
+    data = asyncio.run(main())
+    assert data.startswith(b"HTTP/1.1 400"), data[:200]
+    assert b"Content-Encoding: gzip" in data
