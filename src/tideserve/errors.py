@@ -100,8 +100,24 @@ class RequestTimeoutError(TideserveError):
     http_status = 504
 
 
+class ClientTimeoutError(TideserveError):
+    """The client went silent while sending its request body for longer than
+    ``gateway.idle_timeout_s`` (408)."""
+
+    code = "client_timeout"
+    http_status = 408
+
+
+class TooManyConnectionsError(TideserveError):
+    """One client address holds ``gateway.max_connections_per_client`` connections already (429)."""
+
+    code = "too_many_connections"
+    http_status = 429
+
+
 class UpstreamError(TideserveError):
-    """A replica failed to answer (connection refused or reset) and retries ran out (502)."""
+    """A replica failed to answer (connection refused or reset) and retries ran out (502, with
+    Retry-After: replicas that died are restarted or replaced)."""
 
     code = "upstream_error"
     http_status = 502

@@ -126,3 +126,25 @@ def test_slow_body_is_cut_off_by_the_request_timeout(short_timeout):
     assert reply.startswith(b"HTTP/1.1 504"), reply[:200]
     assert b"did not arrive within request_timeout_s=1" in reply
     assert time.monotonic() - started < 20
+
+
+def test_slow_header_connection_is_closed_by_the_gateway(tmp_path):
+    """Issue 15: connections that never finished their headers stayed open past 100 s."""
+    import socket
+    import time
+
+    path = write_endpoint(tmp_path, min_replicas=None, gateway={"header_timeout_s": 1.0})
+    with EndpointProcess(path, tmp_path, wait_ready=False) as ep:
+        socks = []
+        for _ in range(5):
+            s = socket.create_connection(("127.0.0.1", ep.port))
+            s.sendall(b"POST /invocations HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            s.settimeout(15)
+            socks.append(s)
+        started = time.monotonic()
+        for s in socks:
+            assert s.recv(1024) == b""  # closed by the server, nothing answered
+            s.close()
+        assert time.monotonic() - started < 10
+        with ep.client(timeout=10) as c:  # the gateway still serves others
+            assert c.get("/v2/health/live").status_code == 200

@@ -175,3 +175,25 @@ def test_unknown_route_code(endpoint):
     with endpoint.client() as c:
         r = c.get("/nope")
     _error(r, 404, "not_found", "no route")
+
+
+# --- issue 15: a lone surrogate in a prompt was a 500 (after the encoder ran) -----------------
+def test_lone_surrogate_prompt_is_400_on_every_api(endpoint, en_clips, served_after):
+    audio = base64.b64encode(en_clips[0].wav).decode()
+    with endpoint.client() as c:
+        sm = c.post("/invocations", headers={"Content-Type": "application/json"},
+                    content=('{"audio_data": "%s", "whisper_prompt": "\\ud800"}' % audio).encode())
+        ks = c.post("/v2/models/whisper-tiny.en/infer", headers={"Content-Type": "application/json"}, content=(
+            '{"inputs": [{"name": "AUDIO", "datatype": "BYTES", "shape": [1], "data": ["%s"]},'
+            ' {"name": "PROMPT", "datatype": "BYTES", "shape": [1], "data": ["\\ud800"]}]}' % audio).encode())
+        # A part's charset can make a lone surrogate too: unicode_escape turns "\ud800" into one.
+        form = (b'--b\r\nContent-Disposition: form-data; name="model"\r\n\r\nwhisper-tiny.en\r\n'
+                b'--b\r\nContent-Disposition: form-data; name="prompt"\r\nContent-Type: text/plain; charset=unicode_escape'
+                b'\r\n\r\n\\ud800\r\n--b\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n'
+                b'Content-Type: audio/wav\r\n\r\n' + en_clips[0].wav + b'\r\n--b--\r\n')
+        oa = c.post("/v1/audio/transcriptions", content=form, headers={"Content-Type": "multipart/form-data; boundary=b"})
+    _error(sm, 400, "bad_input", "'whisper_prompt' is not valid text", "lone UTF-16 surrogate")
+    _error(ks, 400, "bad_input", "'input PROMPT' is not valid text")
+    assert ks.json()["error"].startswith("'input PROMPT'")
+    body = _error(oa, 400, "bad_input")
+    assert "not valid text" in body["message"] or "malformed multipart body" in body["message"], body

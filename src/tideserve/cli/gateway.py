@@ -29,6 +29,7 @@ from tideserve.files import write_atomic
 from tideserve.gateway.app import build_gateway_app
 from tideserve.gateway.dispatch import Dispatcher
 from tideserve.gateway.scaler import ExternalScaler, ScalerServer
+from tideserve.httpguard import GuardedAppRunner
 from tideserve.k8s.names import WORKER_PORT, worker_dns
 from tideserve.runtime.discovered import DiscoveredRuntime
 from tideserve.runtime.dns import DnsDiscovery, Resolver, getaddrinfo_resolver
@@ -84,8 +85,10 @@ class KubeGateway:
         unless ``autoscale`` is False (tests step the autoscaler themselves), the control loop.
         Raises OSError when a port cannot be bound."""
         gw = self.endpoint.spec.gateway
-        self.runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None,
-                                    shutdown_timeout=gw.request_timeout_s)
+        self.runner = GuardedAppRunner(self.app, handler_cancellation=True, access_log=None,
+                                       shutdown_timeout=gw.request_timeout_s, header_timeout_s=gw.header_timeout_s,
+                                       idle_timeout_s=gw.idle_timeout_s,
+                                       max_connections_per_client=gw.max_connections_per_client)
         await self.runner.setup()
         site = web.TCPSite(self.runner, host, port)
         try:

@@ -16,6 +16,7 @@ from tideserve.autoscaler.loop import Autoscaler
 from tideserve.cli.engines import prepare_engine
 from tideserve.files import write_atomic
 from tideserve.gateway.app import build_gateway_app
+from tideserve.httpguard import GuardedAppRunner
 from tideserve.runtime.local import LocalRuntime
 from tideserve.spec import InferenceEndpoint, LocalConfig
 
@@ -57,7 +58,9 @@ async def run_endpoint(
     autoscaler = Autoscaler(endpoint.spec, dispatcher, runtime)
     dispatcher.on_hold = autoscaler.wake
 
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=gw.request_timeout_s)
+    runner = GuardedAppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=gw.request_timeout_s,
+                              header_timeout_s=gw.header_timeout_s, idle_timeout_s=gw.idle_timeout_s,
+                              max_connections_per_client=gw.max_connections_per_client)
     await runner.setup()
     site = web.TCPSite(runner, gw.host, gw.port, ssl_context=ctx)
     try:

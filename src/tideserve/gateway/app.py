@@ -25,7 +25,6 @@ from prometheus_client import generate_latest
 
 from tideserve import __version__
 from tideserve.errors import (
-    PayloadTooLargeError,
     RequestTimeoutError,
     TideserveError,
     UnauthorizedError,
@@ -35,6 +34,7 @@ from tideserve.errors import (
 from tideserve.gateway.dispatch import Dispatcher
 from tideserve.replicas import ReplicaSource
 from tideserve.gateway.metrics import GatewayMetrics
+from tideserve.httpguard import read_body
 from tideserve.httpcommon import REQUEST_ID, ApiHandlers, add_api_routes, error_response, request_id_and_errors
 from tideserve.protocol import kserve
 from tideserve.protocol.errors import api_family
@@ -47,6 +47,10 @@ COMPUTE_HEADER = "X-Tideserve-Compute-Ms"  # set by workers: model time the requ
 _FORWARD_REQUEST_HEADERS = ("Content-Type", kserve.HEADER_LENGTH, "Accept")
 _FORWARD_RESPONSE_HEADERS = ("Content-Type", kserve.HEADER_LENGTH, "Retry-After")
 OPEN_PATHS = frozenset({"/ping", "/v2/health/live", "/v2/health/ready"})
+
+
+def _is_inference_path(path: str) -> bool:
+    return path in ("/invocations", "/v1/audio/transcriptions") or (path.startswith("/v2/models/") and path.endswith("/infer"))
 
 
 class Runtime(ReplicaSource, Protocol):
@@ -94,6 +98,15 @@ def build_gateway_app(
         return await handler(request)
 
     @web.middleware
+    async def read_unused_body(request: web.Request, handler):
+        # Routes other than inference ignore a body, but aiohttp would still read (and decode)
+        # it after the answer, and a body not valid for its Content-Encoding then drops the
+        # connection without an answer. Read it first, with the same limits: errors are 4xx.
+        if request.body_exists and not (request.method == "POST" and _is_inference_path(request.path)):
+            await read_body(request, gw.max_body_bytes, gw.idle_timeout_s)
+        return await handler(request)
+
+    @web.middleware
     async def count(request: web.Request, handler):
         started = time.monotonic()
         resp = await handler(request)
@@ -122,7 +135,7 @@ def build_gateway_app(
 
         return wrapped
 
-    app = web.Application(client_max_size=gw.max_body_bytes, middlewares=[request_id_and_errors, auth, count])
+    app = web.Application(client_max_size=gw.max_body_bytes, middlewares=[request_id_and_errors, auth, read_unused_body, count])
 
     async def on_startup(app: web.Application) -> None:
         app["session"] = aiohttp.ClientSession(
@@ -139,23 +152,13 @@ def build_gateway_app(
     app["dispatcher"] = dispatcher
     app["metrics"] = metrics
 
-    async def read_body(request: web.Request) -> bytes:
-        if request.content_length is not None and request.content_length > gw.max_body_bytes:
-            raise PayloadTooLargeError(
-                f"request body of {request.content_length} bytes is larger than max_body_bytes={gw.max_body_bytes}"
-            )
-        try:
-            return await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            raise PayloadTooLargeError(f"request body is larger than max_body_bytes={gw.max_body_bytes}") from None
-
     async def forward(request: web.Request) -> web.Response:
         dispatcher.arrived()
         request["started"] = time.monotonic()
         try:
             # A body that trickles in (slowloris) is bounded by the same request timeout.
             async with asyncio.timeout(gw.request_timeout_s):
-                body = await read_body(request)
+                body = await read_body(request, gw.max_body_bytes, gw.idle_timeout_s)
         except TimeoutError:
             raise RequestTimeoutError(
                 f"the request body did not arrive within request_timeout_s={gw.request_timeout_s:g}") from None
@@ -205,7 +208,9 @@ def build_gateway_app(
                     finally:
                         dispatcher.release(replica.id)
                         metrics.in_flight.labels(ep_name).set(dispatcher.in_flight())
-                raise UpstreamError(f"the request failed on {len(failed)} replica(s): {', '.join(sorted(failed))}")
+                # Replicas that dropped the connection are being restarted or replaced: retry soon.
+                raise UpstreamError(f"the request failed on {len(failed)} replica(s): {', '.join(sorted(failed))}; "
+                                    "they are being restarted, retry the request", retry_after_s=1)
         except TimeoutError:
             raise RequestTimeoutError(
                 f"the request did not finish within request_timeout_s={gw.request_timeout_s:g}", retry_after_s=None

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from tideserve.errors import BadInputError
 from tideserve.protocol.sagemaker import decode_base64, loads_json
+from tideserve.protocol.text import require_text
 from tideserve.protocol.types import TranscriptionRequest, TranscriptionResult
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -70,7 +71,9 @@ class InferRequest:
 
 
 def parse_infer(body: bytes, header_length: str | None) -> InferRequest:
-    """Parse ``POST /v2/models/{name}/infer``. Raises BadInputError naming the problem."""
+    """Parse ``POST /v2/models/{name}/infer``. Raises BadInputError naming the problem; text
+    (a JSON-form ``PROMPT``, a binary ``PROMPT`` once decoded, the request ``id``) must be valid
+    UTF-8 text, without lone surrogates."""
     if header_length is not None:
         try:
             hlen = int(header_length)
@@ -117,7 +120,8 @@ def parse_infer(body: bytes, header_length: str | None) -> InferRequest:
             flat = _flatten(raw)
             if not all(isinstance(x, str) for x in flat):
                 raise BadInputError(f"input '{name}' data must hold strings (BYTES)")
-            elements = [decode_base64(x, name) if name == INPUT_AUDIO else x.encode() for x in flat]
+            elements = [decode_base64(x, name) if name == INPUT_AUDIO else require_text(x, f"input {name}").encode()
+                        for x in flat]
         if len(elements) != 1:
             raise BadInputError(f"input '{name}' must hold exactly 1 element (shape [1]), got {len(elements)}")
         if name not in (INPUT_AUDIO, INPUT_PROMPT):
@@ -141,7 +145,7 @@ def parse_infer(body: bytes, header_length: str | None) -> InferRequest:
             raise BadInputError(f"'parameters' of output '{OUTPUT_TEXT}' must be an object")
         if "binary_data" in out_params:
             binary_output = bool(out_params["binary_data"])
-    req_id = data.get("id") if isinstance(data.get("id"), str) else None
+    req_id = require_text(data["id"], "id") if isinstance(data.get("id"), str) else None
     return InferRequest(TranscriptionRequest(audio=values[INPUT_AUDIO], prompt=prompt or None), req_id, binary_output)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 from tideserve.errors import BadInputError, UnknownModelError
+from tideserve.protocol.text import require_text
 from tideserve.protocol.types import TranscriptionRequest, TranscriptionResult
 
 RESPONSE_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
@@ -18,7 +19,11 @@ _TIMESTAMP_FORMATS = {"verbose_json", "srt", "vtt"}
 
 
 def parse_form(fields: dict[str, str], file_bytes: bytes | None, served_model: str) -> tuple[TranscriptionRequest, str]:
-    """(request, response_format) from the form. Raises BadInputError / UnknownModelError."""
+    """(request, response_format) from the form. Raises BadInputError / UnknownModelError;
+    every text field must be valid text (no lone surrogates, which a part's charset such as
+    ``unicode_escape`` can produce)."""
+    for key, value in fields.items():
+        require_text(value, f"form field {key}")
     if file_bytes is None:
         raise BadInputError("missing form field 'file': attach the audio file (multipart/form-data)")
     model = fields.get("model")

@@ -12,11 +12,13 @@ import binascii
 import json
 
 from tideserve.errors import BadInputError
+from tideserve.protocol.text import require_text
 from tideserve.protocol.types import TranscriptionRequest, TranscriptionResult
 
 
 def parse_invocation(body: bytes) -> TranscriptionRequest:
-    """Parse an /invocations body. Raises BadInputError naming the problem."""
+    """Parse an /invocations body. Raises BadInputError naming the problem (also for a
+    ``whisper_prompt`` that is not valid text, such as a lone surrogate)."""
     if not body:
         raise BadInputError('empty request body; send JSON {"audio_data": "<base64 audio>"}')
     data = loads_json(body, "request body")
@@ -30,6 +32,8 @@ def parse_invocation(body: bytes) -> TranscriptionRequest:
     prompt = data.get("whisper_prompt")
     if prompt is not None and not isinstance(prompt, str):
         raise BadInputError(f"'whisper_prompt' must be a string, got {type(prompt).__name__}")
+    if prompt is not None:
+        require_text(prompt, "whisper_prompt")
     return TranscriptionRequest(audio=decode_base64(audio_b64, "audio_data"), prompt=prompt or None)
 
 

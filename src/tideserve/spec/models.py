@@ -283,6 +283,21 @@ class GatewaySpec(_Strict):
         2000, ge=0, le=100_000,
         description="Longest prompt in characters (400 past it). Whisper keeps only the last 223 prompt tokens.",
     )
+    header_timeout_s: float = Field(
+        10, gt=0, le=3600,
+        description="Longest a client may take, from opening a connection, to send a request's line and headers; "
+                    "the server closes the connection past it (slow-header clients).",
+    )
+    idle_timeout_s: float = Field(
+        30, gt=0, le=3600,
+        description="Longest a connection may stay silent, in seconds: while a request body is being read "
+                    "(408 past it) and between requests on a kept-alive connection (closed past it).",
+    )
+    max_connections_per_client: int = Field(
+        256, ge=0, le=1_000_000,
+        description="Most connections open at once from one client IP address; a further one is answered 429 "
+                    "with Retry-After and closed. 0: no limit. Behind a proxy, every client shares its address.",
+    )
 
 
 class Metadata(_Strict):

@@ -115,14 +115,19 @@ class WorkerService:
 def build_app(service: WorkerService, max_body_bytes: int, token: str | None = None,
               platform: str = "faster-whisper") -> web.Application:
     """The aiohttp application of one worker. ``token``, when set, must be sent by callers in
-    the ``X-Tideserve-Token`` header (the gateway does); health and metrics stay open."""
-    open_paths = ("/ping", "/v2/health/live", "/v2/health/ready", "/metrics")
+    the ``X-Tideserve-Token`` header (the gateway does) on every route but the two health
+    probes, which kubelet calls without secrets, and ``/metrics``, which Prometheus scrapes
+    directly; a missing, wrong or malformed (non-UTF-8) token is a 401."""
+    open_paths = ("/v2/health/live", "/v2/health/ready", "/metrics")
+    expected = token.encode() if token else b""
 
     @web.middleware
     async def internal_token(request: web.Request, handler):
         if token and request.path not in open_paths:
-            sent = request.headers.get(TOKEN_HEADER, "")
-            if not hmac.compare_digest(sent.encode(), token.encode()):
+            # aiohttp decodes header bytes that are not UTF-8 as surrogate escapes: encode them
+            # back the same way, so such a token is compared (and refused), not a crash.
+            sent = request.headers.get(TOKEN_HEADER, "").encode("utf-8", "surrogateescape")
+            if not hmac.compare_digest(sent, expected):
                 raise UnauthorizedError("this worker only takes requests from its gateway")
         return await handler(request)
 

@@ -204,3 +204,51 @@ def test_kserve_deeply_nested_data_is_flattened_without_recursion():
 def test_openai_5xx_errors_are_server_errors():
     assert error_body("openai", "unavailable", "m", "r", 503)["error"]["type"] == "server_error"
     assert error_body("openai", "bad_input", "m", "r", 400)["error"]["type"] == "invalid_request_error"
+
+
+# --- text fields (issue 15: a lone surrogate gave 500 after the encoder ran) -------------------
+_AUDIO_B64 = base64.b64encode(b"RIFFxx").decode()
+
+
+@pytest.mark.parametrize("prompt", ["\\ud800", "ok \\udfff end", "\\udbff\\udbff"])
+def test_invocation_lone_surrogate_prompt_is_bad_input(prompt):
+    body = ('{"audio_data": "%s", "whisper_prompt": "%s"}' % (_AUDIO_B64, prompt)).encode()
+    with pytest.raises(BadInputError, match="'whisper_prompt' is not valid text: character .* lone UTF-16 surrogate"):
+        sagemaker.parse_invocation(body)
+
+
+def test_invocation_surrogate_pair_is_text():
+    body = ('{"audio_data": "%s", "whisper_prompt": "\\ud83d\\ude00"}' % _AUDIO_B64).encode()
+    assert sagemaker.parse_invocation(body).prompt == "\U0001f600"
+
+
+def test_invocation_surrogate_in_audio_data_is_bad_input():
+    with pytest.raises(BadInputError, match="not valid base64"):
+        sagemaker.parse_invocation(b'{"audio_data": "AA\\ud800AA"}')
+
+
+def test_kserve_json_prompt_with_lone_surrogate_is_bad_input():
+    body = ('{"inputs": [{"name": "AUDIO", "datatype": "BYTES", "shape": [1], "data": ["%s"]},'
+            ' {"name": "PROMPT", "datatype": "BYTES", "shape": [1], "data": ["\\ud800"]}]}' % _AUDIO_B64).encode()
+    with pytest.raises(BadInputError, match="'input PROMPT' is not valid text"):
+        kserve.parse_infer(body, None)
+
+
+def test_kserve_binary_prompt_encoding_a_surrogate_is_bad_input():
+    body, hlen = _binary_request(b"RIFFxx", prompt=b"\xed\xa0\x80")  # CESU-style U+D800: not UTF-8
+    with pytest.raises(BadInputError, match="must be UTF-8 text"):
+        kserve.parse_infer(body, hlen)
+
+
+def test_kserve_request_id_with_lone_surrogate_is_bad_input():
+    body = ('{"id": "\\udc80", "inputs": [{"name": "AUDIO", "datatype": "BYTES", "shape": [1], "data": ["%s"]}]}'
+            % _AUDIO_B64).encode()
+    with pytest.raises(BadInputError, match="'id' is not valid text"):
+        kserve.parse_infer(body, None)
+
+
+@pytest.mark.parametrize("field", ["prompt", "model", "language", "response_format", "temperature", "other"])
+def test_openai_text_fields_with_lone_surrogate_are_bad_input(field):
+    fields = {"model": "whisper-tiny.en", field: "x\ud800"}
+    with pytest.raises(BadInputError, match=f"'form field {field}' is not valid text: character 1"):
+        openai.parse_form(fields, b"RIFF", "whisper-tiny.en")
