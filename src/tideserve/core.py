@@ -138,7 +138,8 @@ class LoadTracker:
         r = self.record(replica_id, pool, state)
         if state == ReplicaState.READY and r.ready_at is None:
             r.ready_at = self.clock()
-            self.observe_cold_start(pool, r.ready_at - r.wanted_at)
+            if r.state.not_ready_yet:  # seen starting: a cold start (not one found ready)
+                self.observe_cold_start(pool, r.ready_at - r.wanted_at)
         r.state = state
         if state == ReplicaState.STOPPED:
             self.replicas.pop(replica_id, None)
@@ -165,6 +166,11 @@ class LoadTracker:
             self.iat_counts[bisect.bisect_left(IAT_EDGES_S, gap)] += 1
         self._last_arrival = now
         self._arrived_work.add(audio_s, now)
+
+    def arrived_work(self, audio_s: float) -> None:
+        """The work of a request counted at ``arrived`` with none (known only later, e.g.
+        once the gateway has read its body)."""
+        self._arrived_work.add(audio_s, self.clock())
 
     def last_arrival(self) -> float | None:
         return self._last_arrival
@@ -207,8 +213,12 @@ class LoadTracker:
         if served:
             self._done_work.setdefault(r.pool, _Decayed()).add(audio_s, now)
             if service_s is not None:
-                old = self._service_s.get(r.pool)
-                self._service_s[r.pool] = service_s if old is None else (1 - EWMA_ALPHA) * old + EWMA_ALPHA * service_s
+                self.record_service(r.pool, service_s)
+
+    def record_service(self, pool: str, seconds: float) -> None:
+        """A request was served on ``pool`` in ``seconds`` at the replica (moving average)."""
+        old = self._service_s.get(pool)
+        self._service_s[pool] = seconds if old is None else (1 - EWMA_ALPHA) * old + EWMA_ALPHA * seconds
 
     def outstanding_of(self, replica_id: str) -> int:
         r = self.replicas.get(replica_id)

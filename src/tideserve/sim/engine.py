@@ -257,6 +257,7 @@ class Simulation:
         self._fns = _policy()
         self._win: float | None = None
         self._prof_cap: dict[str, float] = {}
+        self._wins: list[float] | None = None
 
     # -- what the gateway would know of a pool -----------------------------------------------
     def _mean_window_s(self) -> float:
@@ -266,15 +267,33 @@ class Simulation:
         return self._win
 
     def _capacity_audio_s(self, pool: str) -> float:
-        """Audio seconds per second one replica serves at the largest batch it can reach
-        (min(max_batch_size, max_concurrency)) for windows of the trace's mean length, from the
-        profile; the gateway's measured throughput when that is higher."""
+        """Audio seconds per second one replica serves at the best batch size it can reach
+        (<= min(max_batch_size, max_concurrency)), from the profile and the trace's window
+        lengths (``_batch_rate``). The live gateway passes its measured throughput instead
+        (``LoadTracker.throughput_audio_s``)."""
         if pool not in self._prof_cap:
             p = self.pools[pool]
-            win = self._mean_window_s()
             top = max(1, min(self.spec.batching.max_batch_size, p.max_concurrency))
-            self._prof_cap[pool] = max(b * win / self.profiles[pool].service_time_s(b, win) for b in range(1, top + 1))
-        return max(self._prof_cap[pool], self.load.throughput_audio_s().get(pool, 0.0))
+            self._prof_cap[pool] = max(self._batch_rate(pool, b) for b in range(1, top + 1))
+        return self._prof_cap[pool]
+
+    def _batch_rate(self, pool: str, b: int) -> float:
+        """Audio seconds per second of batches of ``b`` windows drawn from the trace's window
+        lengths: b x mean window / E[service time of the longest of b windows] (a batch takes
+        as long as its longest window)."""
+        xs = self._windows_sorted()
+        n = len(xs)
+        # 20 quantiles of the window lengths are enough for the expectation.
+        k = min(n, 20)
+        qs = [xs[min(n - 1, int((i + 0.5) * n / k))] for i in range(k)]
+        prof = self.profiles[pool]
+        expect = sum(prof.service_time_s(b, q) * (((i + 1) / k) ** b - (i / k) ** b) for i, q in enumerate(qs))
+        return b * self._mean_window_s() / expect
+
+    def _windows_sorted(self) -> list[float]:
+        if self._wins is None:
+            self._wins = sorted(w for q in self.reqs.values() for w in q.windows) or [WINDOW_S]
+        return self._wins
 
     def _expected_cold_start(self, pool: str) -> float:
         """Wanted -> ready for a replica that needs a new machine (the catalog's phases), or the
