@@ -109,7 +109,8 @@ def test_same_seed_same_results_and_the_seed_matters():
     other = compare(_hetero_spec(), _trace(), PROFILES, dataclasses.replace(opts, seed=12), slo_s=20)
     assert key(other) != key(one)
     names = [r.name for r in one[0]] + [lv.name for lv in one[1]]
-    assert names == ["static-peak", "static-mean", "tideserve", "scale-to-zero", "heterogeneous pools", "spot", "batching"]
+    assert names == ["static-peak", "static-mean", "tideserve", "keda-hpa", "knative", "oracle",
+                     "scale-to-zero", "heterogeneous pools", "spot", "batching"]
 
 
 def test_the_simulator_calls_the_live_policy_functions(monkeypatch):
