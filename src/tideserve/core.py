@@ -175,9 +175,12 @@ class LoadTracker:
     def last_arrival(self) -> float | None:
         return self._last_arrival
 
-    def arrival_rate_audio_s(self) -> float:
-        """Audio seconds arriving per second, over about the last ``RATE_TAU_S``."""
-        return self._arrived_work.get(self.clock()) / RATE_TAU_S
+    def arrival_rate_audio_s(self) -> tuple[float, float]:
+        """``(rate, at)``: audio seconds arriving per second over about the ``RATE_TAU_S``
+        before ``at``, the time of the last arrival. A reader decays it to its own ``now``
+        (x exp(-(now - at) / RATE_TAU_S)); kept undecayed here so that a snapshot of an
+        unchanged load is the same snapshot."""
+        return self._arrived_work.value / RATE_TAU_S, self._arrived_work.at
 
     # requests on replicas ---------------------------------------------------------------
     def _busy_update(self, r: ReplicaRecord, now: float) -> None:
@@ -237,16 +240,13 @@ class LoadTracker:
 
     def throughput_audio_s(self) -> dict[str, float]:
         """Per pool, audio seconds transcribed per second a replica was busy (had work), over
-        about the last ``RATE_TAU_S``: the service rate at the batch sizes actually reached."""
-        now = self.clock()
+        about the last ``RATE_TAU_S`` of completed busy time, as of the last change: the service
+        rate at the batch sizes actually reached."""
         out = {}
         for pool, done in self._done_work.items():
             busy = self._busy.get(pool)
-            b = busy.get(now) if busy else 0.0
-            b += sum(now - t for rid, t in self._busy_since.items()
-                     if rid in self.replicas and self.replicas[rid].pool == pool)
-            if b > 1e-9 and done.get(now) > 0:
-                out[pool] = done.get(now) / b
+            if busy is not None and busy.value > 1e-9 and done.value > 0:
+                out[pool] = done.value * math.exp(-max(0.0, busy.at - done.at) / done.tau) / busy.value
         return out
 
     def iat_histogram(self) -> tuple[int, ...]:

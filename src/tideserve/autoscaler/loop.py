@@ -78,9 +78,9 @@ class Autoscaler:
             )
             pools.append(PoolSnapshot(p.name, p.replicas.min, p.replicas.max, p.cost_usd_per_h, rates.get(p.name),
                                       self.actuator.schedulable(p.name), reps, throughput.get(p.name), cold.get(p.name)))
+        rate, rate_at = tracker.arrival_rate_audio_s()
         return Snapshot(self.load.pending, self.load.in_flight(), self.load.last_arrival(), tuple(pools),
-                        self.actuator.slots(), self.load.pending_audio_s(), tracker.arrival_rate_audio_s(),
-                        tracker.iat_histogram())
+                        self.actuator.slots(), self.load.pending_audio_s(), rate, tracker.iat_histogram(), rate_at)
 
     async def step(self) -> Decision:
         now = self.clock()

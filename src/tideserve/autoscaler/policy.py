@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from tideserve.core import IAT_EDGES_S
+from tideserve.core import IAT_EDGES_S, RATE_TAU_S
 from tideserve.spec.models import Autoscaling
 
 
@@ -80,6 +80,7 @@ class Snapshot:
     pending_audio_s: float = 0.0  # work held at the gateway
     arrival_rate_audio_s: float = 0.0  # audio s arriving per s (recent)
     iat_histogram: tuple[int, ...] = ()  # counts per core.IAT_EDGES_S bin, last: out of bounds
+    arrival_rate_at: float | None = None  # arrival_rate_audio_s as of this time (decayed to now here)
 
 
 @dataclass(frozen=True)
@@ -315,6 +316,8 @@ def decide_work(
                 since = 0.0 if r.wanted_at is None else max(0.0, now - r.wanted_at)
                 starting.append((max(0.0, cold[p.name] - since), cap[p.name]))
     lam = snapshot.arrival_rate_audio_s
+    if snapshot.arrival_rate_at is not None:
+        lam *= math.exp(-max(0.0, now - snapshot.arrival_rate_at) / RATE_TAU_S)
     lat0 = max((p.min_latency_s or 0.0 for p in usable), default=0.0)
     budget = max(spec.slo_p95_s - lat0, 0.25 * spec.slo_p95_s)
     need = max(lam / spec.target_utilization, work / budget)

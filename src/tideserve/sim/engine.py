@@ -517,8 +517,9 @@ class Simulation:
                                       reps, self._capacity_audio_s(p.name), cold.get(p.name),
                                       self.profiles[p.name].service_time_s(1, win)))
         slots = self.opt.replica_slots if self.opt.cluster == "local" else None
+        rate, rate_at = self.load.arrival_rate_audio_s()
         return Snapshot(len(self.held), self.load.in_flight(), self.load.last_arrival(), tuple(pools), slots,
-                        self.held.audio_s(), self.load.arrival_rate_audio_s(), self.load.iat_histogram())
+                        self.held.audio_s(), rate, self.load.iat_histogram(), rate_at)
 
     def _autoscale(self) -> None:
         if self.opt.static is not None:

@@ -49,7 +49,10 @@ def test_load_tracker_work_throughput_cold_start_and_arrivals():
     assert t.work_of("r1") == 0.0 and t.service_rates()["gpu"] == pytest.approx(1 / (0.8 * 2 + 0.2 * 3))
     # 30 audio-s over the 3 s r1 was busy (decay over 3 s is small).
     assert t.throughput_audio_s()["gpu"] == pytest.approx(10.0, rel=0.05)
-    assert t.arrival_rate_audio_s() > 0
+    now[0] = 40.0
+    assert t.throughput_audio_s()["gpu"] == pytest.approx(10.0, rel=0.05)  # unchanged load, same value
+    rate, at = t.arrival_rate_audio_s()
+    assert rate > 0 and at == 31.0
     t.set_state("r1", "gpu", ReplicaState.STOPPED)
     assert "r1" not in t.replicas
 
