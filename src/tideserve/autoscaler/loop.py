@@ -13,6 +13,7 @@ from typing import Callable, Mapping, Protocol, Sequence
 
 from tideserve.aio import cancel_and_wait
 from tideserve.autoscaler.policy import Decision, PoolSnapshot, ReplicaSnapshot, ScalingState, Snapshot, decide
+from tideserve.core import LoadTracker, ReplicaState
 from tideserve.spec import EndpointSpec
 
 log = logging.getLogger("tideserve.autoscaler")
@@ -27,6 +28,9 @@ class LoadView(Protocol):
     def outstanding_of(self, replica_id: str) -> int: ...
     def last_arrival(self) -> float | None: ...
     def service_rates(self) -> Mapping[str, float]: ...
+    def work_of(self, replica_id: str) -> float: ...
+    def pending_audio_s(self) -> float: ...
+    load: LoadTracker
 
 
 class Actuator(Protocol):
@@ -58,17 +62,25 @@ class Autoscaler:
     def snapshot(self) -> Snapshot:
         states = self.actuator.replica_states()
         rates = self.load.service_rates()
+        tracker = self.load.load
+        for pool, reps_ in states.items():  # the core records when each replica was wanted and ready
+            for rid, st in reps_:
+                tracker.set_state(rid, pool, ReplicaState(st))
+        throughput = tracker.throughput_audio_s()
+        cold = tracker.cold_start_s()
         pools = []
         for p in self.spec.pools:
             reps = tuple(
-                ReplicaSnapshot(rid, "starting" if st in ("starting", "restarting") else "ready", self.load.outstanding_of(rid))
+                ReplicaSnapshot(rid, "starting" if st in ("starting", "restarting") else "ready", self.load.outstanding_of(rid),
+                                self.load.work_of(rid), tracker.replicas[rid].wanted_at if rid in tracker.replicas else None)
                 for rid, st in states.get(p.name, ())
                 if st in ("starting", "restarting", "ready")
             )
             pools.append(PoolSnapshot(p.name, p.replicas.min, p.replicas.max, p.cost_usd_per_h, rates.get(p.name),
-                                      self.actuator.schedulable(p.name), reps))
+                                      self.actuator.schedulable(p.name), reps, throughput.get(p.name), cold.get(p.name)))
+        rate, rate_at = tracker.arrival_rate_audio_s()
         return Snapshot(self.load.pending, self.load.in_flight(), self.load.last_arrival(), tuple(pools),
-                        self.actuator.slots())
+                        self.actuator.slots(), self.load.pending_audio_s(), rate, tracker.iat_histogram(), rate_at)
 
     async def step(self) -> Decision:
         now = self.clock()

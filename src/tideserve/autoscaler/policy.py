@@ -20,22 +20,34 @@ Rules (defaults and sources in ../shared/FACTS.md):
    replica slots. A smaller total therefore removes replicas from the most expensive pool
    first. Within a pool, the replicas drained are those with the least work (starting
    replicas first, then the fewest outstanding requests).
+
+With ``autoscaling.metric: work`` the rules are those of ``decide_work`` (below): capacity in
+audio seconds per second, the backlog in audio seconds, the SLO, cold starts and a learned
+keep-alive.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from tideserve.core import IAT_EDGES_S, RATE_TAU_S
 from tideserve.spec.models import Autoscaling
 
 
 @dataclass(frozen=True)
 class ReplicaSnapshot:
+    """One replica counted as capacity (draining replicas are not listed). ``wanted_at``: when
+    it was asked for (same clock as ``now``; a starting replica is expected ready at
+    ``wanted_at + cold_start_s``)."""
+
     id: str
-    state: str  # starting | ready (draining replicas are not listed)
+    state: str  # starting | ready (a ReplicaState value)
     outstanding: int = 0
+    outstanding_audio_s: float = 0.0
+    wanted_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -50,6 +62,9 @@ class PoolSnapshot:
     service_rate: float | None = None
     schedulable: bool = True
     replicas: tuple[ReplicaSnapshot, ...] = ()
+    capacity_audio_s: float | None = None  # audio s per s one replica serves at the batch sizes reached
+    cold_start_s: float | None = None  # measured wanted -> ready (None: the spec's assumption)
+    min_latency_s: float | None = None  # service time of a lone request (None: unknown, 0)
 
 
 @dataclass(frozen=True)
@@ -62,6 +77,10 @@ class Snapshot:
     last_arrival: float | None
     pools: tuple[PoolSnapshot, ...]
     slots: int | None = None
+    pending_audio_s: float = 0.0  # work held at the gateway
+    arrival_rate_audio_s: float = 0.0  # audio s arriving per s (recent)
+    iat_histogram: tuple[int, ...] = ()  # counts per core.IAT_EDGES_S bin, last: out of bounds
+    arrival_rate_at: float | None = None  # arrival_rate_audio_s as of this time (decayed to now here)
 
 
 @dataclass(frozen=True)
@@ -129,7 +148,17 @@ def _to_drain(pool: PoolSnapshot, keep: int) -> list[str]:
 def decide(
     snapshot: Snapshot, spec: Autoscaling, state: ScalingState, now: float
 ) -> tuple[Decision, ScalingState]:
-    """One autoscaling decision. Pure: the same inputs give the same outputs."""
+    """One autoscaling decision (rules by ``spec.metric``). Pure: the same inputs give the
+    same outputs."""
+    if spec.metric == "work":
+        return decide_work(snapshot, spec, state, now)
+    return decide_requests(snapshot, spec, state, now)
+
+
+def decide_requests(
+    snapshot: Snapshot, spec: Autoscaling, state: ScalingState, now: float
+) -> tuple[Decision, ScalingState]:
+    """Rules 1-5 of the module docstring (``metric: requests_per_replica``)."""
     pools = snapshot.pools
     usable = [p for p in pools if p.schedulable]
     current = sum(len(p.replicas) for p in usable)
@@ -180,3 +209,206 @@ def decide(
                 "recommendation": raw},
     )
     return decision, ScalingState(tuple(window))
+
+
+# -- the work metric ------------------------------------------------------------------------
+
+#: Shahrad et al., "Serverless in the Wild" (USENIX ATC 2020), hybrid histogram policy: the
+#: keep-alive is the histogram's 99th percentile of inter-arrival times plus a 10% margin; a
+#: histogram with too few samples, or most of them out of bounds, is not representative and
+#: the fixed keep-alive applies instead.
+KEEP_ALIVE_PERCENTILE = 99.0
+KEEP_ALIVE_MARGIN = 0.10
+KEEP_ALIVE_MIN_SAMPLES = 20
+
+
+def learned_keep_alive(hist: tuple[int, ...], edges: tuple[float, ...]) -> float | None:
+    """The hybrid-histogram keep-alive (s) from inter-arrival counts per bin (``edges`` upper
+    edges, a last out-of-bounds bin): the upper edge of the bin holding the 99th percentile,
+    plus 10%. None when not representative: fewer than 20 gaps, or the 99th percentile out of
+    bounds."""
+    n = sum(hist)
+    if n < KEEP_ALIVE_MIN_SAMPLES:
+        return None
+    need = math.ceil(KEEP_ALIVE_PERCENTILE / 100.0 * n)
+    seen = 0
+    for i, c in enumerate(hist):
+        seen += c
+        if seen >= need:
+            if i >= len(edges):
+                return None
+            return edges[i] * (1 + KEEP_ALIVE_MARGIN)
+    return None
+
+
+def drain_time_s(work_s: float, arrival_rate: float, ready_capacity: float,
+                 starting: list[tuple[float, float]]) -> float:
+    """Seconds until a backlog of ``work_s`` audio seconds is served, with work arriving at
+    ``arrival_rate`` (audio s/s), ``ready_capacity`` now, and ``starting`` replicas adding
+    ``capacity`` at ``ready_in_s`` each ((ready_in_s, capacity) pairs). ``math.inf`` when the
+    capacity never exceeds the arrivals."""
+    if work_s <= 0:
+        return 0.0
+    t, w, cap = 0.0, work_s, ready_capacity
+    for ready_in, c in sorted(starting) + [(math.inf, 0.0)]:
+        net = cap - arrival_rate
+        if net > 0 and t + w / net <= ready_in:
+            return t + w / net
+        if ready_in == math.inf:
+            return math.inf
+        w -= net * (ready_in - t)
+        t, cap = ready_in, cap + c
+    return math.inf  # pragma: no cover - the loop returns at the sentinel
+
+
+def decide_work(
+    snapshot: Snapshot, spec: Autoscaling, state: ScalingState, now: float
+) -> tuple[Decision, ScalingState]:
+    """Scale on work and the latency SLO (``metric: work``).
+
+    1. Capacity of a replica: ``capacity_audio_s`` of its pool (audio seconds served per second
+       at the batch sizes reached: the simulator passes the profile's, the gateway its measured
+       throughput); a pool without one takes the mean of the others (1.0 if none).
+    2. Backlog W = audio seconds held at the gateway + outstanding on replicas; arrivals
+       lambda (audio s/s, recent). Capacity needed = max(lambda / target_utilization,
+       W / (slo_p95_s - min latency)): steady arrivals below the utilization target, and the
+       backlog served within the SLO. Replicas needed: the fewest, placed by ``place``
+       (cheapest per unit of capacity first), whose capacity covers it.
+    3. Starting replicas count as capacity. More replicas are asked for only when the first new
+       one would be ready (the pool's cold start) before the backlog drains without it
+       (``drain_time_s``: ready capacity now, starting replicas when they are expected ready);
+       a burst shorter than a cold start asks for none.
+    4. Held requests at zero replicas: at least one replica at once (activation).
+    5. Scale-down: to the highest recommendation over ``scale_down_stabilization_s``.
+    6. Scale to zero once nothing is outstanding and no request arrived for the keep-alive:
+       when a cold start (plus the lone-request latency) still meets the SLO, the break-even
+       of idle cost against cold-start cost: an idle replica costs its price per second; a
+       cold start costs the same price over the cold start (the node is billed while it boots
+       and loads), so idling is cheaper for gaps shorter than the cold start: keep-alive =
+       cold start. When a cold start would break the SLO, the keep-alive is learned from the
+       endpoint's inter-arrival times (``learned_keep_alive``; Shahrad et al. ATC 2020) and at
+       least the break-even; ``scale_to_zero_after_s`` is its ceiling and the fallback when the
+       histogram is not representative.
+    7. min/max per pool and ``slots`` as in ``place``.
+    """
+    usable = [p for p in snapshot.pools if p.schedulable]
+    known = [p.capacity_audio_s for p in usable if p.capacity_audio_s]
+    default_cap = sum(known) / len(known) if known else 1.0
+    cap = {p.name: (p.capacity_audio_s or default_cap) for p in snapshot.pools}
+    cold = {p.name: (p.cold_start_s if p.cold_start_s is not None else spec.cold_start_s) for p in snapshot.pools}
+    pools = tuple(dataclasses.replace(p, service_rate=cap[p.name]) for p in snapshot.pools)
+    ceiling = sum(p.max_replicas for p in usable)
+    if snapshot.slots is not None:
+        ceiling = min(ceiling, snapshot.slots)
+    floor = min(sum(p.min_replicas for p in usable), ceiling)
+
+    ready_cap = 0.0
+    starting: list[tuple[float, float]] = []
+    work = snapshot.pending_audio_s
+    current = 0
+    for p in usable:
+        for r in p.replicas:
+            current += 1
+            work += r.outstanding_audio_s
+            if r.state == "ready":
+                ready_cap += cap[p.name]
+            else:
+                since = 0.0 if r.wanted_at is None else max(0.0, now - r.wanted_at)
+                starting.append((max(0.0, cold[p.name] - since), cap[p.name]))
+    lam = snapshot.arrival_rate_audio_s
+    if snapshot.arrival_rate_at is not None:
+        lam *= math.exp(-max(0.0, now - snapshot.arrival_rate_at) / RATE_TAU_S)
+    lat0 = max((p.min_latency_s or 0.0 for p in usable), default=0.0)
+    budget = max(spec.slo_p95_s - lat0, 0.25 * spec.slo_p95_s)
+    need = max(lam / spec.target_utilization, work / budget)
+    n_need = 0
+    while n_need < ceiling:
+        got = place(n_need, pools, snapshot.slots)
+        if sum(k * cap[name] for name, k in got.items()) >= need - 1e-9:
+            break
+        n_need += 1
+    first = next((name for name, k in place(max(1, current + 1), pools, snapshot.slots).items()
+                  if k > sum(1 for p in usable if p.name == name for _ in p.replicas)), None)
+    cs_new = cold[first] if first is not None else min(cold.values(), default=spec.cold_start_s)
+    t_drain = drain_time_s(work, lam, ready_cap, starting)
+    nums = (f"backlog {work:.1f} audio-s, arrivals {lam:.2f} audio-s/s, capacity ready {ready_cap:.2f} + starting "
+            f"{sum(c for _, c in starting):.2f} audio-s/s, need {need:.2f} ({n_need} replica(s))")
+
+    if current == 0 and snapshot.pending > 0:
+        raw = max(1, n_need)
+        why = f"activation: {snapshot.pending} request(s) held at zero replicas; {nums}"
+    elif n_need > current:
+        if t_drain > cs_new:
+            raw = n_need
+            drain_txt = "never" if t_drain == math.inf else f"in {t_drain:.1f}s"
+            why = f"{nums}; without more the backlog drains {drain_txt} > cold start {cs_new:.1f}s: scale up"
+        else:
+            raw = current
+            why = (f"{nums}; the backlog drains in {t_drain:.1f}s without more, before a new replica "
+                   f"(cold start {cs_new:.1f}s) would be ready: no new replica")
+    else:
+        raw = n_need
+        why = nums
+
+    since = None if snapshot.last_arrival is None else now - snapshot.last_arrival
+    # Break-even: the cold start of the replica a scale from zero would start.
+    zero_first = next((name for name, k in place(1, pools, snapshot.slots).items() if k), None)
+    be = cold[zero_first] if zero_first is not None else spec.cold_start_s
+    slo_safe = be + lat0 <= spec.slo_p95_s
+    learned = learned_keep_alive(snapshot.iat_histogram, IAT_EDGES_S) if snapshot.iat_histogram else None
+    if slo_safe:
+        keep_alive, ka_why = min(be, spec.scale_to_zero_after_s), f"break-even = cold start {be:.1f}s (meets the SLO)"
+    elif learned is not None:
+        keep_alive = min(max(learned, be), spec.scale_to_zero_after_s)
+        ka_why = f"learned p99 inter-arrival {learned:.1f}s, at least the break-even {be:.1f}s"
+    else:
+        keep_alive, ka_why = spec.scale_to_zero_after_s, "too few inter-arrival samples: scale_to_zero_after_s"
+    keep_alive_txt = f"keep-alive {keep_alive:.1f}s ({ka_why}, ceiling {spec.scale_to_zero_after_s:g}s)"
+    idle = since is None or since >= keep_alive
+    outstanding = work > 0 or snapshot.in_flight > 0 or snapshot.pending > 0
+    if not idle and raw < 1:
+        raw = 1
+        why += f"; last arrival {since:.1f}s ago < {keep_alive_txt}"
+
+    window = [(t, v) for t, v in state.recommendations if now - t < spec.scale_down_stabilization_s]
+    window.append((now, raw))
+    if idle and not outstanding:
+        total = 0
+        why = ("no request arrival" + (f" for {since:.1f}s" if since is not None else " yet") +
+               f" >= {keep_alive_txt}: scale to the pools' minimum")
+    elif raw < current:
+        total = min(current, max(v for _, v in window))
+        if total > raw:
+            why += f"; held at {total} by the {spec.scale_down_stabilization_s:g}s stabilization window"
+    else:
+        total = raw
+    decision = settle(snapshot, total, why, pools=pools, inputs={
+                "pending": snapshot.pending, "in_flight": snapshot.in_flight, "current": current,
+                "backlog_audio_s": round(work, 3), "arrival_rate_audio_s": round(lam, 4),
+                "capacity_ready_audio_s": round(ready_cap, 4), "need_audio_s": round(need, 4),
+                "drain_time_s": None if t_drain == math.inf else round(t_drain, 3),
+                "cold_start_s": round(cs_new, 3), "keep_alive_s": round(keep_alive, 3),
+                "since_last_arrival_s": None if since is None else round(since, 3), "recommendation": raw})
+    return decision, ScalingState(tuple(window))
+
+
+def settle(snapshot: Snapshot, total: int, why: str, pools: tuple[PoolSnapshot, ...] | None = None,
+           inputs: Mapping[str, float | int | None] | None = None) -> Decision:
+    """The decision for ``total`` replicas: clamped to the pools' mins and maxima (and slots),
+    placed by ``place``, the least-loaded extra replicas drained. ``pools`` overrides the
+    snapshot's (e.g. with service rates in another unit); baselines use this too."""
+    pools = snapshot.pools if pools is None else pools
+    usable = [p for p in pools if p.schedulable]
+    ceiling = sum(p.max_replicas for p in usable)
+    if snapshot.slots is not None:
+        ceiling = min(ceiling, snapshot.slots)
+    floor = min(sum(p.min_replicas for p in usable), ceiling)
+    clamped = max(floor, min(ceiling, total))
+    if clamped != total:
+        why += f"; clamped to [{floor}, {ceiling}]"
+    desired = place(clamped, pools, snapshot.slots)
+    drain: list[str] = []
+    for p in pools:
+        drain += _to_drain(p, desired[p.name] if p.schedulable else 0)
+    return Decision(desired=desired, drain=tuple(drain), total=sum(desired.values()), reason=why,
+                    inputs=dict(inputs or {}))

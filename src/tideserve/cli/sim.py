@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -100,10 +101,15 @@ def simulate_cmd(
                                       "quantile:COL:MIN:MAX | fixed:S | uniform:MIN:MAX | column:NAME"),
     spot_interruption_rate_per_h: float = typer.Option(0.05, min=0, help="spot interruptions per spot node-hour"),
     spot_discount: float = typer.Option(0.6, min=0, max=0.99, help="spot price = on-demand x (1 - discount)"),
-    slo_s: float = typer.Option(10.0, min=0.001, help="latency SLO, s"),
+    slo_s: Optional[float] = typer.Option(None, min=0.001, help="latency SLO, s (default: the endpoint's "
+                                          "autoscaling.slo_p95_s)"),
     cluster: str = typer.Option("aws", help="aws (machines from the offering catalog) or local (embedded, one machine)"),
     replica_slots: int = typer.Option(4, min=1, help="local cluster: replica slots on the machine"),
     out_dir: Path = typer.Option(Path("sim-report"), "--out", help="directory for report.md, plots and results.json"),
+    model_bytes: Optional[float] = typer.Option(None, min=1, help="model size for the cold start's load phase "
+                                                "(default: the catalog's, tiny.en's ~75 MB)"),
+    start_warm: bool = typer.Option(False, help="autoscaled runs start with one ready replica (a replay cut out of "
+                                    "continuous traffic)"),
 ) -> None:
     """Replay a trace through tideserve's policies; compare static and autoscaled fleets; write a TCO report."""
     from tideserve.cli.main import _load
@@ -112,6 +118,8 @@ def simulate_cmd(
     from tideserve.sim.report import write_report
 
     ep = _load(file)
+    if slo_s is None:
+        slo_s = ep.spec.autoscaling.slo_p95_s
     if cluster not in ("aws", "local"):
         err.print(f"[red]error:[/red] --cluster must be aws or local, not {cluster!r}", highlight=False)
         raise typer.Exit(2)
@@ -125,7 +133,9 @@ def simulate_cmd(
         opts = RunOptions(cluster=cluster, replica_slots=replica_slots, seed=seed, spot_discount=spot_discount,
                           spot_interruption_rate_per_h=spot_interruption_rate_per_h)
         pools = pools_for_backend(profs, list(paths), ep.spec.model.backend)
-        runs, levers = compare(ep.spec, reqs, pools, opts, slo_s)
+        cs = ColdStartCatalog() if model_bytes is None else ColdStartCatalog(model_bytes=model_bytes)
+        opts = dataclasses.replace(opts, coldstart=cs)
+        runs, levers = compare(ep.spec, reqs, pools, opts, slo_s, start_warm=start_warm)
     except SimInputError as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2)
@@ -135,7 +145,11 @@ def simulate_cmd(
               "spot discount": f"{spot_discount:g}", "profiles": ", ".join(str(p) for p in paths)}
     if max_trace_s is not None:
         inputs["max trace s"] = f"{max_trace_s:g}"
-    path = write_report(out_dir, runs, levers, reqs, profs, inputs, slo_s, ColdStartCatalog())
+    if model_bytes is not None:
+        inputs["model bytes"] = f"{model_bytes:g}"
+    if start_warm:
+        inputs["start warm"] = "one ready replica at t = 0 in autoscaled runs"
+    path = write_report(out_dir, runs, levers, reqs, profs, inputs, slo_s, cs)
     for r in runs + [lv.off for lv in levers if lv.off is not None]:
         s = r.summary
         print(f"{r.name:<26} cost ${s.cost_usd:8.3f}  GPU-h {s.gpu_hours:6.2f}  CPU node-h {s.cpu_node_hours:6.2f}  "

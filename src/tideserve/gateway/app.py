@@ -31,7 +31,7 @@ from tideserve.errors import (
     UnknownModelError,
     UpstreamError,
 )
-from tideserve.gateway.dispatch import Dispatcher
+from tideserve.gateway.dispatch import Dispatcher, estimate_audio_s
 from tideserve.replicas import ReplicaSource
 from tideserve.gateway.metrics import GatewayMetrics
 from tideserve.httpguard import read_body
@@ -162,6 +162,8 @@ def build_gateway_app(
         except TimeoutError:
             raise RequestTimeoutError(
                 f"the request body did not arrive within request_timeout_s={gw.request_timeout_s:g}") from None
+        audio_est = estimate_audio_s(len(body), request.headers)  # work estimate (dispatch.py says how)
+        dispatcher.arrived_work(audio_est)
         headers = {h: request.headers[h] for h in _FORWARD_REQUEST_HEADERS if h in request.headers}
         headers[REQUEST_ID] = request["request_id"]
         if worker_token:
@@ -174,7 +176,7 @@ def build_gateway_app(
                     held = time.monotonic()
                     metrics.pending.labels(ep_name).set(dispatcher.pending + 1)
                     try:
-                        replica = await dispatcher.acquire(frozenset(failed))
+                        replica = await dispatcher.acquire(frozenset(failed), audio_s=audio_est)
                     finally:
                         metrics.pending.labels(ep_name).set(dispatcher.pending)
                     metrics.hold.labels(ep_name).observe(time.monotonic() - held)
@@ -206,7 +208,7 @@ def build_gateway_app(
                         runtime.report_unreachable(replica.id)
                         metrics.retries.labels(ep_name, replica.pool).inc()
                     finally:
-                        dispatcher.release(replica.id)
+                        dispatcher.release(replica.id, audio_s=audio_est)
                         metrics.in_flight.labels(ep_name).set(dispatcher.in_flight())
                 # Replicas that dropped the connection are being restarted or replaced: retry soon.
                 raise UpstreamError(f"the request failed on {len(failed)} replica(s): {', '.join(sorted(failed))}; "

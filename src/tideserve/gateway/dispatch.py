@@ -1,116 +1,184 @@
 """Hold requests until a replica can take them, then hand one out (least outstanding).
 
-``acquire`` waits while no ready replica has free capacity, up to ``hold_timeout_s``; at most
-``max_pending`` requests wait at once (then 503 with Retry-After). Every change of replica
-state or of outstanding counts wakes the waiters, which re-run the routing policy.
-Times (arrivals, the hold deadline, the routing tie-break) come from ``clock``,
-``time.monotonic`` unless a test injects one.
+``acquire`` takes a free slot at once only when no request is held; otherwise the request joins
+the FIFO hold queue (``tideserve.core.HoldQueue``: the queue the simulator uses) and is handed a
+replica when every request held before it has been: a new arrival never takes a freed slot
+ahead of held requests. A held request waits up to ``hold_timeout_s``; at most ``max_pending``
+wait at once (then 503 with Retry-After). Every change of replica state or of outstanding
+counts (``notify``, ``release``) releases held requests in order; a periodic re-check covers
+readiness changes nobody notified.
+
+Load tracking is the serving core's ``LoadTracker`` (shared with the simulator): outstanding
+requests and outstanding work per replica, arrivals, service times and throughput per pool.
+Work is counted in audio seconds. The gateway does not know a request's audio duration before
+the worker decodes it, so it uses an ESTIMATE (``estimate_audio_s``): the client's
+``X-Audio-Seconds`` header when sent, else the body size at 32,000 bytes per second (16 kHz
+16-bit mono PCM, the format Whisper resamples to): compressed audio is underestimated, base64
+in JSON overestimated by a third. The worker will report its outstanding work itself; until
+then this estimate is the narrow interface (``acquire(audio_s=...)``, ``release(audio_s=...)``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+from tideserve.core import EWMA_ALPHA, HoldQueue, LoadTracker
 from tideserve.errors import CapacityError
-from tideserve.gateway.holding import hold_deadline, may_hold
 from tideserve.gateway.router import ReplicaView, choose_replica
 from tideserve.replicas import ReplicaEndpoint, ReplicaSource
 
+__all__ = ["EWMA_ALPHA", "AUDIO_HEADER", "Dispatcher", "estimate_audio_s"]
 
-#: Weight of the newest sample in the service-time moving average (about the last 10 requests).
-EWMA_ALPHA = 0.2
+#: Header a client may send with its audio's duration in seconds (the work estimate).
+AUDIO_HEADER = "X-Audio-Seconds"
+#: Body bytes per audio second assumed without the header (16 kHz, 16-bit mono PCM).
+BYTES_PER_AUDIO_S = 32_000.0
+
+
+def estimate_audio_s(body_bytes: int, headers: Mapping[str, str] | None = None) -> float:
+    """The gateway's estimate of a request's audio seconds (module docstring)."""
+    if headers is not None and AUDIO_HEADER in headers:
+        try:
+            v = float(headers[AUDIO_HEADER])
+            if 0 <= v < 1e7:
+                return v
+        except ValueError:
+            pass
+    return body_bytes / BYTES_PER_AUDIO_S
+
+
+@dataclass(eq=False)
+class _Waiter:
+    exclude: frozenset[str]
+    audio_s: float
+    future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
 class Dispatcher:
-    """Also the gateway's load view for the autoscaler: pending, in-flight and outstanding
-    counts, the time of the last arrival, and each pool's measured service rate."""
+    """Also the gateway's load view for the autoscaler: pending (held), in-flight and
+    outstanding counts and work, the last arrival, service rates and throughput per pool."""
 
     def __init__(self, source: ReplicaSource, max_pending: int, hold_timeout_s: float,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.source = source
-        self.clock = clock
         self.max_pending = max_pending
         self.hold_timeout_s = hold_timeout_s
-        self.outstanding: dict[str, int] = {}
-        self.pending = 0
+        self.clock = clock
+        self.load = LoadTracker(clock)
+        self.held: HoldQueue[_Waiter] = HoldQueue(max_pending, hold_timeout_s)
         self.on_hold: Callable[[], None] | None = None
-        self._last_chosen: dict[str, float] = {}
-        self._last_arrival: float | None = None
-        self._service_s: dict[str, float] = {}
-        self._changed = asyncio.Event()
 
-    def arrived(self) -> None:
+    # -- the load view ---------------------------------------------------------------------
+    @property
+    def pending(self) -> int:
+        return len(self.held)
+
+    @property
+    def outstanding(self) -> dict[str, int]:
+        return {rid: r.outstanding for rid, r in self.load.replicas.items() if r.outstanding}
+
+    def arrived(self, audio_s: float = 0.0) -> None:
         """A request arrived (resets the autoscaler's idle timer, whatever becomes of it)."""
-        self._last_arrival = self.clock()
+        self.load.arrived(audio_s)
+
+    def arrived_work(self, audio_s: float) -> None:
+        """The estimated work of the request that ``arrived`` announced."""
+        self.load.arrived_work(audio_s)
 
     def last_arrival(self) -> float | None:
-        return self._last_arrival
+        return self.load.last_arrival()
 
     def outstanding_of(self, replica_id: str) -> int:
-        return self.outstanding.get(replica_id, 0)
+        return self.load.outstanding_of(replica_id)
+
+    def work_of(self, replica_id: str) -> float:
+        return self.load.work_of(replica_id)
+
+    def pending_audio_s(self) -> float:
+        return self.held.audio_s()
 
     def record_service(self, pool: str, seconds: float) -> None:
         """A request finished on ``pool`` after ``seconds`` at the replica."""
-        old = self._service_s.get(pool)
-        self._service_s[pool] = seconds if old is None else (1 - EWMA_ALPHA) * old + EWMA_ALPHA * seconds
+        self.load.record_service(pool, seconds)
 
     def service_rates(self) -> dict[str, float]:
         """Measured requests per second one replica of each pool serves (1 / mean service time)."""
-        return {p: 1.0 / s for p, s in self._service_s.items() if s > 0}
+        return self.load.service_rates()
 
-    def notify(self) -> None:
-        """Something changed (replica state, a request finished): waiters re-check."""
-        self._changed.set()
-        self._changed = asyncio.Event()
+    def throughput_audio_s(self) -> dict[str, float]:
+        return self.load.throughput_audio_s()
 
     def in_flight(self) -> int:
-        return sum(self.outstanding.values())
+        return self.load.in_flight()
 
-    def _try_pick(self, exclude: frozenset[str] = frozenset()) -> ReplicaEndpoint | None:
+    # -- holding and routing ---------------------------------------------------------------
+    def notify(self) -> None:
+        """Something changed (replica state, a request finished): release held requests."""
+        self._release_held()
+
+    def _try_pick(self, exclude: frozenset[str] = frozenset(), audio_s: float = 0.0) -> ReplicaEndpoint | None:
         eps = {e.id: e for e in self.source.endpoints() if e.id not in exclude}
         rates = self.service_rates()
         views = [
-            ReplicaView(e.id, e.ready, self.outstanding.get(e.id, 0), e.max_concurrency,
-                        self._last_chosen.get(e.id, 0.0), rates.get(e.pool, 1.0))
+            ReplicaView(e.id, e.ready, self.load.outstanding_of(e.id), e.max_concurrency,
+                        self.load.replicas[e.id].last_chosen if e.id in self.load.replicas else 0.0,
+                        rates.get(e.pool, 1.0))
             for e in eps.values()
         ]
         rid = choose_replica(views)
         if rid is None:
             return None
-        self.outstanding[rid] = self.outstanding.get(rid, 0) + 1
-        self._last_chosen[rid] = self.clock()
+        self.load.dispatched(rid, eps[rid].pool, audio_s)
         return eps[rid]
 
-    async def acquire(self, exclude: frozenset[str] = frozenset()) -> ReplicaEndpoint:
+    def _place(self, w: _Waiter) -> bool:
+        if w.future.done():
+            return True  # gave up (timeout, cancelled): drop it from the queue
+        exclude = w.exclude if any(e.id not in w.exclude for e in self.source.endpoints()) else frozenset()
+        picked = self._try_pick(exclude, w.audio_s)
+        if picked is None:
+            return False
+        w.future.set_result(picked)
+        return True
+
+    def _release_held(self) -> None:
+        self.held.release(self._place)
+
+    async def acquire(self, exclude: frozenset[str] = frozenset(), audio_s: float = 0.0) -> ReplicaEndpoint:
         """A replica with a slot reserved for this request; call ``release`` after.
 
         ``exclude`` names replicas not to use (one that just failed this request), unless
-        no other replica exists. Raises CapacityError (503, Retry-After) when the pending queue
-        is full, when every pool has failed, or when no slot frees up within ``hold_timeout_s``.
+        no other replica exists. ``audio_s``: the request's estimated work. Raises
+        CapacityError (503, Retry-After) when the pending queue is full, when every pool has
+        failed, or when no slot frees up within ``hold_timeout_s``.
         """
         if exclude and not any(e.id not in exclude for e in self.source.endpoints()):
             exclude = frozenset()
-        picked = self._try_pick(exclude)
-        if picked is not None:
-            return picked
+        if not len(self.held):
+            picked = self._try_pick(exclude, audio_s)
+            if picked is not None:
+                return picked
         if not self.source.accepting():
             raise CapacityError(f"no replica can serve this endpoint: {self.source.failure_reason()}", retry_after_s=30)
-        if not may_hold(self.pending, self.max_pending):
+        if not self.held.may_hold():
             raise CapacityError(
-                f"too many requests waiting ({self.pending} >= max_pending {self.max_pending}); retry later",
+                f"too many requests waiting ({len(self.held)} >= max_pending {self.max_pending}); retry later",
                 retry_after_s=1,
             )
-        self.pending += 1
+        w = _Waiter(exclude, audio_s)
+        deadline = self.held.push(w, self.clock(), audio_s)
         if self.on_hold is not None:
             self.on_hold()  # activation: the autoscaler decides now, not at its next tick
-        deadline = hold_deadline(self.clock(), self.hold_timeout_s)
+        self._release_held()
+        handed = False
         try:
             while True:
-                changed = self._changed
-                picked = self._try_pick(exclude)
-                if picked is not None:
-                    return picked
+                if w.future.done():
+                    handed = True
+                    return w.future.result()
                 if not self.source.accepting():
                     raise CapacityError(f"no replica can serve this endpoint: {self.source.failure_reason()}", retry_after_s=30)
                 remaining = deadline - self.clock()
@@ -122,16 +190,19 @@ class Dispatcher:
                     )
                 try:
                     # Also wake periodically: replica readiness may change without a notify.
-                    await asyncio.wait_for(changed.wait(), min(remaining, 0.5))
+                    await asyncio.wait_for(asyncio.shield(w.future), min(remaining, 0.5))
                 except asyncio.TimeoutError:
-                    pass
+                    self._release_held()
         finally:
-            self.pending -= 1
+            if not w.future.done():
+                w.future.cancel()
+                self.held.remove(w)
+            elif not handed and not w.future.cancelled():
+                # A slot was reserved as this request gave up (cancelled): give it back.
+                self.release(w.future.result().id, audio_s, served=False)
 
-    def release(self, replica_id: str) -> None:
-        n = self.outstanding.get(replica_id, 0) - 1
-        if n <= 0:
-            self.outstanding.pop(replica_id, None)
-        else:
-            self.outstanding[replica_id] = n
-        self.notify()
+    def release(self, replica_id: str, audio_s: float = 0.0, served: bool = True) -> None:
+        """The request reserved on ``replica_id`` is done (``served``: its ``audio_s`` counts
+        in the pool's throughput); held requests are released in order."""
+        self.load.finished(replica_id, audio_s, served=served)
+        self._release_held()

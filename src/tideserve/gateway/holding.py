@@ -8,12 +8,6 @@ gateway's ``Dispatcher`` and the simulator apply the same rule.
 
 from __future__ import annotations
 
+from tideserve.core import hold_deadline, may_hold
 
-def may_hold(pending: int, max_pending: int) -> bool:
-    """True when one more request may wait: ``pending`` (already waiting) < ``max_pending``."""
-    return pending < max_pending
-
-
-def hold_deadline(held_at: float, hold_timeout_s: float) -> float:
-    """When a request held since ``held_at`` gives up (same clock and unit, s)."""
-    return held_at + hold_timeout_s
+__all__ = ["hold_deadline", "may_hold"]

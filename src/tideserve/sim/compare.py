@@ -6,7 +6,10 @@ Policies (each a ``simulate`` run of the same requests):
 - ``static-mean``: a fixed fleet sized for the trace's mean arrival rate;
 - ``tideserve``: the endpoint as written: the autoscaler (scale to zero where a pool's min is 0,
   cheapest pool per unit of service first), spot where a pool lists it with on-demand fallback,
-  spot interruptions at the given rate, replacement through the provisioner.
+  spot interruptions at the given rate, replacement through the provisioner;
+- ``keda-hpa``, ``knative``, ``oracle``: the same endpoint (pools, capacity types, spot) with
+  the autoscaler replaced by a baseline of ``tideserve.sim.baselines`` (published defaults; the
+  oracle knows the arrivals and cold starts in advance: see there how it is computed).
 
 Static fleets run on on-demand machines and never scale; their size N is the smallest for which
 the autoscaler's own placement ``place(N, pools)`` (cheapest per unit of service rate first, pool
@@ -39,6 +42,17 @@ from tideserve.sim.engine import WINDOW_S, RunOptions, RunResult, percentile, pr
 from tideserve.sim.profile import PoolProfile
 from tideserve.sim.trace import TraceRequest
 from tideserve.spec.models import EndpointSpec
+
+
+#: Baseline runs (``tideserve.sim.baselines``) and what the report says of each.
+BASELINES = (
+    ("keda-hpa", "KEDA + HPA defaults on requests per replica (target = autoscaling.target): 30 s polling, 15 s "
+                 "sync, tolerance 0.1, 300 s scale-down window, 300 s cooldown to zero"),
+    ("knative", "Knative KPA defaults on concurrency (target = autoscaling.target): 60 s stable / 6 s panic "
+                "window at 200%, scale down at most /2 per 2 s tick, 30 s grace to zero"),
+    ("oracle", "clairvoyant: knows arrivals and cold starts; each replica started one cold start before the "
+               "audio it serves within the SLO arrives, kept through gaps shorter than a cold start"),
+)
 
 
 @dataclass(frozen=True)
@@ -159,9 +173,19 @@ def _with_pools(spec: EndpointSpec, pools: list) -> EndpointSpec:
 
 def compare(spec: EndpointSpec, requests: Sequence[TraceRequest], profiles: Sequence[PoolProfile],
             options: RunOptions, slo_s: float, utilization: float = 0.7,
-            window_s: float = 60.0) -> tuple[list[PolicyRun], list[Lever]]:
-    """Run the policies and the lever-off variants (module docstring) on the same requests."""
+            window_s: float = 60.0, start_warm: bool = False) -> tuple[list[PolicyRun], list[Lever]]:
+    """Run the policies and the lever-off variants (module docstring) on the same requests.
+
+    ``start_warm``: every autoscaled run starts with one ready replica (on the pool ``place``
+    fills first) besides the pools' minimum, as a replay cut out of continuous traffic would
+    find it; static fleets always start ready."""
     win = mean_window_s(requests)
+    if start_warm and options.warm is None:
+        snaps0 = tuple(PoolSnapshot(p.name, p.replicas.min, p.replicas.max, p.cost_usd_per_h,
+                                    replica_rate(spec, p.name, profiles_for(spec, profiles)[p.name], win))
+                       for p in spec.pools)
+        options = dataclasses.replace(options, warm={k: v for k, v in autoscaler_policy.place(
+            max(1, sum(p.replicas.min for p in spec.pools)), snaps0).items() if v})
     peak, mean = arrival_rates(requests, window_s)
     od = [p.model_copy(update={"capacity_types": ["on-demand"]}) for p in spec.pools]
     static_spec = _with_pools(spec, od)
@@ -176,9 +200,12 @@ def compare(spec: EndpointSpec, requests: Sequence[TraceRequest], profiles: Sequ
         fleet = static_fleet(spec, profiles, rate, win, utilization)
         desc = (f"fixed on-demand fleet for the {what}: " + ", ".join(f"{k} x {p}" for p, k in fleet.items()))
         runs.append(run(name, desc, static_spec, dataclasses.replace(options, static=fleet, warm=None)))
-    base = run("tideserve", "autoscaling as the endpoint file says (scale to zero, cheapest pool first, "
-               "spot with on-demand fallback where listed)", spec, dataclasses.replace(options, static=None))
+    base = run("tideserve", f"autoscaling as the endpoint file says (metric {spec.autoscaling.metric}, scale to "
+               "zero, cheapest pool first, spot with on-demand fallback where listed)", spec,
+               dataclasses.replace(options, static=None))
     runs.append(base)
+    for name, desc in BASELINES:
+        runs.append(run(name, desc, spec, dataclasses.replace(options, static=None, autoscaler=name)))
 
     by_pool = profiles_for(spec, profiles)
     levers: list[Lever] = []

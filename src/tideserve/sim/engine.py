@@ -7,13 +7,17 @@ imported here and called with the virtual time (``POLICY`` lists them; tests che
 - routing: ``tideserve.gateway.router.choose_replica`` over ``ReplicaView`` values (outstanding
   requests, ``max_concurrency``, time last chosen, each pool's service rate as the gateway measures
   it: 1 / moving average of service time with the gateway's ``EWMA_ALPHA``);
-- holding: ``tideserve.gateway.holding.may_hold`` / ``hold_deadline`` (``max_pending``,
-  ``hold_timeout_s``); a held request triggers an autoscaler decision at once (activation);
+- the serving core (``tideserve.core``, the same the gateway uses): replica states and records,
+  load tracking (``LoadTracker``: outstanding requests and audio seconds, service rates, the
+  inter-arrival histogram, cold starts), the FIFO ``HoldQueue`` (``may_hold`` / ``hold_deadline``:
+  ``max_pending``, ``hold_timeout_s``) and ``plan_apply``; a held request triggers an autoscaler
+  decision at once (activation) when the policy wakes on holds;
 - batching: ``tideserve.worker.batching.cut_batch`` per replica (``max_batch_size``,
   ``max_queue_delay_ms``); executions run one at a time per replica, each taking the profile's
   service time for its batch size and longest window;
 - autoscaling: ``tideserve.autoscaler.policy.decide`` every ``autoscaling.interval_s`` and on
-  activation; its ``desired``/``drain`` are applied as the local runtime applies them (drain the
+  activation, or a baseline of ``tideserve.sim.baselines`` (``RunOptions.autoscaler``) at its
+  own interval; its ``desired``/``drain`` are applied through ``core.plan_apply`` (drain the
   named replicas, start replicas up to ``desired``);
 - machines: ``tideserve.provisioner.plan_launches`` for replicas waiting for a machine (after a
   Karpenter batch window) and ``tideserve.provisioner.consolidate`` every tick.
@@ -40,10 +44,12 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Sequence
 
+from tideserve import core
 from tideserve.autoscaler import policy as autoscaler_policy
 from tideserve.autoscaler.policy import PoolSnapshot, ReplicaSnapshot, ScalingState, Snapshot
-from tideserve.gateway import holding, router
-from tideserve.gateway.dispatch import EWMA_ALPHA
+from tideserve.core import HoldQueue, LoadTracker, ReplicaRecord, plan_apply
+from tideserve.core import ReplicaState as RS
+from tideserve.gateway import router
 from tideserve.gateway.router import ReplicaView
 from tideserve.provisioner import catalog as prov_catalog
 from tideserve.provisioner import choose as prov_choose
@@ -64,8 +70,8 @@ def _policy() -> dict[str, Callable]:
     on them with monkeypatch)."""
     return {
         "choose_replica": router.choose_replica,
-        "may_hold": holding.may_hold,
-        "hold_deadline": holding.hold_deadline,
+        "may_hold": core.may_hold,
+        "hold_deadline": core.hold_deadline,
         "cut_batch": batching.cut_batch,
         "decide": autoscaler_policy.decide,
         "place": autoscaler_policy.place,
@@ -99,6 +105,7 @@ class RunOptions:
     spot_interruption_rate_per_h: float = 0.0
     coldstart: ColdStartCatalog = field(default_factory=ColdStartCatalog)
     offerings: tuple[Offering, ...] = prov_catalog.AWS_US_EAST_1
+    autoscaler: str = "tideserve"  # tideserve (policy.decide) | a baseline of tideserve.sim.baselines
 
 
 @dataclass
@@ -152,16 +159,31 @@ class RunResult:
 
 @dataclass
 class _Replica:
-    id: str
-    pool: str
-    state: str  # waiting (no machine) | starting | ready | draining | gone
+    """The core's record of a replica plus what only the simulator has: its machine and its
+    worker's batch queue."""
+
+    rec: ReplicaRecord
     node: str | None = None
-    outstanding: int = 0
-    last_chosen: float = 0.0
     queue: list[tuple[int, float, float]] = field(default_factory=list)  # (request id, enqueued, audio_s)
     executing: bool = False
     wake_token: int = 0
     requests: set[int] = field(default_factory=set)
+
+    @property
+    def id(self) -> str:
+        return self.rec.id
+
+    @property
+    def pool(self) -> str:
+        return self.rec.pool
+
+    @property
+    def state(self) -> RS:
+        return self.rec.state
+
+    @property
+    def outstanding(self) -> int:
+        return self.rec.outstanding
 
 
 @dataclass
@@ -216,10 +238,12 @@ class Simulation:
         self.replicas: dict[str, _Replica] = {}
         self.nodes: dict[str, _Node] = {}
         self.reqs: dict[int, _Req] = {}
-        self.held: list[int] = []
-        self.service_s: dict[str, float] = {}
-        self.last_arrival: float | None = None
-        self.state = ScalingState()
+        self.load = LoadTracker(lambda: self.now)
+        self.held: HoldQueue[int] = HoldQueue(spec.gateway.max_pending, spec.gateway.hold_timeout_s)
+        from tideserve.sim import baselines
+
+        self.scaler = baselines.make(self.opt.autoscaler, spec, self.requests, self.opt.coldstart, self._expected_cold_start)
+        self.state = self.scaler.initial_state
         self.busy_s: dict[str, float] = {}
         self.timeline: list[tuple[float, int, dict[str, int], int, int]] = []
         self.replica_starts = 0
@@ -231,6 +255,57 @@ class Simulation:
         self._n_nodes = 0
         self._done = 0
         self._fns = _policy()
+        self._win: float | None = None
+        self._prof_cap: dict[str, float] = {}
+        self._wins: list[float] | None = None
+
+    # -- what the gateway would know of a pool -----------------------------------------------
+    def _mean_window_s(self) -> float:
+        if self._win is None:
+            lengths = [w for q in self.reqs.values() for w in q.windows]
+            self._win = sum(lengths) / len(lengths) if lengths else WINDOW_S
+        return self._win
+
+    def _capacity_audio_s(self, pool: str) -> float:
+        """Audio seconds per second one replica serves at the best batch size it can reach
+        (<= min(max_batch_size, max_concurrency)), from the profile and the trace's window
+        lengths (``_batch_rate``). The live gateway passes its measured throughput instead
+        (``LoadTracker.throughput_audio_s``)."""
+        if pool not in self._prof_cap:
+            p = self.pools[pool]
+            top = max(1, min(self.spec.batching.max_batch_size, p.max_concurrency))
+            self._prof_cap[pool] = max(self._batch_rate(pool, b) for b in range(1, top + 1))
+        return self._prof_cap[pool]
+
+    def _batch_rate(self, pool: str, b: int) -> float:
+        """Audio seconds per second of batches of ``b`` windows drawn from the trace's window
+        lengths: b x mean window / E[service time of the longest of b windows] (a batch takes
+        as long as its longest window)."""
+        xs = self._windows_sorted()
+        n = len(xs)
+        # 20 quantiles of the window lengths are enough for the expectation.
+        k = min(n, 20)
+        qs = [xs[min(n - 1, int((i + 0.5) * n / k))] for i in range(k)]
+        prof = self.profiles[pool]
+        expect = sum(prof.service_time_s(b, q) * (((i + 1) / k) ** b - (i / k) ** b) for i, q in enumerate(qs))
+        return b * self._mean_window_s() / expect
+
+    def _windows_sorted(self) -> list[float]:
+        if self._wins is None:
+            self._wins = sorted(w for q in self.reqs.values() for w in q.windows) or [WINDOW_S]
+        return self._wins
+
+    def _expected_cold_start(self, pool: str) -> float:
+        """Wanted -> ready for a replica that needs a new machine (the catalog's phases), or the
+        embedded start in local mode; what the core measures once a replica has started."""
+        cs = self.opt.coldstart
+        if self.opt.cluster == "local":
+            return cs.embedded_replica_start_s
+        acc = self._accel_key(pool)
+        boots = [o.boot_s for o in self._offerings() if o.accelerator == acc]
+        boot = min(boots) if boots else CPU_NODE_BOOT_S
+        return (cs.batch_idle_s + cs.launch_delay_s + boot + cs.image_pull_s(self._is_gpu(pool))
+                + cs.replica_start_s(self.spec.model.source))
 
     # -- event queue -------------------------------------------------------------------------
     def _at(self, t: float, kind: str, *args) -> None:
@@ -289,16 +364,23 @@ class Simulation:
         node.rec.end_reason = reason
 
     # -- replicas ----------------------------------------------------------------------------
-    def _new_replica(self, pool: str, state: str) -> _Replica:
+    def _new_replica(self, pool: str, state: RS) -> _Replica:
         self._n_replicas += 1
-        r = _Replica(f"{pool}-{self._n_replicas}", pool, state)
+        rid = f"{pool}-{self._n_replicas}"
+        r = _Replica(self.load.record(rid, pool, state))
+        if state == RS.READY:
+            r.rec.ready_at = self.now
         self.replicas[r.id] = r
         return r
+
+    def _set(self, r: _Replica, state: RS) -> None:
+        self.load.set_state(r.id, r.pool, state)
+        r.rec.state = state
 
     def _start_on(self, r: _Replica, node: _Node) -> None:
         """Replica ``r`` got a place on ``node``: schedule its readiness."""
         r.node = node.rec.name
-        r.state = "starting"
+        self._set(r, RS.STARTING)
         node.replicas.append(r.id)
         node.empty_since = None
         self.replica_starts += 1
@@ -313,7 +395,7 @@ class Simulation:
         self._at(ready, "replica_ready", r.id)
 
     def _remove_replica(self, r: _Replica) -> None:
-        r.state = "gone"
+        self._set(r, RS.STOPPED)
         if r.node is not None and r.node in self.nodes:
             node = self.nodes[r.node]
             if r.id in node.replicas:
@@ -322,12 +404,12 @@ class Simulation:
                 node.empty_since = self.now
 
     def _maybe_finish_drain(self, r: _Replica) -> None:
-        if r.state == "draining" and r.outstanding == 0 and not r.queue and not r.executing:
+        if r.state == RS.DRAINING and r.outstanding == 0 and not r.queue and not r.executing:
             self._remove_replica(r)
 
     def _provision(self) -> None:
         """Place replicas waiting for a machine (``plan_launches``)."""
-        waiting = [r for r in self.replicas.values() if r.state == "waiting"]
+        waiting = [r for r in self.replicas.values() if r.state == RS.WAITING]
         if not waiting:
             return
         counts: dict[str, int] = {}
@@ -361,19 +443,18 @@ class Simulation:
 
     # -- gateway -----------------------------------------------------------------------------
     def _rates(self) -> dict[str, float]:
-        return {p: 1.0 / s for p, s in self.service_s.items() if s > 0}
+        return self.load.service_rates()
 
     def _try_dispatch(self, q: _Req) -> bool:
         rates = self._rates()
-        views = [ReplicaView(r.id, r.state == "ready", r.outstanding, self.pools[r.pool].max_concurrency,
-                             r.last_chosen, rates.get(r.pool, 1.0))
-                 for r in self.replicas.values() if r.state in ("starting", "ready")]
+        views = [ReplicaView(r.id, r.state == RS.READY, r.outstanding, self.pools[r.pool].max_concurrency,
+                             r.rec.last_chosen, rates.get(r.pool, 1.0))
+                 for r in self.replicas.values() if r.state in (RS.STARTING, RS.READY)]
         rid = self._fns["choose_replica"](views)
         if rid is None:
             return False
         r = self.replicas[rid]
-        r.outstanding += 1
-        r.last_chosen = self.now
+        self.load.dispatched(rid, r.pool, q.out.audio_s)
         r.requests.add(q.out.id)
         q.replica, q.dispatched_at, q.left = rid, self.now, len(q.windows)
         q.out.pool = r.pool
@@ -383,30 +464,28 @@ class Simulation:
         return True
 
     def _admit(self, q: _Req) -> None:
-        """Route ``q`` now, or hold it, or refuse it (max_pending)."""
-        if self._try_dispatch(q):
+        """Route ``q`` now (only when nothing is held: no overtaking), or hold it, or refuse it
+        (max_pending)."""
+        if not len(self.held) and self._try_dispatch(q):
             return
-        if not self._fns["may_hold"](len(self.held), self.spec.gateway.max_pending):
+        if not self.held.may_hold():
             q.out.status = "rejected"
             self._done += 1
             return
         q.out.held = True
         q.hold_token += 1
-        self.held.append(q.out.id)
-        self._at(self._fns["hold_deadline"](self.now, self.spec.gateway.hold_timeout_s), "hold_timeout",
-                 q.out.id, q.hold_token)
-        self._autoscale()  # activation: decide now, not at the next tick
+        deadline = self.held.push(q.out.id, self.now, q.out.audio_s)
+        self._at(deadline, "hold_timeout", q.out.id, q.hold_token)
+        if self.scaler.wake_on_hold:
+            self._autoscale()  # activation: decide now, not at the next tick
+        self._release_held()
 
     def _release_held(self) -> None:
-        while self.held:
-            q = self.reqs[self.held[0]]
-            if not self._try_dispatch(q):
-                return
-            self.held.pop(0)
+        self.held.release(lambda rid: self._try_dispatch(self.reqs[rid]))
 
     # -- batcher -----------------------------------------------------------------------------
     def _poke(self, r: _Replica) -> None:
-        if r.executing or not r.queue or r.state not in ("ready", "draining"):
+        if r.executing or not r.queue or r.state not in (RS.READY, RS.DRAINING):
             return
         batch_spec = self.spec.batching
         items = [batching.QueuedItem(rid, t) for rid, t, _ in r.queue]
@@ -427,41 +506,44 @@ class Simulation:
     # -- autoscaler --------------------------------------------------------------------------
     def _snapshot(self) -> Snapshot:
         rates = self._rates()
+        cold = self.load.cold_start_s()
+        win = self._mean_window_s()
         pools = []
         for p in self.spec.pools:
-            reps = tuple(ReplicaSnapshot(r.id, "ready" if r.state == "ready" else "starting", r.outstanding)
-                         for r in self.replicas.values() if r.pool == p.name and r.state in ("waiting", "starting", "ready"))
-            pools.append(PoolSnapshot(p.name, p.replicas.min, p.replicas.max, p.cost_usd_per_h, rates.get(p.name), True, reps))
-        in_flight = sum(r.outstanding for r in self.replicas.values())
+            reps = tuple(ReplicaSnapshot(r.id, "ready" if r.state == RS.READY else "starting", r.outstanding,
+                                         r.rec.outstanding_audio_s, r.rec.wanted_at)
+                         for r in self.replicas.values() if r.pool == p.name and r.state.counts_as_capacity)
+            pools.append(PoolSnapshot(p.name, p.replicas.min, p.replicas.max, p.cost_usd_per_h, rates.get(p.name), True,
+                                      reps, self._capacity_audio_s(p.name), cold.get(p.name),
+                                      self.profiles[p.name].service_time_s(1, win)))
         slots = self.opt.replica_slots if self.opt.cluster == "local" else None
-        return Snapshot(len(self.held), in_flight, self.last_arrival, tuple(pools), slots)
+        rate, rate_at = self.load.arrival_rate_audio_s()
+        return Snapshot(len(self.held), self.load.in_flight(), self.load.last_arrival(), tuple(pools), slots,
+                        self.held.audio_s(), rate, self.load.iat_histogram(), rate_at)
 
     def _autoscale(self) -> None:
         if self.opt.static is not None:
             return
-        decision, self.state = self._fns["decide"](self._snapshot(), self.spec.autoscaling, self.state, self.now)
+        decide = self._fns["decide"] if self.scaler.decide is None else self.scaler.decide
+        decision, self.state = decide(self._snapshot(), self.spec.autoscaling, self.state, self.now)
         self.decisions += 1
         self._apply(decision.desired, decision.drain)
 
     def _apply(self, desired: dict[str, int], drain: Sequence[str]) -> None:
-        """As the local runtime applies a decision: drain the named replicas, then add replicas
-        until each pool has ``desired`` (those without a machine wait for the provisioner)."""
-        for rid in drain:
-            r = self.replicas.get(rid)
-            if r is None or r.state in ("draining", "gone"):
-                continue
-            if r.state in ("waiting", "starting"):
-                self._remove_replica(r)  # no work yet
-            else:
-                r.state = "draining"
-                self._maybe_finish_drain(r)
-        added = False
-        for pool, n in desired.items():
-            have = sum(1 for r in self.replicas.values() if r.pool == pool and r.state in ("waiting", "starting", "ready"))
-            for _ in range(n - have):
-                self._new_replica(pool, "waiting")
-                added = True
-        if added:
+        """As the local runtime applies a decision (``core.plan_apply``): replicas named that do
+        not serve yet stop, ready ones drain; then replicas are added until each pool has
+        ``desired`` (those without a machine wait for the provisioner)."""
+        plan = plan_apply(((r.id, r.pool, r.state) for r in self.replicas.values()), desired, drain)
+        for rid in plan.stop:
+            self._remove_replica(self.replicas[rid])  # no work yet
+        for rid in plan.drain:
+            r = self.replicas[rid]
+            self._set(r, RS.DRAINING)
+            self._maybe_finish_drain(r)
+        for pool, n in plan.add.items():
+            for _ in range(n):
+                self._new_replica(pool, RS.WAITING)
+        if plan.add:
             self._want_machines()
 
     def _consolidate(self) -> None:
@@ -485,7 +567,7 @@ class Simulation:
         if self.opt.cluster == "local":
             self._new_node(prov_catalog.local_node(self.opt.replica_slots, self.opt.local_cost_usd_per_h),
                            "on-demand", 0.0, 0.0)
-        reps = {pool: [self._new_replica(pool, "ready") for _ in range(k)] for pool, k in sorted(warm.items()) if k > 0}
+        reps = {pool: [self._new_replica(pool, RS.READY) for _ in range(k)] for pool, k in sorted(warm.items()) if k > 0}
         if self.opt.cluster == "local":
             node = next(iter(self.nodes.values()))
             for r in (r for rs in reps.values() for r in rs):
@@ -513,9 +595,9 @@ class Simulation:
         ready: dict[str, int] = {p: 0 for p in self.pools}
         total = 0
         for r in self.replicas.values():
-            if r.state == "ready":
+            if r.state == RS.READY:
                 ready[r.pool] += 1
-            if r.state in ("waiting", "starting", "ready", "draining"):
+            if r.state != RS.STOPPED:
                 total += 1
         load = len(self.held) + sum(r.outstanding for r in self.replicas.values())
         self.timeline.append((self.now, load, ready, total, len(self._live_nodes())))
@@ -528,8 +610,10 @@ class Simulation:
                 windows.append(rest if rest > 1e-9 else t.audio_s)
             self.reqs[t.id] = _Req(RequestOutcome(t.id, t.arrival_s, t.audio_s), windows)
             self._at(t.arrival_s, "arrival", t.id)
+        for pool in self.pools:
+            self.load.observe_cold_start(pool, self._expected_cold_start(pool))
         self._initial()
-        interval = self.spec.autoscaling.interval_s
+        interval = self.scaler.interval_s or self.spec.autoscaling.interval_s
         self._at(0.0, "tick")
         total = len(self.requests)
         while self._events and self._done < total:
@@ -549,17 +633,16 @@ class Simulation:
         self._sample()
         self._autoscale()
         self._consolidate()
-        if any(r.state == "waiting" for r in self.replicas.values()) and self._waiting_batch is None:
+        if any(r.state == RS.WAITING for r in self.replicas.values()) and self._waiting_batch is None:
             self._want_machines()  # retry replicas no offering could take last time
 
     def _on_arrival(self, rid: int) -> None:
-        self.last_arrival = self.now
+        self.load.arrived(self.reqs[rid].out.audio_s)
         self._admit(self.reqs[rid])
 
     def _on_hold_timeout(self, rid: int, token: int) -> None:
         q = self.reqs[rid]
-        if q.out.status == "pending" and q.replica is None and rid in self.held and q.hold_token == token:
-            self.held.remove(rid)
+        if q.out.status == "pending" and q.replica is None and q.hold_token == token and self.held.remove(rid):
             q.out.status = "timeout"
             self._done += 1
 
@@ -575,9 +658,9 @@ class Simulation:
 
     def _on_replica_ready(self, rid: str) -> None:
         r = self.replicas[rid]
-        if r.state != "starting":
+        if r.state != RS.STARTING:
             return
-        r.state = "ready"
+        self._set(r, RS.READY)
         self._release_held()
 
     def _on_batch_wake(self, rid: str, token: int) -> None:
@@ -597,12 +680,9 @@ class Simulation:
                 q.out.status = "ok"
                 q.out.latency_s = self.now - q.out.arrival_s
                 self._done += 1
-                r.outstanding -= 1
                 r.requests.discard(qid)
-                seconds = self.now - q.dispatched_at
-                old = self.service_s.get(r.pool)
-                self.service_s[r.pool] = seconds if old is None else (1 - EWMA_ALPHA) * old + EWMA_ALPHA * seconds
-        if r.state == "gone":
+                self.load.finished(rid, q.out.audio_s, self.now - q.dispatched_at)
+        if r.state == RS.STOPPED:
             return
         self._maybe_finish_drain(r)
         self._poke(r)
@@ -617,13 +697,14 @@ class Simulation:
         self._spot_blocked[node.offering.instance_type] = self.now + self.opt.coldstart.spot_unavailable_after_interruption_s
         for rid in list(node.replicas):
             r = self.replicas[rid]
-            if r.state in ("waiting", "starting"):
+            if r.state in (RS.WAITING, RS.STARTING):
                 self._remove_replica(r)
-            elif r.state == "ready":
-                r.state = "draining"
+            elif r.state == RS.READY:
+                self._set(r, RS.DRAINING)
                 self._maybe_finish_drain(r)
         self._at(self.now + self.opt.coldstart.spot_notice_s, "spot_terminate", name)
-        self._autoscale()  # replacement: the autoscaler no longer counts the drained replicas
+        if self.scaler.wake_on_hold:
+            self._autoscale()  # replacement: the autoscaler no longer counts the drained replicas
 
     def _on_spot_terminate(self, name: str) -> None:
         node = self.nodes[name]
@@ -632,7 +713,9 @@ class Simulation:
         for rid in list(node.replicas):
             r = self.replicas[rid]
             lost = sorted(r.requests)
-            r.queue, r.requests, r.outstanding, r.executing = [], set(), 0, False
+            for qid in lost:
+                self.load.finished(rid, self.reqs[qid].out.audio_s, served=False)
+            r.queue, r.requests, r.executing = [], set(), False
             self._remove_replica(r)
             for qid in lost:
                 q = self.reqs[qid]

@@ -15,7 +15,9 @@ where and when it was measured. Schema (pydantic, ``Profile``)::
                             "samples_s": [float, ...]}, ...]}, ...]}
 
 ``latency_s`` is the median of ``samples_s`` (seconds). A GPU profile is the same document with
-``gpu`` set and a CUDA target; ``measured`` must be true: the simulator refuses estimates.
+``gpu`` set and a CUDA target; ``measured`` must be true: the simulator refuses estimates, except
+a profile that names in ``derived_from`` the measurements it was derived from and how (e.g.
+bench/derive_profiles.py: H200 measurements scaled to other GPUs by FLOPs and memory bandwidth).
 
 Interpolation (``PoolProfile.service_time_s``): for each measured audio length, latency is
 piecewise linear in batch size between measured sizes, extended beyond the largest measured size
@@ -105,6 +107,8 @@ class ProfileMetadata(_Strict):
     decoding: dict = Field(default_factory=dict, description="spec.model.decoding used.")
     repeats: int = Field(1, ge=1, description="Executions measured per point.")
     measured: bool = Field(True, description="True: measured, not estimated (the simulator needs true).")
+    derived_from: str = Field("", description="For measured: false: the measurements this profile was derived "
+                              "from and the rule (the simulator accepts no other estimate).")
     load_average_1m: list[float] = Field(
         default_factory=list, description="The machine's 1-minute load average before and after measuring "
         "(other work on the machine inflates latencies).")
@@ -138,8 +142,9 @@ def load_profile(path: str | Path) -> Profile:
         first = exc.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or "(top level)"
         raise SimInputError(f"profile {path}: {where}: {first['msg']} ({exc.error_count()} problem(s))") from None
-    if not prof.metadata.measured:
-        raise SimInputError(f"profile {path} is marked measured: false; the simulator uses measured profiles only")
+    if not prof.metadata.measured and not prof.metadata.derived_from:
+        raise SimInputError(f"profile {path} is marked measured: false and names no derived_from; the simulator uses "
+                             "measured profiles, or profiles derived from measurements by a stated rule")
     return prof
 
 

@@ -29,6 +29,38 @@ def per_minute(requests: Sequence[TraceRequest]) -> list[tuple[float, int]]:
     return [(float(m), n) for m, n in enumerate(counts)]
 
 
+def goal_lines(runs: Sequence[PolicyRun], levers: Sequence[Lever]) -> list[str]:
+    """Each goal of issue 14 on this scenario: met or not, and by how much."""
+    by = {r.name: r.summary for r in runs}
+    by.update({lv.off.name: lv.off.summary for lv in levers if lv.off is not None})
+    t, peak = by.get("tideserve"), by.get("static-peak")
+    if t is None or peak is None or peak.cost_usd <= 0:
+        return ["(no tideserve or static-peak run)"]
+
+    def pct(a: float, b: float) -> str:
+        return f"{100 * (a - b) / b:+.1f}%" if b else "n/a"
+
+    out = [f"- tideserve <= static-peak cost at >= 99% SLO: cost {pct(t.cost_usd, peak.cost_usd)} vs static-peak, SLO "
+           f"{100 * t.slo_attainment:.1f}%: " + ("MET" if t.cost_usd <= peak.cost_usd and t.slo_attainment >= 0.99 else
+                                                  "NOT MET")]
+    ns = by.get("no spot")
+    if ns is not None:
+        ok = ns.cost_usd <= 0.6 * peak.cost_usd and ns.slo_attainment >= 0.99
+        out.append(f"- no spot >= 40% below static-peak at >= 99% SLO: {pct(ns.cost_usd, peak.cost_usd)}, SLO "
+                   f"{100 * ns.slo_attainment:.1f}%: " + ("MET" if ok else "NOT MET"))
+    for base in ("keda-hpa", "knative"):
+        b = by.get(base)
+        if b is not None and b.cost_usd > 0:
+            ok = t.cost_usd <= 0.8 * b.cost_usd and t.slo_attainment >= b.slo_attainment
+            out.append(f"- >= 20% cheaper than {base} at equal or better SLO: cost {pct(t.cost_usd, b.cost_usd)}, SLO "
+                       f"{100 * t.slo_attainment:.1f}% vs {100 * b.slo_attainment:.1f}%: " + ("MET" if ok else "NOT MET"))
+    o = by.get("oracle")
+    if o is not None and o.cost_usd > 0:
+        out.append(f"- <= 1.25x oracle: {t.cost_usd / o.cost_usd:.2f}x (oracle SLO {100 * o.slo_attainment:.1f}%): "
+                   + ("MET" if t.cost_usd <= 1.25 * o.cost_usd else "NOT MET"))
+    return out
+
+
 def write_report(out_dir: Path, runs: Sequence[PolicyRun], levers: Sequence[Lever], requests: Sequence[TraceRequest],
                  profiles: Sequence[Profile], inputs: dict[str, str], slo_s: float,
                  coldstart: ColdStartCatalog) -> Path:
@@ -102,7 +134,7 @@ def write_report(out_dir: Path, runs: Sequence[PolicyRun], levers: Sequence[Leve
         word = f"{-change:.1f}% lower" if change <= 0 else f"{change:.1f}% HIGHER"
         lines += ["", f"tideserve vs static-peak: {word} cost (${peak.cost_usd:.3f} -> ${b.cost_usd:.3f}), SLO met "
                       f"{100 * peak.slo_attainment:.1f}% -> {100 * b.slo_attainment:.1f}%."]
-    lines += [
+    lines += ["", "## Goals (issue 14)", ""] + goal_lines(runs, levers) + [
         "",
         "## Plots",
         "",

@@ -253,13 +253,26 @@ class Autoscaling(_Strict):
     scale to zero after a quiet period with no request arrival.
     """
 
-    metric: Literal["requests_per_replica"] = "requests_per_replica"
+    metric: Literal["requests_per_replica", "work"] = Field(
+        "requests_per_replica",
+        description="requests_per_replica: the HPA rule on pending + in-flight requests (target per replica). "
+        "work: capacity from the measured service rate in audio seconds per second, the backlog in audio seconds "
+        "and slo_p95_s; a replica only when it is ready before the backlog drains without it; keep-alive by "
+        "break-even and learned inter-arrival times (tideserve.autoscaler.policy).")
     target: float = Field(4, ge=0.01, le=100_000, description="Pending + in-flight requests per replica.")
+    slo_p95_s: float = Field(
+        15.0, gt=0, le=86_400, description="Latency objective (p95, s) the work metric sizes capacity for; also the "
+        "simulator's default SLO.")
+    target_utilization: float = Field(
+        0.8, gt=0, le=1, description="work metric: share of the measured capacity that steady arrivals may use.")
+    cold_start_s: float = Field(
+        60.0, ge=0, description="work metric: a pool's cold start (wanted -> ready, s) assumed until one is measured.")
     tolerance: float = Field(
         0.1, ge=0, lt=1, description="No change while |load/target ratio - 1| <= tolerance (Kubernetes HPA default 0.1)."
     )
     scale_to_zero_after_s: float = Field(
-        60, ge=0, description="Scale to zero only after this long with no request arrival at all."
+        60, ge=0, description="Scale to zero only after this long with no request arrival at all (work metric: "
+        "the longest keep-alive; the learned one may be shorter)."
     )
     scale_down_stabilization_s: float = Field(
         30, ge=0, description="Scale down only to the highest recommendation seen over this window."

@@ -118,3 +118,45 @@ def test_exclude_avoids_the_replica_that_failed_unless_it_is_the_only_one():
         assert (await d2.acquire(frozenset({"r0"}))).id == "r0"
 
     asyncio.run(main())
+
+
+def test_held_requests_are_released_first_in_first_out_and_new_arrivals_do_not_overtake():
+    """One slot; three requests held in order; when the slot frees, the oldest gets it, and a
+    request arriving while others are held joins the queue instead of taking a free slot."""
+
+    async def main():
+        src = Source([ep(0, mc=1)])
+        d = Dispatcher(src, max_pending=10, hold_timeout_s=5)
+        first = await d.acquire()
+        order = []
+
+        async def req(name):
+            r = await d.acquire(audio_s=1.0)
+            order.append(name)
+            return r
+
+        waiters = [asyncio.ensure_future(req(f"h{i}")) for i in range(3)]
+        await asyncio.sleep(0.01)
+        assert d.pending == 3 and d.pending_audio_s() == 3.0
+        d.release(first.id)
+        await asyncio.sleep(0.01)
+        assert order == ["h0"]
+        late = asyncio.ensure_future(req("late"))  # arrives while h1, h2 are held
+        await asyncio.sleep(0.01)
+        for _ in range(3):
+            d.release("r0", audio_s=1.0)
+            await asyncio.sleep(0.01)
+        assert order == ["h0", "h1", "h2", "late"]
+        d.release("r0", audio_s=1.0)
+        await asyncio.gather(*waiters, late)
+        assert d.in_flight() == 0
+
+    asyncio.run(main())
+
+
+def test_audio_estimate_from_header_or_body_size():
+    from tideserve.gateway.dispatch import estimate_audio_s
+
+    assert estimate_audio_s(320_000) == 10.0
+    assert estimate_audio_s(320_000, {"X-Audio-Seconds": "3.5"}) == 3.5
+    assert estimate_audio_s(64_000, {"X-Audio-Seconds": "bad"}) == 2.0

@@ -6,7 +6,8 @@ import pytest
 
 from sim_fixtures import fixed_profile, grid_profile, make_spec
 from tideserve.autoscaler import policy as autoscaler_policy
-from tideserve.gateway import holding, router
+from tideserve import core
+from tideserve.gateway import router
 from tideserve.provisioner import choose as prov_choose
 from tideserve.sim import ColdStartCatalog, RunOptions, SimInputError, TraceRequest, compare, simulate, summarize
 from tideserve.sim import engine
@@ -108,7 +109,8 @@ def test_same_seed_same_results_and_the_seed_matters():
     other = compare(_hetero_spec(), _trace(), PROFILES, dataclasses.replace(opts, seed=12), slo_s=20)
     assert key(other) != key(one)
     names = [r.name for r in one[0]] + [lv.name for lv in one[1]]
-    assert names == ["static-peak", "static-mean", "tideserve", "scale-to-zero", "heterogeneous pools", "spot", "batching"]
+    assert names == ["static-peak", "static-mean", "tideserve", "keda-hpa", "knative", "oracle",
+                     "scale-to-zero", "heterogeneous pools", "spot", "batching"]
 
 
 def test_the_simulator_calls_the_live_policy_functions(monkeypatch):
@@ -129,7 +131,7 @@ def test_the_simulator_calls_the_live_policy_functions(monkeypatch):
 
         monkeypatch.setattr(module, name, wrapper)
 
-    for module, name in ((router, "choose_replica"), (holding, "may_hold"), (holding, "hold_deadline"),
+    for module, name in ((router, "choose_replica"), (core, "may_hold"), (core, "hold_deadline"),
                          (batching, "cut_batch"), (autoscaler_policy, "decide"), (autoscaler_policy, "place"),
                          (prov_choose, "plan_launches"), (prov_choose, "consolidate")):
         spy(module, name)

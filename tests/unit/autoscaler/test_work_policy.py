@@ -1,0 +1,117 @@
+"""The work metric's rules tick by tick (``policy.decide_work``)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tideserve.autoscaler.policy import (
+    PoolSnapshot, ReplicaSnapshot, ScalingState, Snapshot, decide, drain_time_s, learned_keep_alive,
+)
+from tideserve.core import IAT_EDGES_S
+from tideserve.spec.models import Autoscaling
+
+SPEC = Autoscaling(metric="work", slo_p95_s=10, target_utilization=1.0, scale_to_zero_after_s=600,
+                   scale_down_stabilization_s=0, cold_start_s=100)
+
+
+def pool(*replicas, cap=10.0, cold=100.0, lat=1.0, mx=8) -> PoolSnapshot:
+    return PoolSnapshot("gpu", 0, mx, 1.0, None, True, tuple(replicas), cap, cold, lat)
+
+
+def ready(i, work=0.0, n=0):
+    return ReplicaSnapshot(f"r{i}", "ready", n, work)
+
+
+def snap(*pools, pending=0, pending_audio=0.0, lam=0.0, last=0.0, hist=()) -> Snapshot:
+    in_flight = sum(r.outstanding for p in pools for r in p.replicas)
+    return Snapshot(pending, in_flight, last, tuple(pools), None, pending_audio, lam, hist)
+
+
+def test_drain_time_counts_starting_capacity_when_it_is_ready():
+    assert drain_time_s(100, 0, 10, []) == 10
+    assert drain_time_s(100, 10, 10, []) == math.inf  # arrivals eat all the capacity
+    # 5/s until 4 s (20 done), then 15/s: 80 more take 80/15 s.
+    assert drain_time_s(100, 0, 5, [(4.0, 10.0)]) == pytest.approx(4 + 80 / 15)
+
+
+def test_a_burst_shorter_than_a_cold_start_asks_for_no_replica():
+    # Backlog 300 audio-s on one replica of 10 audio-s/s: the SLO (10 s - 1 s) wants 4 replicas,
+    # but the backlog drains in 30 s < cold start 100 s: no new replica.
+    d, _ = decide(snap(pool(ready(0, work=300, n=20)), last=0.0), SPEC, ScalingState(), now=1.0)
+    assert d.total == 1 and "no new replica" in d.reason and "cold start 100.0s" in d.reason
+    assert d.inputs["drain_time_s"] == 30.0
+
+
+def test_the_slo_term_scales_up_when_the_backlog_outlasts_a_cold_start():
+    # Same backlog, cold start 20 s: 30 s > 20 s, ask for ceil(300 / 9 / 10) = 4 replicas.
+    d, _ = decide(snap(pool(ready(0, work=300, n=20), cold=20.0), last=0.0), SPEC, ScalingState(), now=1.0)
+    assert d.total == 4 and "scale up" in d.reason and "backlog 300.0 audio-s" in d.reason
+    # Steady arrivals above the capacity: the backlog never drains, scale up whatever the cold start.
+    d, _ = decide(snap(pool(ready(0, work=50, n=5)), lam=25.0, last=0.0), SPEC, ScalingState(), now=1.0)
+    assert d.total == 3 and "drains never" in d.reason
+
+
+def test_starting_replicas_count_as_capacity():
+    starting = ReplicaSnapshot("r1", "starting", 0, 0.0, wanted_at=0.0)
+    s = snap(pool(ready(0, work=300, n=20), starting, cold=20.0), last=0.0)
+    d, _ = decide(s, SPEC, ScalingState(), now=10.0)
+    # need 4; 2 counted (one starting, ready in 10 s): drains in 10 + 200/20 = 20 s > 20? equal: no more.
+    assert d.inputs["current"] == 2 and d.total == 2 and "no new replica" in d.reason
+
+
+def test_activation_at_zero():
+    d, _ = decide(snap(pool(), pending=1, pending_audio=5.0, last=0.0), SPEC, ScalingState(), now=0.0)
+    assert d.total == 1 and d.reason.startswith("activation")
+
+
+def test_keep_alive_is_the_break_even_when_a_cold_start_meets_the_slo():
+    spec = SPEC.model_copy(update={"slo_p95_s": 60})
+    p = pool(ready(0), cold=20.0)
+    d, _ = decide(snap(p, last=0.0), spec, ScalingState(), now=19.0)
+    assert d.total == 1 and "break-even = cold start 20.0s" in d.reason
+    d, _ = decide(snap(p, last=0.0), spec, ScalingState(), now=20.0)
+    assert d.total == 0 and "keep-alive 20.0s" in d.reason
+
+
+def _hist(gaps):
+    import bisect
+
+    h = [0] * (len(IAT_EDGES_S) + 1)
+    for g in gaps:
+        h[bisect.bisect_left(IAT_EDGES_S, g)] += 1
+    return tuple(h)
+
+
+def test_keep_alive_follows_the_inter_arrival_times():
+    # Cold start 100 s breaks the 10 s SLO: the keep-alive is the p99 gap + 10%.
+    short = _hist([5.0] * 98 + [30.0] * 2)  # the 99th of 100 gaps is 30 s
+    assert learned_keep_alive(short, IAT_EDGES_S) == pytest.approx(30 * 1.1)
+    long_ = _hist([5.0] * 50 + [300.0] * 50)
+    assert learned_keep_alive(long_, IAT_EDGES_S) == pytest.approx(300 * 1.1)
+    assert learned_keep_alive(_hist([5.0] * 5), IAT_EDGES_S) is None  # too few: not representative
+    p = pool(ready(0))
+    # With short gaps (p99 33 s) the replica goes at the break-even, the 100 s cold start ...
+    d, _ = decide(snap(p, last=0.0, hist=short), SPEC, ScalingState(), now=99.0)
+    assert d.total == 1
+    d, _ = decide(snap(p, last=0.0, hist=short), SPEC, ScalingState(), now=100.0)
+    assert d.total == 0 and "learned p99 inter-arrival 33.0s, at least the break-even 100.0s" in d.reason
+    # ... with 5-minute gaps it stays for 330 s.
+    d, _ = decide(snap(p, last=0.0, hist=long_), SPEC, ScalingState(), now=300.0)
+    assert d.total == 1
+    d, _ = decide(snap(p, last=0.0, hist=long_), SPEC, ScalingState(), now=331.0)
+    assert d.total == 0 and "learned p99 inter-arrival 330.0s" in d.reason
+    # Unrepresentative: scale_to_zero_after_s (600 s).
+    d, _ = decide(snap(p, last=0.0), SPEC, ScalingState(), now=500.0)
+    assert d.total == 1 and "scale_to_zero_after_s" in d.reason
+
+
+def test_outstanding_work_keeps_replicas_past_the_keep_alive():
+    d, _ = decide(snap(pool(ready(0, work=5, n=1)), last=0.0), SPEC, ScalingState(), now=10_000.0)
+    assert d.total == 1
+
+
+def test_decide_work_is_pure():
+    s = snap(pool(ready(0, work=300, n=20), cold=20.0), last=0.0)
+    assert decide(s, SPEC, ScalingState(), 1.0) == decide(s, SPEC, ScalingState(), 1.0)
