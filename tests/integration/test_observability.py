@@ -148,9 +148,9 @@ def test_counters_equal_the_traffic(observed):
     by_code = {r["metric"]["code"]: float(r["value"][1]) for r in prom.query("sum by (code) (tideserve_requests_total)")}
     assert by_code == {k: float(v) for k, v in sent.items()}
     assert by_code == {"200": N_GOOD, "400": 3, "404": 1, "413": 1}
-    # Two of the 400s reached the model service as audio that failed to decode: REJECTED there;
-    # the malformed JSON never became an inference request.
-    assert prom.value('sum(nv_inference_request_failure{reason="REJECTED"})') == 2
+    # All three 400s reached the worker's request path (bodies are parsed there, in a prep process):
+    # the malformed JSON and the two files that are not audio are REJECTED there.
+    assert prom.value('sum(nv_inference_request_failure{reason="REJECTED"})') == 3
     assert prom.value("sum(nv_inference_count)") == N_GOOD
     assert prom.value("sum(nv_inference_exec_count)") <= N_GOOD
     # The gateway forwards bodies unparsed: the malformed JSON was routed too (the worker said 400).

@@ -150,6 +150,7 @@ class TritonMetrics:
         self.add("tideserve_worker_decode_chunks", st.chunks)
         self.add("tideserve_worker_fallbacks", st.fallbacks)
         self.add("tideserve_worker_seeks", st.seeks)
+        self.add("tideserve_worker_dropped", st.dropped)
         with self._lock:
             self._values[("nv_inference_pending_request_count", ())] = float(st.queued)
             self._values[("tideserve_worker_active_rows", ())] = float(st.active)

@@ -80,6 +80,7 @@ class EngineStats:
     chunks: int = 0
     fallbacks: int = 0
     seeks: int = 0
+    dropped: int = 0          # parts dropped unexecuted because their request was cancelled
     queue_s: float = 0.0
     features_s: float = 0.0
     encoder_s: float = 0.0
@@ -184,11 +185,15 @@ class EngineLoop:
         if len(req.results) == req.segments:
             del self.requests[rid]
 
-    def cancel(self, rid: int) -> None:
-        """Forget request ``rid``: its queued parts are dropped, its decoding rows stopped."""
+    def cancel(self, rid: int, client_gone: bool = True) -> None:
+        """Forget request ``rid``: its queued parts are dropped (counted as ``dropped`` when
+        ``client_gone``), its decoding rows stopped."""
         if self.requests.pop(rid, None) is None:
             return
+        before = len(self.queue)
         self.queue = collections.deque(p for p in self.queue if p.rid != rid)
+        if client_gone:
+            self.stats.dropped += before - len(self.queue)
         handles = [h for h, p in self.active.items() if p.rid == rid]
         for h in handles:
             del self.active[h]
@@ -371,7 +376,7 @@ class EngineLoop:
 
     def _fail(self, rid: int, exc: BaseException) -> None:
         if rid in self.requests:
-            self.cancel(rid)
+            self.cancel(rid, client_gone=False)
             self.emit(("error", rid, type(exc).__name__, str(exc)))
 
 

@@ -149,7 +149,7 @@ def test_fallback_retries_at_the_next_temperature_and_keeps_the_passing_decode()
         return ok(t, f"good@{t.temperature}")
 
     be = SlotBackend(4, steps_of=lambda t: 3, result_of=result_of)
-    loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=4, max_queue_delay_s=0.0, emit=out.append, clock=clock)
+    loop = EngineLoop(be, Decoding(beam_size=1, temperatures=[0.0, 0.2, 0.4, 0.6]), max_batch_size=4, max_queue_delay_s=0.0, emit=out.append, clock=clock)
     loop.submit(1, [(pcm(5), 0.0)], RequestOptions())
     run_until_idle(loop, clock)
     assert [t.temperature for a in be.admitted for t in a] == [0.0, 0.2, 0.4]
@@ -183,6 +183,7 @@ def test_cancel_drops_queued_windows_and_stops_decoding_rows() -> None:
     loop.run_once()  # request 1's first window decoding; its second and request 2's queued
     loop.cancel(1)
     assert be.released == [0] and [p.rid for p in loop.queue] == [2]
+    assert loop.stats.dropped == 1  # request 1's second window, never computed
     run_until_idle(loop, clock)
     assert segments_of(out, 1) == {} and segments_of(out, 2) == {0: ["w5@0"]}
 

@@ -59,7 +59,7 @@ def attempt(t: float, cr: float = 1.2, lp: float = -0.3, unfinished: float | Non
 
 
 def test_fallback_on_repetition_or_low_confidence_then_accept() -> None:
-    d = Decoding(beam_size=1)
+    d = Decoding(beam_size=1, temperatures=[0.0, 0.2, 0.4, 0.6, 0.8, 1.0])
     assert follow_up([attempt(0.0, cr=3.1)], d) == Retry(0.2)
     assert follow_up([attempt(0.0), attempt(0.2, lp=-1.4)], d) == Retry(0.4)
     assert follow_up([attempt(0.0, cr=3.1), attempt(0.2, unfinished=9.0)], d) == Accept(attempt(0.2, unfinished=9.0), 9.0)
@@ -70,6 +70,11 @@ def test_when_every_temperature_fails_the_best_fitting_attempt_is_kept() -> None
     tries = [attempt(0.0, cr=4.0, lp=-0.1), attempt(0.5, lp=-1.6), attempt(1.0, lp=-1.2)]
     assert follow_up(tries, d) == Accept(tries[2], None)  # best log-prob under the ratio limit
     assert follow_up([attempt(0.0, cr=3.0), attempt(0.5, cr=3.5), attempt(1.0, cr=2.9)], d).result.temperature == 1.0
+
+
+def test_fallback_is_off_by_default() -> None:
+    assert Decoding().temperatures == [0.0]
+    assert follow_up([attempt(0.0, cr=3.1)], Decoding(beam_size=1)) == Accept(attempt(0.0, cr=3.1), None)
 
 
 def test_temperatures_must_rise() -> None:
