@@ -1,6 +1,7 @@
 """Validation helpers for rendered manifests: core kinds with kubernetes-validate (strict, one
-shipped Kubernetes version), CRD-backed kinds against the CRD schemas in ../shared/schemas (KEDA,
-Karpenter) or our own CRD, Prometheus-operator kinds structurally."""
+shipped Kubernetes version), CRD-backed kinds against KEDA's and Karpenter's own CRD schemas (from
+their Go modules at the versions `make test-k8s` runs, tests/upstream.py) or our own CRD,
+Prometheus-operator kinds structurally."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import jsonschema
 import kubernetes_validate
 import yaml
 
+from upstream import upstream_file
+
 REPO = Path(__file__).resolve().parents[3]
-SHARED_SCHEMAS = REPO.parent / "shared" / "schemas"  # CI has ../shared at the same relative place
 K8S_VERSION = "1.33.0"
 
 CRD_FILES = {
@@ -51,8 +53,8 @@ def crd_validator(crd: dict, version: str) -> jsonschema.Draft4Validator:
 
 
 @cache
-def shared_validator(api_version: str, kind: str) -> jsonschema.Draft4Validator:
-    crd = yaml.safe_load((SHARED_SCHEMAS / CRD_FILES[(api_version, kind)]).read_text())
+def upstream_validator(api_version: str, kind: str) -> jsonschema.Draft4Validator:
+    crd = yaml.safe_load(upstream_file(CRD_FILES[(api_version, kind)]).read_text())
     return crd_validator(crd, api_version.split("/")[1])
 
 
@@ -78,7 +80,7 @@ def validate(obj: dict) -> list[str]:
     """Problems of one rendered object (empty when valid)."""
     key = (obj.get("apiVersion"), obj.get("kind"))
     if key in CRD_FILES:
-        return errors_of(shared_validator(*key), obj)
+        return errors_of(upstream_validator(*key), obj)
     if key[0] == "monitoring.coreos.com/v1" and key[1] in ("PodMonitor", "ServiceMonitor"):
         return _monitor_errors(obj)
     try:
