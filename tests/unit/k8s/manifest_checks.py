@@ -1,7 +1,7 @@
 """Validation helpers for rendered manifests: core kinds with kubernetes-validate (strict, one
 shipped Kubernetes version), CRD-backed kinds against KEDA's and Karpenter's own CRD schemas (from
 their Go modules at the versions `make test-k8s` runs, tests/upstream.py) or our own CRD,
-Prometheus-operator kinds structurally."""
+Prometheus-operator kinds against its CRDs (same way) and structurally."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ CRD_FILES = {
     ("keda.sh/v1alpha1", "ScaledObject"): "keda.sh_scaledobjects.yaml",
     ("karpenter.sh/v1", "NodePool"): "karpenter.sh_nodepools.yaml",
     ("karpenter.k8s.aws/v1", "EC2NodeClass"): "karpenter.k8s.aws_ec2nodeclasses.yaml",
+    ("monitoring.coreos.com/v1", "PodMonitor"): "monitoring.coreos.com_podmonitors.yaml",
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): "monitoring.coreos.com_servicemonitors.yaml",
 }
 
 
@@ -63,7 +65,7 @@ def errors_of(validator: jsonschema.Draft4Validator, obj: dict) -> list[str]:
 
 
 def _monitor_errors(obj: dict) -> list[str]:
-    """Structural check of PodMonitor/ServiceMonitor (no CRD schema is shipped for them)."""
+    """What the CRD schema cannot say about PodMonitor/ServiceMonitor: a selector and endpoints."""
     spec, errs = obj.get("spec", {}), []
     if not spec.get("selector", {}).get("matchLabels"):
         errs.append("spec.selector.matchLabels is empty")
@@ -79,10 +81,10 @@ def _monitor_errors(obj: dict) -> list[str]:
 def validate(obj: dict) -> list[str]:
     """Problems of one rendered object (empty when valid)."""
     key = (obj.get("apiVersion"), obj.get("kind"))
+    if key[0] == "monitoring.coreos.com/v1" and key[1] in ("PodMonitor", "ServiceMonitor"):
+        return errors_of(upstream_validator(*key), obj) + _monitor_errors(obj)
     if key in CRD_FILES:
         return errors_of(upstream_validator(*key), obj)
-    if key[0] == "monitoring.coreos.com/v1" and key[1] in ("PodMonitor", "ServiceMonitor"):
-        return _monitor_errors(obj)
     try:
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
     except kubernetes_validate.ValidationError as exc:
