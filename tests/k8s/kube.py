@@ -4,6 +4,7 @@ what the assertions read back, independent of the operator's own client."""
 from __future__ import annotations
 
 import json
+import ssl
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -44,7 +45,10 @@ class Kube:
     def __init__(self, server: str, ca: str, *, cert: tuple[str, str] | None = None, token: str | None = None,
                  timeout_s: float = 30.0) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.http = httpx.Client(base_url=server, verify=ca, cert=cert, headers=headers, timeout=timeout_s)
+        ctx = ssl.create_default_context(cafile=ca)
+        if cert:
+            ctx.load_cert_chain(*cert)
+        self.http = httpx.Client(base_url=server, verify=ctx, headers=headers, timeout=timeout_s)
         self._resources: dict[str, dict[str, dict]] = {}
 
     def close(self) -> None:

@@ -114,16 +114,16 @@ class Proc:
 
 
 class ClusterNetwork:
-    """An HTTP CONNECT proxy on loopback: the API server's egress for the "cluster" network
-    (aggregated APIs). ``routes`` maps ``host:port`` (a Service's cluster IP and port) to a
-    loopback port; anything else is refused."""
+    """An HTTP CONNECT proxy on a Unix socket: the API server's egress for the "cluster" network
+    (aggregated APIs; the egress selector's TCP transport requires TLS, its UDS one does not).
+    ``routes`` maps ``host:port`` (a Service's cluster IP and port) to a loopback port; anything
+    else is refused."""
 
-    def __init__(self) -> None:
+    def __init__(self, path: Path) -> None:
         self.routes: dict[str, int] = {}
-        self.port = free_port()
-        self._sock = socket.socket()
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind((HOST, self.port))
+        self.path = path
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.bind(str(path))
         self._sock.listen(64)
         self._stop = False
         self.seen: list[str] = []
@@ -232,7 +232,7 @@ class LocalCluster:
         self.procs: dict[str, Proc] = {}
         self.problems: dict[str, str] = {}
         self.timings: dict[str, float] = {}
-        self.network = ClusterNetwork()
+        self.network = ClusterNetwork(root / "cluster-network.sock")
         self.api_port = free_port()
         self.server = f"https://{HOST}:{self.api_port}"
         self.kube: Kube | None = None
@@ -340,7 +340,7 @@ class LocalCluster:
         egress.write_text(yaml.safe_dump({
             "apiVersion": "apiserver.k8s.io/v1beta1", "kind": "EgressSelectorConfiguration",
             "egressSelections": [{"name": "cluster", "connection": {
-                "proxyProtocol": "HTTPConnect", "transport": {"tcp": {"url": f"http://{HOST}:{self.network.port}"}}}}],
+                "proxyProtocol": "HTTPConnect", "transport": {"uds": {"udsName": str(self.network.path)}}}}],
         }))
         self._proc("kube-apiserver", [
             str(kas), f"--etcd-servers=http://{HOST}:{self.etcd_port}", f"--bind-address={HOST}",

@@ -4,6 +4,7 @@ kustomize base, and accepted by the API server (server-side dry run)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -25,6 +26,8 @@ pytestmark = pytest.mark.timeout(120)
 def helm() -> str:
     path, why = binary("helm", "helm")
     if path is None:
+        if os.environ.get("TIDESERVE_K8S_ALLOW_MISSING") == "1":
+            pytest.skip(why)
         pytest.fail(why, pytrace=False)
     return str(path)
 
