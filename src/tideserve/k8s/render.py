@@ -438,9 +438,13 @@ def _worker_deployment(endpoint: InferenceEndpoint, pool: Pool, options: RenderO
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": _meta(name, ns, _labels(ep, "worker", pool.name),
-                          {"tideserve.io/target": pool.target, "tideserve.io/accelerator": pool.accelerator}),
+                          {"tideserve.io/target": pool.target, "tideserve.io/accelerator": pool.accelerator,
+                           names.ANNOTATION_REPLICAS: "initial"}),
         "spec": {
-            # No replicas field: KEDA's HPA owns it, and server-side apply must not fight it.
+            # The count at creation only (the applier sets it once, see apply.py): KEDA's HPA owns
+            # it afterwards and server-side apply must not fight it. Without it a new Deployment
+            # starts at 1 and Karpenter launches a GPU node for a min-0 pool before KEDA zeroes it.
+            "replicas": pool.replicas.min,
             "selector": {"matchLabels": _selector(ep, "worker", pool.name)},
             "revisionHistoryLimit": 3,
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},

@@ -126,7 +126,8 @@ def test_pod_security_probes_and_grace_period():
     assert c["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     assert c["args"][c["args"].index("--drain-timeout-s") + 1] == "300"
     assert worker["spec"]["template"]["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"] == "true"
-    assert "replicas" not in worker["spec"]  # owned by KEDA's HPA
+    # the count at creation only (the applier leaves it out afterwards: KEDA's HPA owns it)
+    assert worker["spec"]["replicas"] == 0 and worker["metadata"]["annotations"][names.ANNOTATION_REPLICAS] == "initial"
     env = {e["name"]: e for e in c["env"]}
     assert env["TIDESERVE_WORKER_TOKEN"]["valueFrom"] == {"secretKeyRef": {
         "name": "whisper-gpu-worker-token", "key": "token", "optional": True}}
