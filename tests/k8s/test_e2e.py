@@ -320,8 +320,8 @@ def test_keda_scales_zero_to_one_and_karpenter_launches_the_pools_gpu_node(stack
         assert hpa["spec"]["scaleTargetRef"]["name"] == f"{EP}-{pool}"
     wait_for("both pools at 0 replicas (KEDA, nothing held)", lambda: _pool_replicas(kube) == {"a10g": 0, "l40s": 0}, 120)
     wait_for("no worker pod", lambda: not kube.list("v1", "Pod", NS, "tideserve.io/component=worker"), 120)
-    # A Deployment created without spec.replicas starts at 1 until KEDA takes it to 0; a node
-    # Karpenter launched for that first pod must be gone before the cold start is measured.
+    # (A Deployment created without spec.replicas starts at 1 until KEDA takes it to 0, and
+    # Karpenter launches a GPU node for that pod: the render sets replicas at creation.)
     seen = {c["metadata"]["name"] for c in kube.list("karpenter.sh/v1", "NodeClaim")}
 
     def no_claims():
@@ -329,7 +329,9 @@ def test_keda_scales_zero_to_one_and_karpenter_launches_the_pools_gpu_node(stack
         seen.update(c["metadata"]["name"] for c in claims)
         return not claims
     wait_for("no NodeClaim before the cold start", no_claims, 240)
-    ms.append(f"NodeClaims seen before the first request (launched for the Deployments' initial replica): {len(seen)}")
+    ms.append(f"NodeClaims seen before the first request: {len(seen)}")
+    # the worker Deployments were created at the pools' minimum (0), so nothing was launched for them
+    assert not seen, f"Karpenter launched nodes before any request: {sorted(seen)}"
 
     t0 = time.monotonic()
     stack["load"].add(3)
@@ -394,6 +396,31 @@ def test_keda_scales_zero_to_one_and_karpenter_launches_the_pools_gpu_node(stack
     wait_for("status.pools shows the ready replica", lambda: any(
         p["name"] == pool and p["readyReplicas"] >= 1
         for p in kube.get("tideserve.io/v1alpha1", "InferenceEndpoint", EP, NS)["status"].get("pools") or []), 60)
+
+
+def test_a_spec_change_rolls_out_and_keeps_kedas_replica_count(stack):
+    """The operator re-applies the Deployments (new config hash: a rollout) and leaves
+    spec.replicas, which KEDA set, alone."""
+    require(stack["cluster"], "keda", "kwok", "karpenter")
+    if "pool" not in stack:
+        pytest.fail("the 0 -> 1 test did not get a pool to 1", pytrace=False)
+    kube, pool = stack["kube"], stack["pool"]
+    name = f"{EP}-{pool}"
+    before = kube.get("apps/v1", "Deployment", name, NS)
+    assert before["spec"]["replicas"] == 1
+    kube.merge_patch("tideserve.io/v1alpha1", "InferenceEndpoint", EP, {"spec": {"batching": {"max_queue_delay_ms": 25}}}, NS)
+    gen = kube.get("tideserve.io/v1alpha1", "InferenceEndpoint", EP, NS)["metadata"]["generation"]
+    wait_for("the new generation applied", lambda: kube.get("tideserve.io/v1alpha1", "InferenceEndpoint", EP, NS)
+             ["status"].get("observedGeneration") == gen, 120)
+    after = wait_for("the rollout finished", lambda: (lambda d: d if d["metadata"]["generation"] > before["metadata"]["generation"]
+                     and d["status"].get("observedGeneration") == d["metadata"]["generation"]
+                     and d["status"].get("updatedReplicas") == d["status"].get("readyReplicas") == 1
+                     and d["status"].get("replicas") == 1 else None)(kube.get("apps/v1", "Deployment", name, NS)), 180)
+    assert after["spec"]["template"]["metadata"]["annotations"]["tideserve.io/config-sha256"] != \
+        before["spec"]["template"]["metadata"]["annotations"]["tideserve.io/config-sha256"]
+    assert after["spec"]["replicas"] == 1, "the re-apply reset KEDA's replica count"
+    managers = {(m["manager"], m["operation"]) for m in after["metadata"]["managedFields"]}
+    assert ("tideserve", "Apply") in managers
 
 
 def test_hpa_scales_one_to_n_from_the_external_metric(stack):
