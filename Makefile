@@ -12,7 +12,7 @@ ENDPOINT ?= examples/whisper-tiny-en.yaml
 # Extra arguments for `tideserve up`, e.g. make run UP_ARGS="--port 8081 --config local.yaml"
 UP_ARGS ?=
 
-.PHONY: run test bench lock clean prometheus proto
+.PHONY: run test test-k8s bench lock clean prometheus proto
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,14 @@ run: $(VENV)/.run-installed
 test: $(VENV)/.test-installed prometheus
 	$(VENV)/bin/lint-imports --config pyproject.toml
 	$(VENV)/bin/pytest -q
+
+# Kubernetes end to end (tests/k8s): etcd, kube-apiserver/-controller-manager/-scheduler, kwok,
+# Karpenter's kwok provider, KEDA and helm built from the Go module proxy once per version into
+# ~/.cache/tideserve-k8s (scripts/k8s/build.sh; needs Go), then run on loopback. A piece that does
+# not build is named by the tests that need it.
+test-k8s: $(VENV)/.test-installed
+	scripts/k8s/build.sh || echo "scripts/k8s/build.sh: some pieces did not build (see above); tests/k8s names them"
+	TIDESERVE_K8S=1 $(VENV)/bin/pytest -q -p no:cacheprovider tests/k8s
 
 # The observability tests scrape a real Prometheus (Debian's package; started by the tests on
 # loopback). Installing it needs root, as CI has; elsewhere install `prometheus` yourself.

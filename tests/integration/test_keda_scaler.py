@@ -1,6 +1,6 @@
 """Acting as KEDA against the gateway's external scaler, over gRPC on loopback.
 
-KEDA's proto (../shared/schemas/keda_externalscaler.proto) is compiled here at test time with
+KEDA's own proto (from its Go module, tests/upstream.py) is compiled here at test time with
 grpc_tools.protoc, and a separate process (tests/keda_fake.py) calls the scaler through those
 stubs while the test applies load: requests held by a Kubernetes-mode gateway that has no
 ready replica, then fake workers (aiohttp on loopback) that keep requests in flight until the
@@ -28,9 +28,9 @@ from tideserve.autoscaler.policy import decide
 from tideserve.cli.gateway import build_kube_gateway
 from tideserve.gateway.scaler import keda_milli
 from tideserve.spec import InferenceEndpoint
+from upstream import upstream_file
 
 ROOT = Path(__file__).resolve().parents[2]
-KEDA_PROTO = ROOT.parent / "shared" / "schemas" / "keda_externalscaler.proto"
 WAIT_S = 10.0
 
 pytestmark = pytest.mark.timeout(90)
@@ -39,9 +39,10 @@ pytestmark = pytest.mark.timeout(90)
 # --- KEDA, in its own process ---------------------------------------------------------------
 @pytest.fixture(scope="module")
 def keda_stubs(tmp_path_factory) -> Path:
-    if not KEDA_PROTO.exists():
-        pytest.fail(f"{KEDA_PROTO} is missing: the shared fixtures must sit next to the repository (../shared)")
     out = tmp_path_factory.mktemp("keda-stubs")
+    # KEDA's externalscaler.proto, from its Go module, under the name tests/keda_fake.py imports
+    KEDA_PROTO = out / "keda_externalscaler.proto"  # noqa: N806
+    KEDA_PROTO.write_bytes(upstream_file("keda_externalscaler.proto").read_bytes())
     code = protoc.main(["grpc_tools.protoc", f"-I{KEDA_PROTO.parent}", f"--python_out={out}",
                         f"--grpc_python_out={out}", str(KEDA_PROTO)])
     assert code == 0, "protoc could not compile KEDA's proto"

@@ -19,15 +19,17 @@ S3_REGION = typer.Option(None, help="region of s3:// model sources' buckets")
 FSX_FILE_SYSTEM_ID = typer.Option(None, help="FSx for Lustre file system id (file:///fsx/... sources)")
 FSX_DNS_NAME = typer.Option(None, help="FSx for Lustre DNS name")
 FSX_MOUNT_NAME = typer.Option(None, help="FSx for Lustre mount name")
+SCALER_ADDRESS = typer.Option(None, help="host:port KEDA dials for the external scaler (default: the endpoint's "
+                                         "in-cluster scaler Service); for a gateway outside the cluster")
 
 
 def render_options(namespace: str, image: str, gpu_image: Optional[str], lb_scheme: str, s3_region: Optional[str],
                    fsx_file_system_id: Optional[str], fsx_dns_name: Optional[str],
-                   fsx_mount_name: Optional[str]) -> RenderOptions:
+                   fsx_mount_name: Optional[str], scaler_address: Optional[str] = None) -> RenderOptions:
     """RenderOptions from those flags; exits 2 on a bad load-balancer scheme."""
     if lb_scheme not in ("internal", "internet-facing"):
         err.print("[red]error:[/red] --lb-scheme must be internal or internet-facing", highlight=False)
         raise typer.Exit(2)
     return RenderOptions(namespace=namespace, image=image, gpu_image=gpu_image, load_balancer_scheme=lb_scheme,
                          s3_region=s3_region, fsx_file_system_id=fsx_file_system_id, fsx_dns_name=fsx_dns_name,
-                         fsx_mount_name=fsx_mount_name)
+                         fsx_mount_name=fsx_mount_name, scaler_address=scaler_address or None)

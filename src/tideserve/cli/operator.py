@@ -26,6 +26,7 @@ def operator_command(
     fsx_file_system_id: Optional[str] = k8s_options.FSX_FILE_SYSTEM_ID,
     fsx_dns_name: Optional[str] = k8s_options.FSX_DNS_NAME,
     fsx_mount_name: Optional[str] = k8s_options.FSX_MOUNT_NAME,
+    scaler_address: Optional[str] = k8s_options.SCALER_ADDRESS,
     kubeconfig: Optional[Path] = typer.Option(None, help="kubeconfig file (default: in-cluster service account, "
                                                          "else $KUBECONFIG or ~/.kube/config)"),
     context: Optional[str] = typer.Option(None, help="kubeconfig context"),
@@ -39,7 +40,7 @@ def operator_command(
     from tideserve.logs import setup_logging
 
     options = k8s_options.render_options("default", image, gpu_image, lb_scheme, s3_region, fsx_file_system_id, fsx_dns_name,
-                             fsx_mount_name)
+                                         fsx_mount_name, scaler_address)
     if bool(namespace) == all_namespaces:
         err.print("[red]error:[/red] pass --namespace NS (one or more) or --all-namespaces, not both or neither",
                   highlight=False)

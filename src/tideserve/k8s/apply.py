@@ -18,7 +18,9 @@ What one :func:`apply_endpoint` call does, in order:
 3. Each object is applied with ``PATCH ...?fieldManager=tideserve&force=true`` and
    ``Content-Type: application/apply-patch+yaml`` (server-side apply; Kubernetes docs,
    "Server-Side Apply"). ``force`` takes over fields another manager set (e.g. a human's
-   ``kubectl edit``); the spec is the source of truth.
+   ``kubectl edit``); the spec is the source of truth. A KEDA-scaled Deployment (annotated
+   ``tideserve.io/replicas: initial``) gets its rendered ``spec.replicas`` (the pool's minimum)
+   only when it is created; afterwards KEDA and its HPA own the field and it is left out.
 4. Objects of this endpoint (found by the two labels) that the new render no longer has are
    deleted (e.g. a removed pool's Deployment, Service, ScaledObject and PDB). The kinds searched
    are those rendered now plus those the caller says were applied before (the operator keeps
@@ -275,13 +277,13 @@ class Cluster:
 
     # -- verbs ---------------------------------------------------------------------------------
 
-    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
-        """Server-side apply of one object (field manager ``tideserve``, conflicts forced)."""
+    def apply(self, obj: dict[str, Any], manager: str = names.FIELD_MANAGER) -> dict[str, Any]:
+        """Server-side apply of one object (field manager ``tideserve`` by default, conflicts forced)."""
         res = self.require(obj["apiVersion"], obj["kind"])
         meta = obj["metadata"]
         status, data = self.request(
             "PATCH", res.path(meta.get("namespace"), meta["name"]),
-            query={"fieldManager": names.FIELD_MANAGER, "force": "true"},
+            query={"fieldManager": manager, "force": "true"},
             body=obj, content_type="application/apply-patch+yaml")
         if status == 404:  # the kind went away since discovery (CRD removed): discover again next time
             self._discovered.pop(res.api_version, None)
@@ -385,6 +387,27 @@ def _owned(item: dict[str, Any], owner: Owner) -> bool:
     return all(labels.get(k) == v for k, v in owner.labels().items())
 
 
+def _apply(cluster: Cluster, res: Resource, obj: dict[str, Any]) -> None:
+    """Server-side apply of one object. An object annotated ``tideserve.io/replicas: initial``
+    (a KEDA-scaled Deployment) gets its ``spec.replicas`` only when it is created: applied with
+    it, then the field is applied once more by a second field manager that never applies again,
+    so that it keeps the value when our later applies leave the field out (KEDA owns it then)."""
+    meta = obj["metadata"]
+    if (meta.get("annotations") or {}).get(names.ANNOTATION_REPLICAS) != "initial" or \
+            "replicas" not in (obj.get("spec") or {}):
+        cluster.apply(obj)
+        return
+    if cluster.get(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"]) is None:
+        cluster.apply(obj)
+        cluster.apply({"apiVersion": obj["apiVersion"], "kind": obj["kind"],
+                       "metadata": {"name": meta["name"], **({"namespace": meta["namespace"]} if res.namespaced else {})},
+                       "spec": {"replicas": obj["spec"]["replicas"]}}, manager=names.INITIAL_REPLICAS_MANAGER)
+        return
+    later = copy.deepcopy(obj)
+    later["spec"].pop("replicas")
+    cluster.apply(later)
+
+
 def apply_endpoint(cluster: Cluster, owner: Owner, manifests: Iterable[dict[str, Any]],
                    previous_kinds: Iterable[str] = ()) -> ApplyResult:
     """Apply one endpoint's rendered ``manifests`` in order, create the worker token once, and
@@ -406,7 +429,7 @@ def apply_endpoint(cluster: Cluster, owner: Owner, manifests: Iterable[dict[str,
     result.token_created = cluster.create_if_absent(secret)
 
     for res, obj in desired:
-        cluster.apply(obj)
+        _apply(cluster, res, obj)
         result.applied.append(_ref(obj, res))
 
     keep = {_ref(obj, res) for res, obj in desired} | {_ref(secret, secret_res)}

@@ -10,6 +10,10 @@ VERSION = "v1alpha1"
 PLURAL = "inferenceendpoints"
 KIND = "InferenceEndpoint"
 FIELD_MANAGER = "tideserve"
+# Owns a KEDA-scaled Deployment's spec.replicas from its creation on (set once, never applied
+# again): KEDA and its HPA change it afterwards and every later apply leaves it out.
+INITIAL_REPLICAS_MANAGER = "tideserve-initial-replicas"
+ANNOTATION_REPLICAS = "tideserve.io/replicas"  # "initial": spec.replicas is applied at creation only
 
 WORKER_PORT = 8000  # worker HTTP (APIs, /metrics)
 GATEWAY_PORT = 8080  # gateway HTTP (APIs, /admin, /metrics)

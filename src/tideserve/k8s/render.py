@@ -72,6 +72,9 @@ class RenderOptions:
     ``image``: the tideserve image (deploy/docker/Dockerfile, cpu target); GPU pools run
     ``gpu_image``, by default ``image``'s tag with ``-cuda`` appended (the cuda target). ``fsx_*``: the FSx for Lustre file system a ``file://`` source
     lies on (needed only then). ``s3_region``: the bucket's region for Mountpoint (optional).
+    ``scaler_address``: ``host:port`` KEDA dials for every ScaledObject's external scaler, in
+    place of the endpoint's in-cluster scaler Service (a scaler outside the cluster, e.g. a
+    ``tideserve gateway`` on loopback next to an out-of-cluster KEDA, as tests/k8s runs it).
     Sizes are Kubernetes quantities. Times are seconds.
     """
 
@@ -97,6 +100,7 @@ class RenderOptions:
     termination_margin_s: int = 15
     model_load_timeout_s: int = 900
     scrape_interval_s: int = 15
+    scaler_address: str | None = None
 
 
 # -- helpers ------------------------------------------------------------------------------------------
@@ -434,9 +438,13 @@ def _worker_deployment(endpoint: InferenceEndpoint, pool: Pool, options: RenderO
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": _meta(name, ns, _labels(ep, "worker", pool.name),
-                          {"tideserve.io/target": pool.target, "tideserve.io/accelerator": pool.accelerator}),
+                          {"tideserve.io/target": pool.target, "tideserve.io/accelerator": pool.accelerator,
+                           names.ANNOTATION_REPLICAS: "initial"}),
         "spec": {
-            # No replicas field: KEDA's HPA owns it, and server-side apply must not fight it.
+            # The count at creation only (the applier sets it once, see apply.py): KEDA's HPA owns
+            # it afterwards and server-side apply must not fight it. Without it a new Deployment
+            # starts at 1 and Karpenter launches a GPU node for a min-0 pool before KEDA zeroes it.
+            "replicas": pool.replicas.min,
             "selector": {"matchLabels": _selector(ep, "worker", pool.name)},
             "revisionHistoryLimit": 3,
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
@@ -589,7 +597,8 @@ def _scaled_object(endpoint: InferenceEndpoint, pool: Pool, options: RenderOptio
             }}},
             "triggers": [{
                 "type": "external",
-                "metadata": {"scalerAddress": names.scaler_address(ep, options.namespace), "endpoint": ep,
+                "metadata": {"scalerAddress": options.scaler_address or names.scaler_address(ep, options.namespace),
+                             "endpoint": ep,
                              "pool": pool.name},
             }],
         },

@@ -1,5 +1,5 @@
 """The committed generated modules equal a fresh run of scripts/gen_proto.py, and our proto is
-wire compatible with KEDA's (compared field by field with ../shared/schemas at test time)."""
+wire compatible with KEDA's (compared field by field with KEDA's own proto, from its Go module, at test time)."""
 
 from __future__ import annotations
 
@@ -7,15 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from google.protobuf import descriptor_pb2
 from grpc_tools import protoc
 
 from tideserve.gateway import externalscaler_pb2
+from upstream import upstream_file
 
 ROOT = Path(__file__).resolve().parents[3]
 GENERATED = ("externalscaler_pb2.py", "externalscaler_pb2_grpc.py")
-KEDA_PROTO = ROOT.parent / "shared" / "schemas" / "keda_externalscaler.proto"
 
 
 def test_regenerating_gives_the_committed_files(tmp_path):
@@ -45,10 +44,9 @@ def _shape(fd: descriptor_pb2.FileDescriptorProto) -> dict:
 
 
 def test_wire_compatible_with_kedas_proto(tmp_path):
-    if not KEDA_PROTO.exists():
-        pytest.fail(f"{KEDA_PROTO} is missing: the shared fixtures must sit next to the repository (../shared)")
+    keda_proto = upstream_file("keda_externalscaler.proto")  # KEDA's, from its Go module
     out = tmp_path / "keda.pb"
-    code = protoc.main(["grpc_tools.protoc", f"-I{KEDA_PROTO.parent}", f"--descriptor_set_out={out}", str(KEDA_PROTO)])
+    code = protoc.main(["grpc_tools.protoc", f"-I{keda_proto.parent}", f"--descriptor_set_out={out}", str(keda_proto)])
     assert code == 0
     keda = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes()).file[0]
     ours = descriptor_pb2.FileDescriptorProto()

@@ -1,6 +1,7 @@
 """Validation helpers for rendered manifests: core kinds with kubernetes-validate (strict, one
-shipped Kubernetes version), CRD-backed kinds against the CRD schemas in ../shared/schemas (KEDA,
-Karpenter) or our own CRD, Prometheus-operator kinds structurally."""
+shipped Kubernetes version), CRD-backed kinds against KEDA's and Karpenter's own CRD schemas (from
+their Go modules at the versions `make test-k8s` runs, tests/upstream.py) or our own CRD,
+Prometheus-operator kinds against its CRDs (same way) and structurally."""
 
 from __future__ import annotations
 
@@ -13,14 +14,17 @@ import jsonschema
 import kubernetes_validate
 import yaml
 
+from upstream import upstream_file
+
 REPO = Path(__file__).resolve().parents[3]
-SHARED_SCHEMAS = REPO.parent / "shared" / "schemas"  # CI has ../shared at the same relative place
 K8S_VERSION = "1.33.0"
 
 CRD_FILES = {
     ("keda.sh/v1alpha1", "ScaledObject"): "keda.sh_scaledobjects.yaml",
     ("karpenter.sh/v1", "NodePool"): "karpenter.sh_nodepools.yaml",
     ("karpenter.k8s.aws/v1", "EC2NodeClass"): "karpenter.k8s.aws_ec2nodeclasses.yaml",
+    ("monitoring.coreos.com/v1", "PodMonitor"): "monitoring.coreos.com_podmonitors.yaml",
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): "monitoring.coreos.com_servicemonitors.yaml",
 }
 
 
@@ -51,8 +55,8 @@ def crd_validator(crd: dict, version: str) -> jsonschema.Draft4Validator:
 
 
 @cache
-def shared_validator(api_version: str, kind: str) -> jsonschema.Draft4Validator:
-    crd = yaml.safe_load((SHARED_SCHEMAS / CRD_FILES[(api_version, kind)]).read_text())
+def upstream_validator(api_version: str, kind: str) -> jsonschema.Draft4Validator:
+    crd = yaml.safe_load(upstream_file(CRD_FILES[(api_version, kind)]).read_text())
     return crd_validator(crd, api_version.split("/")[1])
 
 
@@ -61,7 +65,7 @@ def errors_of(validator: jsonschema.Draft4Validator, obj: dict) -> list[str]:
 
 
 def _monitor_errors(obj: dict) -> list[str]:
-    """Structural check of PodMonitor/ServiceMonitor (no CRD schema is shipped for them)."""
+    """What the CRD schema cannot say about PodMonitor/ServiceMonitor: a selector and endpoints."""
     spec, errs = obj.get("spec", {}), []
     if not spec.get("selector", {}).get("matchLabels"):
         errs.append("spec.selector.matchLabels is empty")
@@ -77,10 +81,10 @@ def _monitor_errors(obj: dict) -> list[str]:
 def validate(obj: dict) -> list[str]:
     """Problems of one rendered object (empty when valid)."""
     key = (obj.get("apiVersion"), obj.get("kind"))
-    if key in CRD_FILES:
-        return errors_of(shared_validator(*key), obj)
     if key[0] == "monitoring.coreos.com/v1" and key[1] in ("PodMonitor", "ServiceMonitor"):
-        return _monitor_errors(obj)
+        return errors_of(upstream_validator(*key), obj) + _monitor_errors(obj)
+    if key in CRD_FILES:
+        return errors_of(upstream_validator(*key), obj)
     try:
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
     except kubernetes_validate.ValidationError as exc:

@@ -12,7 +12,8 @@ import yaml
 from manifest_checks import REPO, validate
 from tideserve.errors import SpecError
 from tideserve.k8s.cluster import ClusterConfig, render_cluster
-from tideserve.k8s.install import cluster_role, kustomize_files
+from tideserve.k8s.crd import render_crd
+from tideserve.k8s.install import cluster_role, helm_chart_files, install_objects, kustomize_files
 from tideserve.metrics.dashboard import build_dashboard
 from tideserve.spec.load import load_model_text
 
@@ -109,3 +110,26 @@ def test_a_budget_schedule_must_be_cron(schedule, ok):
     else:
         with pytest.raises(SpecError, match=r"gpu_families\[0\]\.budgets\[1\]\.schedule"):
             load_model_text(ClusterConfig, text)
+
+
+def test_committed_helm_chart_is_the_generated_one():
+    """Regenerate with: TIDESERVE_UPDATE_GOLDEN=1 pytest tests/unit/k8s"""
+    base = REPO / "deploy" / "helm" / "tideserve"
+    files = helm_chart_files()
+    if os.environ.get("TIDESERVE_UPDATE_GOLDEN"):
+        for name, text in files.items():
+            (base / name).parent.mkdir(parents=True, exist_ok=True)
+            (base / name).write_text(text)
+    assert {str(p.relative_to(base)): p.read_text() for p in base.rglob("*") if p.is_file()} == files
+
+
+def test_helm_chart_holds_the_kustomize_objects():
+    """The chart's templates, with its two expressions substituted as Helm would (a render by the
+    real helm binary is in tests/k8s), are the kustomize base's objects but the Namespace."""
+    files = helm_chart_files()
+    text = "".join(files[f] for f in ("templates/rbac.yaml", "templates/operator.yaml"))
+    text = text.replace('"{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}"',
+                        "registry.example/tideserve:9.9").replace("{{ .Release.Namespace }}", "ops")
+    assert "{{" not in text
+    assert [o for o in yaml.safe_load_all(text) if o] == install_objects("registry.example/tideserve:9.9", "ops")[1:]
+    assert list(yaml.safe_load_all(files["crds/inferenceendpoints.yaml"])) == [render_crd()]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -125,7 +126,8 @@ def test_pod_security_probes_and_grace_period():
     assert c["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     assert c["args"][c["args"].index("--drain-timeout-s") + 1] == "300"
     assert worker["spec"]["template"]["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"] == "true"
-    assert "replicas" not in worker["spec"]  # owned by KEDA's HPA
+    # the count at creation only (the applier leaves it out afterwards: KEDA's HPA owns it)
+    assert worker["spec"]["replicas"] == 0 and worker["metadata"]["annotations"][names.ANNOTATION_REPLICAS] == "initial"
     env = {e["name"]: e for e in c["env"]}
     assert env["TIDESERVE_WORKER_TOKEN"]["valueFrom"] == {"secretKeyRef": {
         "name": "whisper-gpu-worker-token", "key": "token", "optional": True}}
@@ -154,6 +156,10 @@ def test_services_pdb_scaledobject_monitors():
     assert so["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "whisper-gpu-l40s"}
     assert so["triggers"] == [{"type": "external", "metadata": {
         "scalerAddress": "whisper-gpu-scaler.ml.svc:9090", "endpoint": "whisper-gpu", "pool": "l40s"}}]
+    # a scaler outside the cluster (tests/k8s: the gateway on loopback, KEDA out of cluster)
+    outside = render_endpoint(load_endpoint(TWO_POOLS), dataclasses.replace(OPTIONS, scaler_address="127.0.0.1:7000"))
+    assert {o["spec"]["triggers"][0]["metadata"]["scalerAddress"] for o in by(outside, "ScaledObject")} == {
+        "127.0.0.1:7000"}
     assert by(objs, "PodMonitor")[0]["spec"]["selector"]["matchLabels"] == {
         names.LABEL_ENDPOINT: "whisper-gpu", names.LABEL_COMPONENT: "worker"}
     assert by(objs, "ServiceMonitor")[0]["spec"]["endpoints"][0]["port"] == "http"
