@@ -26,7 +26,7 @@ so a long file's windows interleave with short requests instead of running ahead
 
 Messages (pickled tuples over ``multiprocessing`` connections):
 front -> engine: ``("submit", rid, segments, options)`` with ``segments`` a list of
-``(int16 array, offset_s)`` and ``options`` a ``RequestOptions``; ``("cancel", rid)``; ``("stop",)``.
+``(int16 array, offset_s, silent)`` and ``options`` a ``RequestOptions``; ``("cancel", rid)``; ``("stop",)``.
 engine -> front: ``("ready", info)`` or ``("failed", kind, message)`` once at start;
 ``("segment", rid, index, results, compute_s)`` when a segment's chain is complete;
 ``("error", rid, kind, message)`` when a request failed; every message after ``ready`` is
@@ -166,7 +166,10 @@ class EngineLoop:
             return False
         return True
 
-    def submit(self, rid: int, segments: list[tuple[np.ndarray, float]], options: RequestOptions) -> None:
+    def submit(self, rid: int, segments: list[tuple], options: RequestOptions) -> None:
+        """Queue request ``rid``: ``segments`` of ``(int16 PCM, offset_s)`` or ``(int16 PCM,
+        offset_s, silent)``, where ``silent`` (digital silence, judged by the prep process; None:
+        judged here) answers that window empty without the model."""
         if not segments:
             self.emit(("error", rid, "BadInputError", "the request has no audio windows"))
             return
@@ -174,8 +177,8 @@ class EngineLoop:
         req = _Request(rid, len(segments))
         self.requests[rid] = req
         silent = []
-        for k, (samples, offset) in enumerate(segments):
-            if is_digital_silence(samples):
+        for k, (samples, offset, *flag) in enumerate(segments):
+            if flag[0] if flag and flag[0] is not None else is_digital_silence(samples):
                 silent.append(k)
             else:
                 self.queue.append(_Part(rid, k, samples, offset, options, self.decoding.temperatures[0], now))

@@ -25,6 +25,7 @@ from tideserve.errors import CapacityError
 from tideserve.protocol import kserve, sagemaker
 from tideserve.protocol.types import TranscriptionRequest
 from tideserve.worker.audio import SAMPLE_RATE, decode_pcm16
+from tideserve.worker.longform import is_digital_silence
 from tideserve.worker.windows import split_windows
 
 
@@ -38,25 +39,31 @@ class Prepared:
     pcm: np.ndarray
     cuts: tuple[tuple[int, int], ...]
     extra: Any = None
+    #: Per window: digital silence (``worker.longform.is_digital_silence``), judged here so that
+    #: the engine process spends no time on it.
+    silent: tuple[bool, ...] = ()
 
     @property
     def duration_s(self) -> float:
         return len(self.pcm) / SAMPLE_RATE
 
-    def segments(self) -> list[tuple[np.ndarray, float]]:
-        """The windows as ``(pcm slice, offset_s)`` (views, no copy)."""
-        return [(self.pcm[a:b], a / SAMPLE_RATE) for a, b in self.cuts]
+    def segments(self) -> list[tuple[np.ndarray, float, bool | None]]:
+        """The windows as ``(pcm slice, offset_s, silent)`` (views, no copy; ``silent`` None when
+        not judged)."""
+        flags = self.silent or (None,) * len(self.cuts)
+        return [(self.pcm[a:b], a / SAMPLE_RATE, f) for (a, b), f in zip(self.cuts, flags)]
 
 
 def prepare_audio(req: TranscriptionRequest, max_audio_s: float | None, extra: Any = None) -> Prepared:
     """Decode ``req.audio`` and cut it into windows. Raises BadInputError / PayloadTooLargeError
     (see ``worker.audio.decode_pcm16``)."""
     pcm = decode_pcm16(req.audio, max_audio_s)
-    cuts, start = [], 0
+    cuts, silent, start = [], [], 0
     for w in split_windows(pcm, SAMPLE_RATE):
         cuts.append((start, start + len(w.samples)))
+        silent.append(is_digital_silence(w.samples))
         start += len(w.samples)
-    return Prepared(dataclasses.replace(req, audio=b""), pcm, tuple(cuts), extra)
+    return Prepared(dataclasses.replace(req, audio=b""), pcm, tuple(cuts), extra, tuple(silent))
 
 
 def prepare_invocation(body: bytes, max_audio_s: float | None) -> Prepared:

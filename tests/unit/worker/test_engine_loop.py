@@ -220,3 +220,29 @@ def test_digital_silence_is_answered_empty_without_the_model() -> None:
     assert segments_of(out, 1) == {0: [""]}
     assert segments_of(out, 2) == {0: ["w5@0"], 1: [""]}
     assert [int(t.samples[0]) // 100 for a in be.admitted for t in a] == [5]  # only the speech reached the model
+
+
+def test_prep_judges_digital_silence_per_window_and_the_engine_trusts_it() -> None:
+    import io
+    import wave
+
+    from tideserve.protocol.types import TranscriptionRequest
+    from tideserve.worker.prep import prepare_audio
+
+    x = np.concatenate([pcm(29.0, 40), np.zeros(int(1.5 * SR), np.int16), np.zeros(10 * SR, np.int16)])
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(SR)
+        w.writeframes(x.tobytes())
+    p = prepare_audio(TranscriptionRequest(audio=buf.getvalue()), None)
+    assert len(p.cuts) == 2 and p.silent == (False, True)
+    assert [f for _, _, f in p.segments()] == [False, True]
+    clock, out = Clock(), []
+    be = SlotBackend(4, steps_of=lambda t: 2)
+    loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=4, max_queue_delay_s=0.0, emit=out.append, clock=clock)
+    loop.submit(1, p.segments(), RequestOptions())
+    run_until_idle(loop, clock)
+    assert segments_of(out, 1) == {0: ["w40@0"], 1: [""]}
+    assert len([t for a in be.admitted for t in a]) == 1
