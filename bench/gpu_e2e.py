@@ -370,7 +370,7 @@ def hf_baselines(a, files: list[np.ndarray], pipeline: bool) -> dict:
     windows, owner = [], []
     for k, f in enumerate(files):
         p = prepare_audio(TranscriptionRequest(audio=wav_bytes(f)), None)
-        for seg, _ in p.segments():
+        for seg, _, _ in p.segments():
             windows.append(seg)
             owner.append(k)
     reps = max(1, (8 * a.batch) // len(windows))
