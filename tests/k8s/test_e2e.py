@@ -351,12 +351,14 @@ def test_keda_scales_zero_to_one_and_karpenter_launches_the_pools_gpu_node(stack
         if "pod" in marks and "nodeclaim" not in marks and kube.list("karpenter.sh/v1", "NodeClaim"):
             marks["nodeclaim"] = now
         if "nodeclaim" in marks and "node" not in marks:
-            if [n for n in kube.list("karpenter.sh/v1", "NodeClaim") if (n.get("status") or {}).get("nodeName")]:
+            if [n for n in kube.list("v1", "Node") if n["metadata"]["labels"].get("karpenter.sh/nodepool")]:
                 marks["node"] = now
         if "pod" in found:
             pod = kube.get("v1", "Pod", found["pod"], NS)
             if pod and pod["spec"].get("nodeName") and "scheduled" not in marks:
                 marks["scheduled"] = now
+                for k in ("nodeclaim", "node"):  # both happened before the binding, between two polls
+                    marks.setdefault(k, now)
             if pod and is_true(pod, "Ready") and "ready" not in marks:
                 marks["ready"] = now
                 found["pod_obj"] = pod
