@@ -389,8 +389,9 @@ def test_keda_scales_zero_to_one_and_karpenter_launches_the_pools_gpu_node(stack
     assert node["status"]["allocatable"]["nvidia.com/gpu"] == "1"
     assert {"key": "nvidia.com/gpu", "effect": "NoSchedule"} in [
         {k: t[k] for k in ("key", "effect")} for t in node["spec"].get("taints") or []]
-    claims = kube.list("karpenter.sh/v1", "NodeClaim")
-    assert [c for c in claims if (c.get("status") or {}).get("nodeName") == node["metadata"]["name"]]
+    wait_for("the NodeClaim registered with this node", lambda: [
+        c for c in kube.list("karpenter.sh/v1", "NodeClaim")
+        if (c.get("status") or {}).get("nodeName") == node["metadata"]["name"] and is_true(c, "Registered")], 60)
     # the operator took karpenter.sh/do-not-disrupt off the pod once it was Ready
     wait_for("do-not-disrupt removed from the Ready pod", lambda: "karpenter.sh/do-not-disrupt" not in (
         kube.get("v1", "Pod", pod["metadata"]["name"], NS)["metadata"].get("annotations") or {}), 60)
