@@ -42,6 +42,7 @@ from upstream import CACHE, module_file, versions  # noqa: E402
 
 HOST = "127.0.0.1"
 SERVICE_CIDR = "10.96.0.0/16"
+ADAPTER_STAND_IN_IP = "10.244.255.254"  # KEDA's adapter's endpoint as the API server sees it (ClusterNetwork)
 START_TIMEOUT_S = float(os.environ.get("TIDESERVE_K8S_START_TIMEOUT_S", "180"))
 
 
@@ -483,8 +484,9 @@ class LocalCluster:
             f"--tls-cert-file={self.keda_certs / 'tls.crt'}", f"--tls-private-key-file={self.keda_certs / 'tls.key'}",
             f"--cert-dir={self.keda_certs}", f"--kubeconfig={self.admin_kubeconfig}",
             f"--authentication-kubeconfig={self.admin_kubeconfig}", f"--authorization-kubeconfig={self.admin_kubeconfig}",
+            f"--lister-kubeconfig={self.admin_kubeconfig}",
             f"--metrics-service-address={HOST}:{self.keda_grpc}", "--metrics-service-grpc-authority=localhost",
-            f"--port={free_port()}", "--v=2",
+            f"--port={free_port()}",
         ], env={"WATCH_NAMESPACE": "", "POD_NAMESPACE": "keda", "KEDA_CLUSTER_OBJECT_NAMESPACE": "keda",
                 "KUBECONFIG": str(self.admin_kubeconfig)})
         # The Service the APIService names; its cluster IP is routed to the adapter by ClusterNetwork.
@@ -492,6 +494,12 @@ class LocalCluster:
             "name": "keda-operator-metrics-apiserver", "namespace": "keda"},
             "spec": {"ports": [{"name": "https", "port": 443, "targetPort": 6443}]}})
         self.network.routes[f"{svc['spec']['clusterIP']}:443"] = self.adapter_port
+        # The aggregator's availability check wants an endpoint (no loopback address is allowed
+        # there): a stand-in address, routed to the adapter as well.
+        self.kube.apply({"apiVersion": "v1", "kind": "Endpoints", "metadata": {
+            "name": "keda-operator-metrics-apiserver", "namespace": "keda"},
+            "subsets": [{"addresses": [{"ip": ADAPTER_STAND_IN_IP}], "ports": [{"name": "https", "port": 6443}]}]})
+        self.network.routes[f"{ADAPTER_STAND_IN_IP}:6443"] = self.adapter_port
         self.kube.apply({"apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
                          "metadata": {"name": "v1beta1.external.metrics.k8s.io"},
                          "spec": {"group": "external.metrics.k8s.io", "version": "v1beta1", "groupPriorityMinimum": 100,
@@ -502,7 +510,12 @@ class LocalCluster:
             a = self.kube.get("apiregistration.k8s.io/v1", "APIService", "v1beta1.external.metrics.k8s.io")
             return any(c["type"] == "Available" and c["status"] == "True"
                        for c in ((a or {}).get("status") or {}).get("conditions") or [])
-        self._wait("keda-adapter", "APIService v1beta1.external.metrics.k8s.io Available", available, timeout_s=120)
+        try:
+            self._wait("keda-adapter", "APIService v1beta1.external.metrics.k8s.io Available", available, timeout_s=120)
+        except RuntimeError as exc:
+            a = self.kube.get("apiregistration.k8s.io/v1", "APIService", "v1beta1.external.metrics.k8s.io")
+            raise RuntimeError(f"{exc}\nAPIService status: {(a or {}).get('status')}; "
+                               f"CONNECT targets seen: {self.network.seen[-5:]}") from None
 
     # -- service-account credentials ---------------------------------------------------------------
     def token_kubeconfig(self, namespace: str, service_account: str, path: Path) -> tuple[Path, str]:

@@ -351,12 +351,14 @@ def test_keda_scales_zero_to_one_and_karpenter_launches_the_pools_gpu_node(stack
         if "pod" in marks and "nodeclaim" not in marks and kube.list("karpenter.sh/v1", "NodeClaim"):
             marks["nodeclaim"] = now
         if "nodeclaim" in marks and "node" not in marks:
-            if [n for n in kube.list("karpenter.sh/v1", "NodeClaim") if (n.get("status") or {}).get("nodeName")]:
+            if [n for n in kube.list("v1", "Node") if n["metadata"]["labels"].get("karpenter.sh/nodepool")]:
                 marks["node"] = now
         if "pod" in found:
             pod = kube.get("v1", "Pod", found["pod"], NS)
             if pod and pod["spec"].get("nodeName") and "scheduled" not in marks:
                 marks["scheduled"] = now
+                for k in ("nodeclaim", "node"):  # both happened before the binding, between two polls
+                    marks.setdefault(k, now)
             if pod and is_true(pod, "Ready") and "ready" not in marks:
                 marks["ready"] = now
                 found["pod_obj"] = pod
@@ -387,8 +389,9 @@ def test_keda_scales_zero_to_one_and_karpenter_launches_the_pools_gpu_node(stack
     assert node["status"]["allocatable"]["nvidia.com/gpu"] == "1"
     assert {"key": "nvidia.com/gpu", "effect": "NoSchedule"} in [
         {k: t[k] for k in ("key", "effect")} for t in node["spec"].get("taints") or []]
-    claims = kube.list("karpenter.sh/v1", "NodeClaim")
-    assert [c for c in claims if (c.get("status") or {}).get("nodeName") == node["metadata"]["name"]]
+    wait_for("the NodeClaim registered with this node", lambda: [
+        c for c in kube.list("karpenter.sh/v1", "NodeClaim")
+        if (c.get("status") or {}).get("nodeName") == node["metadata"]["name"] and is_true(c, "Registered")], 60)
     # the operator took karpenter.sh/do-not-disrupt off the pod once it was Ready
     wait_for("do-not-disrupt removed from the Ready pod", lambda: "karpenter.sh/do-not-disrupt" not in (
         kube.get("v1", "Pod", pod["metadata"]["name"], NS)["metadata"].get("annotations") or {}), 60)
