@@ -123,7 +123,8 @@ class _Part:
 class _Request:
     rid: int
     segments: int
-    results: dict[int, list[WindowResult]] = field(default_factory=dict)
+    results: dict[int, list[WindowResult]] = field(default_factory=dict)  # segment -> its chain so far
+    done: set[int] = field(default_factory=set)  # segments whose chain is complete (sent)
     compute_s: float = 0.0
 
 
@@ -184,8 +185,9 @@ class EngineLoop:
                 self.queue.append(_Part(rid, k, samples, offset, options, self.decoding.temperatures[0], now))
         for k in silent:  # answered without the model
             req.results[k] = [WindowResult(text="", language=options.language or "en", silent=True)]
+            req.done.add(k)
             self.emit(("segment", rid, k, req.results[k], 0.0))
-        if len(req.results) == req.segments:
+        if len(req.done) == req.segments:
             del self.requests[rid]
 
     def cancel(self, rid: int, client_gone: bool = True) -> None:
@@ -373,8 +375,11 @@ class EngineLoop:
                 return
         self.emit(("segment", part.rid, part.segment, chain, req.compute_s))
         req.compute_s = 0.0
-        if len(req.results) == req.segments and not any(
-                p.rid == part.rid for p in list(self.queue) + list(self.active.values())):
+        req.done.add(part.segment)
+        # Complete only when every segment's chain is: a segment whose first part was accepted
+        # may still have a seek part queued or executing (in a static batch it is in neither
+        # the queue nor ``active``).
+        if len(req.done) == req.segments:
             del self.requests[part.rid]
 
     def _fail(self, rid: int, exc: BaseException) -> None:

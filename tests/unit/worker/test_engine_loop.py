@@ -9,7 +9,7 @@ import numpy as np
 
 from tideserve.spec.models import Decoding
 from tideserve.worker.backends.base import WindowResult, WindowTask
-from tideserve.worker.batcher import ExecutionTimings
+from tideserve.worker.timings import ExecutionTimings
 from tideserve.worker.engine import EngineLoop, RequestOptions
 
 SR = 16_000
@@ -172,6 +172,27 @@ def test_seek_continues_a_window_from_its_last_segment_in_order() -> None:
     run_until_idle(loop, clock)
     assert segments_of(out, 1) == {0: ["rest@90/3s"], 1: ["first", "rest@112/13s"]}
     assert sum(m[1].seeks for m in out if m[0] == "stats") == 1
+
+
+def test_seek_parts_batched_together_each_complete_their_segment_on_a_static_backend() -> None:
+    """Found on a 100 s file (three 30 s windows each seeking, one short window finishing first):
+    the first seek part to finish ended the request, because the others, in the same static batch,
+    were neither queued nor active, and their results were then thrown away (the client hung)."""
+    clock, out = Clock(), []
+
+    class Seeking(StaticBackend):
+        def transcribe_batch(self, tasks):
+            self.batches.append(tasks)
+            return [ok(t, "head", unfinished_from_s=26.0) if t.duration_s > 20 else ok(t, f"tail@{t.offset_s:g}")
+                    for t in tasks], ExecutionTimings()
+
+    be = Seeking()
+    loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=8, max_queue_delay_s=0.0, emit=out.append, clock=clock)
+    loop.submit(1, [(pcm(30), 0.0), (pcm(30), 30.0), (pcm(30), 60.0), (pcm(10), 90.0)], RequestOptions())
+    run_until_idle(loop, clock)
+    assert segments_of(out, 1) == {0: ["head", "tail@26"], 1: ["head", "tail@56"], 2: ["head", "tail@86"], 3: ["tail@90"]}
+    assert [len(b) for b in be.batches] == [4, 3]
+    assert not loop.requests
 
 
 def test_cancel_drops_queued_windows_and_stops_decoding_rows() -> None:
