@@ -1,8 +1,8 @@
 """Gateway overhead and batching benefit, measured side by side in one run.
 
 (a1) faster-whisper's own ``WhisperModel.transcribe`` in this process, 8 client threads;
-(a2) tideserve's worker service in this process (decode, windows, dynamic batcher, backend),
-     8 concurrent callers, no HTTP;
+(a2) tideserve's worker pipeline without HTTP (prep processes, engine process: decode, windows,
+     batching, backend), 8 concurrent callers;
 (b)  the same clips through ``tideserve up``: client -> gateway -> worker over HTTP,
      8 concurrent clients.
 Same model (tiny.en int8 on CPU) and decoding (the example endpoint's beam 5, timestamps).
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import json
 import statistics
 import sys
 import tempfile
@@ -37,9 +38,9 @@ from tideserve.metrics.triton import TritonMetrics  # noqa: E402
 from tideserve.sources import resolve_source  # noqa: E402
 from tideserve.spec import load_endpoint  # noqa: E402
 from tideserve.worker.api import WorkerService  # noqa: E402
-from tideserve.worker.backends import backend_class  # noqa: E402
-from tideserve.worker.batcher import DynamicBatcher  # noqa: E402
-from tideserve.protocol import TranscriptionRequest  # noqa: E402
+from tideserve.worker.engine import EngineConfig  # noqa: E402
+from tideserve.worker.engine_client import EngineClient  # noqa: E402
+from tideserve.worker.prep import PrepPool, default_processes, prepare_invocation  # noqa: E402
 
 
 def clips() -> list[bytes]:
@@ -82,29 +83,40 @@ def run_faster_whisper(audio: list[bytes], n: int, concurrency: int) -> dict:
 
 
 def run_service(audio: list[bytes], n: int, concurrency: int, max_batch_size: int) -> dict:
+    """The worker's own pipeline without HTTP: prep processes (parse, decode) and the engine
+    process (batching, model), as ``tideserve worker`` builds them."""
     ep = load_endpoint(ROOT / "examples" / "whisper-tiny-en.yaml")
     spec = ep.spec
     pool = spec.pools[0]
-    backend = backend_class(spec.model.backend)(resolve_source(spec.model.source), pool.parsed_target, spec.model.decoding)
+    bodies = [json.dumps({"audio_data": base64.b64encode(a).decode(), "whisper_prompt": ""}).encode() for a in audio]
 
     async def main() -> dict:
         metrics = TritonMetrics(spec.model.name)
-        batcher = DynamicBatcher(backend.transcribe_batch, max_batch_size, spec.batching.max_queue_delay_ms / 1000, metrics)
-        batcher.start()
-        svc = WorkerService(spec.model.name, backend, batcher, metrics)
+        engine = EngineClient(EngineConfig(
+            backend=spec.model.backend, model_dir=str(resolve_source(spec.model.source)), target=pool.parsed_target,
+            decoding=spec.model.decoding, max_batch_size=max_batch_size,
+            max_queue_delay_s=spec.batching.max_queue_delay_ms / 1000.0, cpu_threads=0), on_stats=metrics.on_engine_stats)
+        prep = PrepPool(default_processes())
+        prep.start()
+        await engine.start()
+        svc = WorkerService(spec.model.name, prep, engine, metrics)
         sem = asyncio.Semaphore(concurrency)
 
         async def one(i: int) -> float:
             async with sem:
                 t = time.perf_counter()
-                await svc.transcribe(TranscriptionRequest(audio=audio[i % len(audio)]))
+                prepared = await svc.prepare(prepare_invocation, bodies[i % len(bodies)], None)
+                await svc.transcribe(prepared)
                 return time.perf_counter() - t
 
-        await one(0)
-        t0 = time.perf_counter()
-        lat = await asyncio.gather(*(one(i) for i in range(n)))
-        wall = time.perf_counter() - t0
-        await batcher.close()
+        try:
+            await one(0)
+            t0 = time.perf_counter()
+            lat = await asyncio.gather(*(one(i) for i in range(n)))
+            wall = time.perf_counter() - t0
+        finally:
+            prep.close()
+            engine.stop(5.0)
         return summary(f"(a2) in-process tideserve worker service, bs {max_batch_size}", list(lat), wall)
 
     return asyncio.run(main())
@@ -138,8 +150,10 @@ def main() -> None:
     audio = clips()
     n = args.requests
     print(f"gateway overhead: {n} requests per configuration, {len(audio)} clips, concurrency 8", flush=True)
-    a1 = run_faster_whisper(audio, n, 8)
+    # (a2) first: its engine process is forked, which must happen before this process has
+    # loaded a model (CTranslate2's threads do not survive a fork).
     a2 = run_service(audio, n, 8, 8)
+    a1 = run_faster_whisper(audio, n, 8)
     with tempfile.TemporaryDirectory() as tmp:
         with EndpointProcess(write_endpoint(Path(tmp)), Path(tmp)) as ep:
             b = run_http(ep.url, audio, n, 8, "(b) client -> gateway -> worker (HTTP)")

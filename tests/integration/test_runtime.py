@@ -266,7 +266,9 @@ def test_losing_the_zygote_restarts_it_and_the_replicas(tmp_path, en_clips):
 
 def _worker_pids_under(pid: int) -> set[int]:
     """Every worker process descending from ``pid``: started as ``-m tideserve.worker``, or
-    forked by a zygote (``-m tideserve.worker.zygote``) that is itself a child of ``pid``."""
+    forked by a zygote (``-m tideserve.worker.zygote``) that is itself a child of ``pid``. The
+    processes a worker starts (its engine process, forked, has the worker's command line) are
+    not counted."""
     children: dict[int, list[int]] = {}
     module: dict[int, str] = {}
     for d in os.listdir("/proc"):
@@ -283,10 +285,11 @@ def _worker_pids_under(pid: int) -> set[int]:
     while todo:
         parent = todo.pop()
         for c in children.get(parent, []):
-            todo.append(c)
             forked = module.get(c) == "tideserve.worker.zygote" and module.get(parent) == "tideserve.worker.zygote"
             if module.get(c) == "tideserve.worker" or forked:
-                out.add(c)
+                out.add(c)  # a worker's own children (its engine and prep processes) are not workers
+            else:
+                todo.append(c)
     return out
 
 

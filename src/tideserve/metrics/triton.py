@@ -17,7 +17,6 @@ and histograms come from a prometheus-client registry.
 from __future__ import annotations
 
 import threading
-from typing import Sequence
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
@@ -60,7 +59,7 @@ def _fmt_labels(labels: dict[str, str]) -> str:
 
 
 class TritonMetrics:
-    """The Triton metric family for one model. Also a batcher observer."""
+    """The Triton metric family for one model."""
 
     def __init__(self, model: str, version: str = "1") -> None:
         self.labels = {"model": model, "version": version}
@@ -113,25 +112,6 @@ class TritonMetrics:
         with self._lock:
             self._values[("tideserve_model_load_seconds", (("source", source_scheme),))] = seconds
 
-    # BatcherObserver
-    def on_enqueue(self, n: int) -> None:
-        self.add("nv_inference_pending_request_count", n)
-
-    def on_dequeue(self, n: int) -> None:
-        self.add("nv_inference_pending_request_count", -n)
-
-    def on_dropped(self, n: int) -> None:
-        self.add("tideserve_worker_dropped", n)
-
-    def on_execution(self, batch_size: int, queue_s: Sequence[float], timings) -> None:
-        self.add("nv_inference_exec_count", 1)
-        self.add("nv_inference_count", batch_size)
-        self.add("nv_inference_queue_duration_us", sum(queue_s) * 1e6)
-        # As Triton does, each window of a batch is charged the whole execution's compute time.
-        self.add("nv_inference_compute_input_duration_us", timings.input_s * batch_size * 1e6)
-        self.add("nv_inference_compute_infer_duration_us", timings.infer_s * batch_size * 1e6)
-        self.add("nv_inference_compute_output_duration_us", timings.output_s * batch_size * 1e6)
-        self._batch.labels(**self.labels).observe(batch_size)
 
     def on_engine_stats(self, st) -> None:
         """Add the engine's counters (a ``worker.engine.EngineStats`` delta). Triton's compute

@@ -34,7 +34,7 @@ from tideserve.httpcommon import ApiHandlers, add_api_routes, request_id_and_err
 from tideserve.metrics.gpu import GpuMetrics
 from tideserve.metrics.triton import TritonMetrics
 from tideserve.protocol import TranscriptionRequest, TranscriptionResult, kserve, openai, sagemaker
-from tideserve.worker.batcher import Usage
+from tideserve.worker.timings import Usage
 from tideserve.worker.engine import RequestOptions
 from tideserve.worker.engine_client import EngineClient
 from tideserve.worker.prep import Prepared, PrepPool, prepare_audio, prepare_infer, prepare_invocation

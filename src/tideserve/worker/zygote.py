@@ -30,7 +30,7 @@ import time
 # Everything a worker imports, imported once here so that forked replicas start warm.
 import tideserve.worker.server as server  # noqa: E402
 from tideserve.metrics.triton import TritonMetrics  # noqa: F401,E402
-from tideserve.worker import api, batcher  # noqa: F401,E402
+from tideserve.worker import api, timings  # noqa: F401,E402
 from tideserve.worker.backends import BACKENDS  # noqa: E402
 
 

@@ -8,7 +8,7 @@ from typing import Protocol
 import numpy as np
 
 from tideserve.protocol.types import Segment
-from tideserve.worker.batcher import ExecutionTimings
+from tideserve.worker.timings import ExecutionTimings
 
 
 @dataclass(frozen=True)

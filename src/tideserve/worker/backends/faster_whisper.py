@@ -30,7 +30,7 @@ from tideserve.worker.backends.base import WindowResult, WindowTask
 from tideserve.worker.backends.whisper_text import MAX_LENGTH as _MAX_LENGTH
 from tideserve.worker.backends.whisper_text import TIME_PRECISION_S as _TIME_PRECISION_S
 from tideserve.worker.backends.whisper_text import window_result
-from tideserve.worker.batcher import ExecutionTimings
+from tideserve.worker.timings import ExecutionTimings
 
 
 def prompt_ids(tok: Tokenizer, prompt: str | None) -> list[int]:

@@ -28,7 +28,7 @@ from tideserve.worker.backends.torch_whisper.decode import GreedyDecoder, Specia
 from tideserve.worker.backends.torch_whisper.features import LogMel
 from tideserve.worker.backends.torch_whisper.model import Whisper, load_hf_dir
 from tideserve.worker.backends.whisper_text import MAX_LENGTH, window_result
-from tideserve.worker.batcher import ExecutionTimings
+from tideserve.worker.timings import ExecutionTimings
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
