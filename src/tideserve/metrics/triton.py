@@ -49,6 +49,8 @@ _FAMILIES: dict[str, tuple[str, str]] = {
     "tideserve_worker_fallbacks": ("counter", "Windows decoded again at a higher temperature (Whisper's fallback)"),
     "tideserve_worker_seeks": ("counter", "Window parts started from a seek point (Whisper's long-form rule)"),
     "tideserve_worker_active_rows": ("gauge", "Windows decoding in the engine now"),
+    "tideserve_worker_audio_held_seconds": ("gauge", "Decoded audio this replica holds now, in seconds (the budget is "
+                                            "spec.gateway.max_audio_s_in_flight)"),
 }
 STAGES = ("prep", "queue", "features", "encoder", "decode_steps", "detokenize")
 
@@ -88,6 +90,11 @@ class TritonMetrics:
         key = (name, tuple(sorted(extra.items())))
         with self._lock:
             self._values[key] = self._values.get(key, 0.0) + value
+
+    def set(self, name: str, value: float, **extra: str) -> None:
+        """Set a gauge."""
+        with self._lock:
+            self._values[(name, tuple(sorted(extra.items())))] = float(value)
 
     def value(self, name: str, **extra: str) -> float:
         with self._lock:

@@ -295,6 +295,12 @@ class GatewaySpec(_Strict):
     max_audio_s: float = Field(
         3600, gt=0, le=86_400, description="Longest audio accepted, in seconds once decoded (413 past it)."
     )
+    max_audio_s_in_flight: float | None = Field(
+        None, gt=0, le=1_000_000,
+        description="Decoded audio one replica holds at once, in seconds (its memory budget: about 4 MB per audio "
+                    "minute, int16 PCM in the HTTP front and in the engine). A request that would take a replica past "
+                    "it is answered 503 with Retry-After (the gateway tries another replica). Default: 2 x max_audio_s.",
+    )
     max_prompt_chars: int = Field(
         2000, ge=0, le=100_000,
         description="Longest prompt in characters (400 past it). Whisper keeps only the last 223 prompt tokens.",

@@ -45,6 +45,30 @@ TOKEN_HEADER = "X-Tideserve-Token"
 COMPUTE_HEADER = "X-Tideserve-Compute-Ms"
 
 
+class AudioBudget:
+    """Decoded audio a replica holds at once, in seconds of audio (issue 15: memory bounded by the
+    audio). ``take(seconds)`` reserves, ``give(seconds)`` returns; a reservation that would pass
+    ``capacity_s`` is refused, unless nothing is held (so one file up to ``max_audio_s`` always
+    runs). Held memory is then at most ``capacity_s`` x 32 KB/s x 2 copies (int16 PCM, 16 kHz, in
+    this process and in the engine), plus the files the prep processes are decoding.
+    Raises ValueError for a capacity <= 0."""
+
+    def __init__(self, capacity_s: float) -> None:
+        if capacity_s <= 0:
+            raise ValueError(f"the audio budget must be > 0 s, got {capacity_s}")
+        self.capacity_s = capacity_s
+        self.held_s = 0.0
+
+    def take(self, seconds: float) -> bool:
+        if self.held_s > 0 and self.held_s + seconds > self.capacity_s:
+            return False
+        self.held_s += seconds
+        return True
+
+    def give(self, seconds: float) -> None:
+        self.held_s = max(0.0, self.held_s - seconds)
+
+
 @dataclass
 class WorkerState:
     ready: bool = False
@@ -60,9 +84,11 @@ class WorkerService:
 
     def __init__(self, model_name: str, prep: PrepPool, engine: EngineClient, metrics: TritonMetrics,
                  max_audio_s: float | None = None, max_prompt_chars: int | None = None,
-                 languages: frozenset[str] = frozenset()) -> None:
+                 languages: frozenset[str] = frozenset(), max_audio_s_in_flight: float | None = None) -> None:
         self.model_name = model_name
         self.max_audio_s = max_audio_s
+        cap = max_audio_s_in_flight or (2 * max_audio_s if max_audio_s else None)
+        self.budget = AudioBudget(cap) if cap else None
         self.max_prompt_chars = max_prompt_chars
         self.prep = prep
         self.engine = engine
@@ -160,8 +186,18 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
         started = time.monotonic()
         usage = Usage()
         request["usage"] = usage
+        held = 0.0
         try:
             prepared = await service.prepare(prep_fn, *args)
+            budget = service.budget
+            if budget is not None:
+                if not budget.take(prepared.duration_s):
+                    raise CapacityError(
+                        f"this replica holds {budget.held_s:.0f} s of decoded audio and this request has "
+                        f"{prepared.duration_s:.0f} s more, past its budget of {budget.capacity_s:g} s "
+                        "(spec.gateway.max_audio_s_in_flight); retry", retry_after_s=1)
+                held = prepared.duration_s
+                service.metrics.set("tideserve_worker_audio_held_seconds", budget.held_s)
             result = await service.transcribe(prepared, usage)
         except (BadInputError, PayloadTooLargeError):
             service.metrics.on_request(False, time.monotonic() - started, "REJECTED")
@@ -178,6 +214,9 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
             raise
         finally:
             st.in_flight -= 1
+            if held and service.budget is not None:
+                service.budget.give(held)
+                service.metrics.set("tideserve_worker_audio_held_seconds", service.budget.held_s)
         elapsed = time.monotonic() - started
         service.metrics.on_request(True, elapsed)
         log.info("transcribed", extra={"audio_s": round(result.duration_s, 3), "duration_ms": round(elapsed * 1000, 1)})

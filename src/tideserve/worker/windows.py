@@ -1,9 +1,12 @@
 """Split audio longer than Whisper's 30 s input window into windows at quiet points.
 
-Whisper's encoder takes a fixed 30 s window (3000 mel frames; ../shared/FACTS.md). Longer
-audio is cut into windows of at most 30 s; each cut is placed at the quietest 100 ms frame
-(lowest RMS energy) in the last ``search_s`` seconds before the 30 s limit, so a cut rarely
-splits a word. The windows of one file are then decoded in parallel, in one batch.
+Whisper's encoder takes a fixed 30 s window (3000 mel frames). Longer audio is cut into windows
+of at most 30 s. Each cut goes in the middle of the *longest* quiet run in the last ``search_s``
+seconds before the 30 s limit: 100 ms frames whose RMS level is within ``QUIET_ABOVE_MIN_DB`` of
+the quietest frame there, or under ``QUIET_FLOOR_DBFS``. The longest pause is where a sentence
+ends; the quietest single frame (the rule before) was often a short pause between two words of
+one phrase, and a cut there lost words (bench/accuracy.py; README "Accuracy"). The windows of
+one file are then decoded in parallel.
 """
 
 from __future__ import annotations
@@ -24,25 +27,52 @@ class Window:
 
 
 def split_windows(
-    samples: np.ndarray, sample_rate: int = 16_000, window_s: float = WINDOW_S, search_s: float = 5.0
+    samples: np.ndarray, sample_rate: int = 16_000, window_s: float = WINDOW_S, search_s: float = 8.0
 ) -> list[Window]:
-    """Cut ``samples`` (shape (n,), int16 PCM or float) into windows of at most ``window_s`` seconds.
+    """Cut ``samples`` (shape (n,), int16 PCM or float in [-1, 1]) into windows of at most
+    ``window_s`` seconds, each cut in the middle of the longest quiet run (see the module doc).
 
     Returns at least one window; windows cover the input exactly, in order, without overlap.
     """
     limit = int(window_s * sample_rate)
     frame = max(1, sample_rate // 10)  # 100 ms frames for the energy search
+    scale = 1.0 / 32768.0 if samples.dtype == np.int16 else 1.0
     out: list[Window] = []
     start, n = 0, len(samples)
     while n - start > limit:
         lo = start + limit - int(search_s * sample_rate)
-        region = samples[lo : start + limit].astype(np.float32)  # int16 PCM squared would overflow
+        region = samples[lo : start + limit].astype(np.float32) * scale  # int16 squared would overflow
         nframes = len(region) // frame
-        energy = np.sqrt(np.mean(region[: nframes * frame].reshape(nframes, frame) ** 2, axis=1))
-        # Cut in the middle of the quietest frame; ties go to the latest frame (longer window).
-        best = nframes - 1 - int(np.argmin(energy[::-1]))
-        cut = lo + best * frame + frame // 2
+        rms = np.sqrt(np.mean(region[: nframes * frame].reshape(nframes, frame) ** 2, axis=1))
+        level_db = 20.0 * np.log10(np.maximum(rms, 1e-10))
+        quiet = level_db <= max(float(level_db.min()) + QUIET_ABOVE_MIN_DB, QUIET_FLOOR_DBFS)
+        first, length = _longest_run(quiet)
+        cut = lo + (2 * first + length) * frame // 2
         out.append(Window(samples[start:cut], start / sample_rate))
         start = cut
     out.append(Window(samples[start:], start / sample_rate))
     return out
+
+
+#: A frame is quiet within this many dB of the quietest frame of the search region...
+QUIET_ABOVE_MIN_DB = 10.0
+#: ...or under this level (dBFS), whatever the quietest frame.
+QUIET_FLOOR_DBFS = -50.0
+
+
+def _longest_run(flags: np.ndarray) -> tuple[int, int]:
+    """``(first index, length)`` of the longest run of True in ``flags`` (ties: the latest run,
+    which gives the longer window). ``flags`` holds at least one True."""
+    best = (0, 0)
+    i, n = 0, len(flags)
+    while i < n:
+        if flags[i]:
+            j = i
+            while j < n and flags[j]:
+                j += 1
+            if j - i >= best[1]:
+                best = (i, j - i)
+            i = j
+        else:
+            i += 1
+    return best

@@ -8,7 +8,7 @@ import pytest
 
 from tideserve.spec.models import Decoding
 from tideserve.worker.backends.base import WindowResult, WindowTask
-from tideserve.worker.backends.whisper_text import seek_point, window_result
+from tideserve.worker.backends.whisper_text import loop_point, seek_point, window_result
 from tideserve.worker.longform import Accept, Retry, follow_up
 
 TB = 1000  # timestamp_begin in these token lists; <|t|> = TB + t / 0.02
@@ -80,3 +80,20 @@ def test_fallback_is_off_by_default() -> None:
 def test_temperatures_must_rise() -> None:
     with pytest.raises(ValueError, match="must rise strictly"):
         Decoding(temperatures=[0.0, 0.4, 0.2])
+
+
+def test_repetition_guard_keeps_the_first_of_a_looping_segment_and_seeks_after_it() -> None:
+    """Found with bench/accuracy.py (tiny.en, beam 5, fallback off): a 27 s window came back as
+    "1, 2, ..., 10." ten times, one second apart, in place of the speech it held. The guard keeps
+    the first of the repeated segments and decodes the audio after it again."""
+    loop = [ts(0), 7, 8, ts(1)] + [x for k in range(1, 10) for x in (ts(k), 1, 2, 3, ts(k + 1))]
+    assert loop_point(loop, TB) == (9, pytest.approx(2.0))  # "w7 w8", then "w1 w2 w3" once, seek to 2 s
+    assert loop_point([ts(0), 1, ts(1), ts(1), 1, ts(2), ts(2), 2, ts(3)], TB) is None  # twice is no loop
+    task = WindowTask(np.full(16_000 * 27, 100, np.int16), offset_s=30.0, timestamps=True)
+    r = window_result(task, loop, "en", -0.2, 0.01, EOT, TB, decode, compression_ratio_threshold=2.4)
+    assert r.compression_ratio > 2.4
+    assert r.unfinished_from_s == pytest.approx(2.0) and r.text == "w7 w8 w1 w2 w3"
+    assert [(s.start_s, s.end_s) for s in r.segments] == [(30.0, 31.0), (31.0, 32.0)]
+    # Without the threshold (or under it) the loop is left to the fallback rule, as before.
+    plain = window_result(task, loop, "en", -0.2, 0.01, EOT, TB, decode)
+    assert plain.unfinished_from_s is None and plain.text.count("w1 w2 w3") == 9

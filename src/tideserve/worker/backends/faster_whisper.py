@@ -143,7 +143,7 @@ class FasterWhisperBackend:
         avg_logprob = res.scores[0] * len(tokens) / (len(tokens) + 1)  # length_penalty 1 (faster-whisper)
         d = self._decoding
         return window_result(task, tokens, language, avg_logprob, res.no_speech_prob, tok.eot, tok.timestamp_begin,
-                             tok.decode, d.no_speech_threshold, d.log_prob_threshold)
+                             tok.decode, d.no_speech_threshold, d.log_prob_threshold, d.compression_ratio_threshold)
 
 
 def _float32(samples: np.ndarray) -> np.ndarray:

@@ -54,10 +54,36 @@ def seek_point(tokens: Sequence[int], timestamp_begin: int) -> tuple[int, float]
     return k, (tokens[k - 1] - timestamp_begin) * TIME_PRECISION_S
 
 
+#: Consecutive segments with the same tokens that the repetition guard takes for a loop.
+LOOP_REPEATS = 3
+
+
+def loop_point(tokens: Sequence[int], timestamp_begin: int) -> tuple[int, float] | None:
+    """The repetition guard: where a decoding loop starts. When ``LOOP_REPEATS`` consecutive
+    timestamped segments hold the same text tokens, returns ``(k, seconds)``: keep ``tokens[:k]``
+    (through the first of them) and seek to its end, so the audio after it is decoded again
+    from there. Seeking re-reads the audio, so speech that really repeats is transcribed again
+    by the next part; only a loop the audio does not hold is dropped. None: no loop."""
+    segs: list[tuple[tuple[int, ...], int, float]] = []  # (text tokens, index after closing ts, end s)
+    text: list[int] = []
+    for i, t in enumerate(tokens):
+        if t >= timestamp_begin:
+            if text:
+                segs.append((tuple(text), i + 1, (t - timestamp_begin) * TIME_PRECISION_S))
+                text = []
+        else:
+            text.append(t)
+    for j in range(len(segs) - LOOP_REPEATS + 1):
+        if all(segs[j + n][0] == segs[j][0] for n in range(1, LOOP_REPEATS)):
+            return segs[j][1], segs[j][2]
+    return None
+
+
 def window_result(task: WindowTask, tokens: Sequence[int], language: str, avg_logprob: float, no_speech_prob: float,
                   eot: int, timestamp_begin: int, decode: Callable[[list[int]], str],
                   no_speech_threshold: float | None = NO_SPEECH_THRESHOLD,
-                  logprob_threshold: float | None = LOGPROB_THRESHOLD) -> WindowResult:
+                  logprob_threshold: float | None = LOGPROB_THRESHOLD,
+                  compression_ratio_threshold: float | None = None) -> WindowResult:
     """The result of one decoded window from its sampled ``tokens`` (end-of-text excluded).
 
     Silence (``is_silence``) gives empty text with ``silent`` set. With timestamp tokens,
@@ -65,7 +91,10 @@ def window_result(task: WindowTask, tokens: Sequence[int], language: str, avg_lo
     (``seek_point``), and the tokens after it are dropped, since the next part decodes them
     again; a seek that does not move past the window's start (a last pair at 0.0 s) or leaves
     less than ``MIN_TAIL_S`` is no seek, so a window is never decoded twice from the same
-    point. Segments (absolute times) are filled when the task asked for timestamps. The
+    point. When the whole text's compression ratio is over ``compression_ratio_threshold`` and
+    its segments loop (``loop_point``), the window keeps the first of the repeated segments and
+    seeks to its end instead (the repetition guard; it applies to the attempt the fallback rule
+    keeps). Segments (absolute times) are filled when the task asked for timestamps. The
     quality signals (average log-probability, no-speech probability, compression ratio of the
     whole decoded text) are carried for the fallback rule.
     """
@@ -78,6 +107,8 @@ def window_result(task: WindowTask, tokens: Sequence[int], language: str, avg_lo
     duration = task.duration_s
     unfinished = None
     seek = seek_point(tokens, timestamp_begin)
+    if compression_ratio_threshold is not None and signals["compression_ratio"] > compression_ratio_threshold:
+        seek = loop_point(tokens, timestamp_begin) or seek
     if seek is not None:
         k, at = seek
         if at > 0.0 and duration - at > MIN_TAIL_S:

@@ -189,7 +189,8 @@ class TorchWhisperBackend:
         s, d = self.special, self.decoding
         avg = row.sum_logprob / (len(row.tokens) + 1)
         return window_result(task, row.tokens, lang, avg, row.no_speech_prob, s.eot, s.timestamp_begin,
-                             lambda ids: self.tokenizer.decode(ids), d.no_speech_threshold, d.log_prob_threshold)
+                             lambda ids: self.tokenizer.decode(ids), d.no_speech_threshold, d.log_prob_threshold,
+                             d.compression_ratio_threshold)
 
     # --- one static batch ---------------------------------------------------------------------
 
