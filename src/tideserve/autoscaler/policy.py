@@ -3,7 +3,7 @@
 ``decide(snapshot, spec, state, now) -> (decision, state)``; no clock, no I/O, so the control
 loop, the simulator and the tests drive the same code.
 
-Rules (defaults and sources in ../shared/FACTS.md):
+Rules (defaults from the Kubernetes HPA documentation, kubernetes.io, and KEDA's, keda.sh):
 
 1. Load = pending (held at the gateway) + in-flight requests. Desired total replicas =
    ceil(load / target), the Kubernetes HPA formula ``ceil(current * metric / target)`` with

@@ -21,8 +21,7 @@ How the numbers map onto KEDA and the HPA
 KEDA turns the floats it receives into Kubernetes quantities in milli-units,
 ``int64(value * 1000)``, for the target (``targetSizeFloat``) and for each value
 (``metricValueFloat``); the HPA then computes, for an AverageValue external metric with
-usage U, per-pod target T and C current replicas (kubernetes.io, Horizontal Pod Autoscaling;
-../shared/FACTS.md)::
+usage U, per-pod target T and C current replicas (kubernetes.io, Horizontal Pod Autoscaling)::
 
     ratio = U / (T * C)
     desired = C                 if |ratio - 1| <= tolerance   (default 0.1)
@@ -124,7 +123,7 @@ def keda_milli(value: float) -> int:
 def hpa_desired(value_milli: int, target_milli_: int, current: int, tolerance: float = 0.1) -> int:
     """The HPA's replica count for an AverageValue external metric (before min/max clamping):
     ``current`` if |U / (T * current) - 1| <= tolerance, else ceil(U / T) (kubernetes.io,
-    Horizontal Pod Autoscaling; tolerance default 0.1, ../shared/FACTS.md). ``current`` >= 1."""
+    Horizontal Pod Autoscaling; tolerance default 0.1). ``current`` >= 1."""
     if current < 1:
         raise ValueError("the HPA runs only at >= 1 replica (KEDA does 0 <-> 1)")
     ratio = value_milli / (target_milli_ * current)

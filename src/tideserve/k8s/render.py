@@ -157,7 +157,7 @@ def grace_period_s(endpoint: InferenceEndpoint, options: RenderOptions) -> int:
 def check_pool(index: int, pool: Pool) -> None:
     """Raise SpecError when a pool's engine target cannot run on its accelerator, so that an
     engine for one compute capability is never scheduled onto a node of another (sm_86 on
-    sm_89). Compute capabilities: ../shared/FACTS.md (NVIDIA datasheets)."""
+    sm_89). Compute capabilities: NVIDIA's CUDA GPUs table (developer.nvidia.com/cuda-gpus)."""
     t = pool.parsed_target
     path = f"spec.pools[{index}].target"
     if pool.accelerator == "cpu":
@@ -573,7 +573,7 @@ def _scaled_object(endpoint: InferenceEndpoint, pool: Pool, options: RenderOptio
     """KEDA ScaledObject of one pool. pollingInterval: the spec's ``autoscaling.interval_s``
     (KEDA's default is 30 s, which would add up to 30 s to a cold start); cooldownPeriod:
     ``autoscaling.scale_to_zero_after_s`` (KEDA applies it only to the last replica -> 0,
-    ../shared/FACTS.md). The HPA's own windows are zero and its rate limits wide: the gateway's
+    keda.sh, ScaledObject specification). The HPA's own windows are zero and its rate limits wide: the gateway's
     scaler already reports what the autoscaler policy decided, stabilization included, and the
     HPA should reach that count in one step."""
     ep = endpoint.metadata.name

@@ -1,10 +1,10 @@
 """The offerings machines can be launched from: instance type, accelerators, price, boot time.
 
-Pure data and arithmetic, no I/O. Figures and their sources are in ../shared/FACTS.md:
+Pure data and arithmetic, no I/O. Figures and their sources:
 
 - Prices: AWS Price List API, us-east-1, Linux on-demand, $/h (p4d/p5 after AWS's June 2025
   price cut).
-- Boot times are ESTIMATES built from FACTS.md's Karpenter figures, not measurements: a node is
+- Boot times are ESTIMATES built from Karpenter's published figures, not measurements: a node is
   launched about 1 s after a pod is seen pending and registers 70-80 s after launch
   (aws/karpenter-provider-aws#6128, a CPU node), so ~90 s for a CPU node; a GPU node can take
   minutes more before ``nvidia.com/gpu`` is allocatable (device plugin start), so ~180 s.
@@ -24,12 +24,12 @@ CAPACITY_TYPES: tuple[str, ...] = ("on-demand", "spot")
 #: (Karpenter maintainer's measurement, aws/karpenter-provider-aws#6128), rounded up.
 CPU_NODE_BOOT_S = 90.0
 #: Launch-to-allocatable-GPU estimate for a GPU node, s: the CPU figure plus time for the
-#: NVIDIA device plugin to advertise ``nvidia.com/gpu`` ("minutes", FACTS.md). An estimate.
+#: NVIDIA device plugin to advertise ``nvidia.com/gpu`` ("minutes", NVIDIA GPU Operator documentation). An estimate.
 GPU_NODE_BOOT_S = 180.0
 
-_AWS_SOURCE = "AWS Price List API, us-east-1 Linux on-demand, as in ../shared/FACTS.md"
+_AWS_SOURCE = "AWS Price List API, us-east-1 Linux on-demand"
 _AWS_SOURCE_CUT = _AWS_SOURCE + " (after AWS's June 2025 price cut)"
-_BOOT_NOTE = "; boot_s estimated from FACTS.md's Karpenter start-up figures, not measured"
+_BOOT_NOTE = "; boot_s estimated from Karpenter's published start-up figures, not measured"
 
 
 def check_capacity_type(capacity_type: str, name: str = "capacity_type") -> str:
@@ -45,7 +45,7 @@ class SpotMarket:
 
     ``discount``: fraction off the on-demand price (0.6 = 60% off). 0.6 is an ASSUMPTION, not a
     measured figure: AWS advertises "up to 90%" and real discounts vary by type and zone
-    (FACTS.md). ``unavailable``: instance types with no spot capacity right now.
+    (AWS Spot pricing page). ``unavailable``: instance types with no spot capacity right now.
     """
 
     discount: float = 0.6
@@ -94,7 +94,7 @@ def _gpu(instance_type: str, accelerator: str, count: int, mem_gib: float, vcpus
                     GPU_NODE_BOOT_S, source + _BOOT_NOTE)
 
 
-#: The AWS GPU offerings of ../shared/FACTS.md (us-east-1, Linux on-demand $/h; GPU memory per GPU
+#: AWS GPU offerings (AWS Price List API, us-east-1, Linux on-demand $/h; GPU memory per GPU
 #: as the table lists it).
 AWS_US_EAST_1: tuple[Offering, ...] = (
     _gpu("g5.xlarge", "a10g", 1, 24.0, 4, 16.0, 1.006),

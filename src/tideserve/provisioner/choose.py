@@ -5,7 +5,7 @@ bin-packs the rest onto new nodes, each time picking the offering x capacity typ
 price per replica the new node would hold. ``consolidate`` names the nodes to remove: empty ones,
 then under-used ones whose replicas all fit elsewhere (Karpenter's consolidation), most expensive
 first. No clock (``now`` is an argument), no I/O: the runtime, the simulator and the tests drive
-the same code. Prices come from ``catalog`` (sources there and in ../shared/FACTS.md).
+the same code. Prices come from ``catalog`` (sources there).
 
 Units: prices $/h, times s. A replica needs ``accelerators_per_replica`` accelerators of its pool's
 accelerator on ONE node; a CPU replica takes one slot. Ties are broken by instance type name, then

