@@ -28,7 +28,7 @@ import httpx
 import numpy as np
 import yaml
 
-from longfiles import wav_pcm16  # noqa: E402  (bench/, the script's own folder)
+from longfiles import wav_pcm16
 
 ROOT = Path(__file__).resolve().parents[1]
 SR = 16_000

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+import itertools
 
 ENC_H200_S = {1: 0.0235, 32: 0.2105, 64: 0.4178}
 H200_TFLOPS = 989.0
@@ -42,7 +43,7 @@ LENGTHS = (5.0, 15.0, 30.0)
 
 def encoder_h200(b: int) -> float:
     pts = sorted(ENC_H200_S.items())
-    for (b0, t0), (b1, t1) in zip(pts, pts[1:]):
+    for (b0, t0), (b1, t1) in itertools.pairwise(pts):
         if b <= b1:
             return t0 + (t1 - t0) * (b - b0) / (b1 - b0)
     return pts[-1][1] * b / pts[-1][0]

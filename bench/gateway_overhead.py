@@ -27,7 +27,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -154,9 +153,8 @@ def main() -> None:
     # loaded a model (CTranslate2's threads do not survive a fork).
     a2 = run_service(audio, n, 8, 8)
     a1 = run_faster_whisper(audio, n, 8)
-    with tempfile.TemporaryDirectory() as tmp:
-        with EndpointProcess(write_endpoint(Path(tmp)), Path(tmp)) as ep:
-            b = run_http(ep.url, audio, n, 8, "(b) client -> gateway -> worker (HTTP)")
+    with tempfile.TemporaryDirectory() as tmp, EndpointProcess(write_endpoint(Path(tmp)), Path(tmp)) as ep:
+        b = run_http(ep.url, audio, n, 8, "(b) client -> gateway -> worker (HTTP)")
     print(f"  throughput ratio b/a1: {b['rps'] / a1['rps']:.3f}   b/a2: {b['rps'] / a2['rps']:.3f}   (goal >= 0.95)")
     print(f"  added p50 latency b - a2: {b['p50_ms'] - a2['p50_ms']:+.1f} ms   b - a1: {b['p50_ms'] - a1['p50_ms']:+.1f} ms")
 

@@ -19,9 +19,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from tideserve.spec.models import Decoding, Target  # noqa: E402
-from tideserve.worker.backends.base import WindowTask  # noqa: E402
-from tideserve.worker.backends.torch_whisper.backend import TorchWhisperBackend  # noqa: E402
+from tideserve.spec.models import Decoding, Target
+from tideserve.worker.backends.base import WindowTask
+from tideserve.worker.backends.torch_whisper.backend import TorchWhisperBackend
 
 
 def timed(fn, repeats: int = 7) -> float:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import io
 import json
 import multiprocessing
 import os
@@ -133,10 +132,10 @@ class GpuSampler:
             pynvml.nvmlInit()
             self._h = pynvml.nvmlDeviceGetHandleByIndex(0)
             self._nvml = pynvml
-        except Exception:  # noqa: BLE001 - no GPU: no samples
+        except Exception:
             self._nvml = None
 
-    def __enter__(self) -> "GpuSampler":
+    def __enter__(self) -> GpuSampler:
         if self._nvml is not None:
             threading.Thread(target=self._run, daemon=True).start()
         return self
@@ -220,7 +219,7 @@ spec:
                 with urllib.request.urlopen(req, timeout=600) as r:
                     if r.status == 200:
                         break
-            except Exception:  # noqa: BLE001 - not up yet
+            except Exception:
                 if time.time() > deadline or up.poll() is not None:
                     raise SystemExit(f"tideserve up did not serve: see {tmp}/up.log")
                 time.sleep(1)
@@ -291,7 +290,7 @@ def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: 
     from tideserve.spec.models import Decoding, Target
     from tideserve.worker.backends.torch_whisper.backend import TorchWhisperBackend
     from tideserve.worker.engine import EngineLoop, RequestOptions
-    from tideserve.worker.prep import Prepared, prepare_audio
+    from tideserve.worker.prep import prepare_audio
     from tideserve.protocol.types import TranscriptionRequest
 
     kw = dict(beam_size=1, without_timestamps=True, temperatures=[0.0])  # as served (see served())
@@ -413,7 +412,7 @@ def hf_baselines(a, files: list[np.ndarray], pipeline: bool) -> dict:
             asr(inputs, batch_size=a.batch, generate_kwargs=kw)
             torch.cuda.synchronize()
             res["rtfx_pipeline"] = audio_s / (time.perf_counter() - t0)
-        except Exception as exc:  # noqa: BLE001 - report, do not lose the rest of the run
+        except Exception as exc:
             res["pipeline_error"] = f"{type(exc).__name__}: {exc}"[:300]
     del model
     torch.cuda.empty_cache()

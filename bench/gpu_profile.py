@@ -17,11 +17,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from tideserve.worker.backends.torch_whisper.decode import GreedyDecoder  # noqa: E402
-from tideserve.worker.backends.torch_whisper.model import KVCache, Whisper, WhisperDims  # noqa: E402
+from tideserve.worker.backends.torch_whisper.decode import GreedyDecoder
+from tideserve.worker.backends.torch_whisper.model import KVCache, Whisper, WhisperDims
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_whisper import special_for  # noqa: E402
+from gpu_whisper import special_for
 
 
 def sync_time(fn, n: int) -> float:

@@ -30,9 +30,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from tideserve.worker.backends.torch_whisper.decode import GreedyDecoder, SpecialTokens  # noqa: E402
-from tideserve.worker.backends.torch_whisper.features import LogMel  # noqa: E402
-from tideserve.worker.backends.torch_whisper.model import Whisper, WhisperDims  # noqa: E402
+from tideserve.worker.backends.torch_whisper.decode import GreedyDecoder, SpecialTokens
+from tideserve.worker.backends.torch_whisper.features import LogMel
+from tideserve.worker.backends.torch_whisper.model import Whisper, WhisperDims
 
 WINDOW_S = 30.0
 SIZES = {"tiny": WhisperDims.tiny, "large-v3": WhisperDims.large_v3}

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import io
 import wave
-from typing import Protocol, Sequence
+from typing import Protocol
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -18,7 +18,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from tideserve.worker.backends.torch_whisper.model import Whisper, WhisperDims  # noqa: E402
+from tideserve.worker.backends.torch_whisper.model import Whisper, WhisperDims
 
 
 def main() -> int:

@@ -128,7 +128,7 @@ class EndpointProcess:
                 text += httpx.get(f"http://{t}/metrics", timeout=10).text
         return text
 
-    def __enter__(self) -> "EndpointProcess":
+    def __enter__(self) -> EndpointProcess:
         port_file = self.tmp / "gateway.port"
         cmd = [sys.executable, "-m", "tideserve", "up", str(self.file), "--port-file", str(port_file)]
         # Each test endpoint has its own model/engine cache, unless the test gives one.

@@ -24,8 +24,8 @@ import threading
 import grpc
 
 sys.path.insert(0, sys.argv[1])
-import keda_externalscaler_pb2 as pb  # noqa: E402
-import keda_externalscaler_pb2_grpc as pb_grpc  # noqa: E402
+import keda_externalscaler_pb2 as pb
+import keda_externalscaler_pb2_grpc as pb_grpc
 
 _lock = threading.Lock()
 

@@ -88,7 +88,7 @@ def module_file(module: str, version: str, path: str) -> Path:
         return gomod / f"{_escape(module)}@{version}" / path
     url = f"{_proxy()}/{_escape(module)}/@v/{version}.zip"
     try:
-        with urllib.request.urlopen(url, timeout=TIMEOUT_S) as resp:  # noqa: S310 - the Go module proxy
+        with urllib.request.urlopen(url, timeout=TIMEOUT_S) as resp:
             data = resp.read()
     except OSError as exc:
         raise FileNotFoundError(f"{module}@{version}/{path}: not in {CACHE / 'modules'} nor Go's module cache, "

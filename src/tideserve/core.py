@@ -27,7 +27,8 @@ import enum
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Generic, Iterable, Mapping, Sequence, TypeVar
+from typing import Generic, TypeVar
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 #: Weight of the newest sample in the per-request service-time moving average (about the last
 #: 10 requests); shared by the gateway and the simulator.

@@ -10,7 +10,7 @@ import logging
 import re
 import uuid
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 

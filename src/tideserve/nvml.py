@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from types import ModuleType
-from typing import Callable
+from collections.abc import Callable
 
 log = logging.getLogger("tideserve.nvml")
 
@@ -19,7 +19,7 @@ def load() -> ModuleType | None:
 
         pynvml.nvmlInit()
         return pynvml
-    except Exception as exc:  # noqa: BLE001 - no driver, no library, no GPU: all mean "none"
+    except Exception as exc:
         log.debug("NVML unavailable: %s", exc)
         return None
 
@@ -31,7 +31,7 @@ def _per_gpu(nvml: ModuleType | None, read: Callable[[ModuleType, object], str],
         return ()
     try:
         return tuple(read(nv, nv.nvmlDeviceGetHandleByIndex(i)) for i in range(nv.nvmlDeviceGetCount()))
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         log.warning("reading GPU %s failed: %s", what, exc)
         return ()
 

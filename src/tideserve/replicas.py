@@ -7,7 +7,8 @@ Neither side imports the other: a runtime produces ``ReplicaEndpoint`` values an
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol
+from collections.abc import Sequence
 
 
 @dataclass(frozen=True)

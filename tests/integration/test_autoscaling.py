@@ -93,7 +93,7 @@ def test_scale_down_during_long_requests_cuts_none_off(tmp_path, en_clips):
     long_clip = en_clips[0].__class__("long", encode(speech, "flac"), " ".join([c.reference for c in en_clips] * 10), speech)
     with EndpointProcess(path, tmp_path, config={"replica_slots": 2}) as ep:
         results = _burst(ep, [long_clip], 2, concurrency=2)
-        st = ep.wait_for(lambda s: s["pools"][0]["replicas"] == [], 60, "scale to zero")
+        ep.wait_for(lambda s: s["pools"][0]["replicas"] == [], 60, "scale to zero")
         log = ep.log_path.read_text()
     for _, r in results:
         assert r.status_code == 200, r.text

@@ -24,7 +24,7 @@ def prom_on_h200_metrics(tmp_path_factory):
     text = CAPTURED.read_bytes()
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
+        def do_GET(self):
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4")
             self.end_headers()

@@ -41,7 +41,7 @@ pytestmark = pytest.mark.timeout(90)
 def keda_stubs(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("keda-stubs")
     # KEDA's externalscaler.proto, from its Go module, under the name tests/keda_fake.py imports
-    KEDA_PROTO = out / "keda_externalscaler.proto"  # noqa: N806
+    KEDA_PROTO = out / "keda_externalscaler.proto"
     KEDA_PROTO.write_bytes(upstream_file("keda_externalscaler.proto").read_bytes())
     code = protoc.main(["grpc_tools.protoc", f"-I{KEDA_PROTO.parent}", f"--python_out={out}",
                         f"--grpc_python_out={out}", str(KEDA_PROTO)])
@@ -67,7 +67,7 @@ class Keda:
         self.reader: asyncio.Task | None = None
 
     @classmethod
-    async def start(cls, stubs: Path, address: str) -> "Keda":
+    async def start(cls, stubs: Path, address: str) -> Keda:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, str(ROOT / "tests" / "keda_fake.py"), str(stubs), address,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
@@ -114,7 +114,7 @@ class Keda:
         self.proc.stdin.close()
         try:
             await asyncio.wait_for(self.proc.wait(), 10)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.proc.kill()
             await self.proc.wait()
         if self.reader is not None:
@@ -134,7 +134,7 @@ class FakeWorker:
         self.runner: web.AppRunner | None = None
         self.url = ""
 
-    async def start(self) -> "FakeWorker":
+    async def start(self) -> FakeWorker:
         async def invocations(request: web.Request) -> web.Response:
             self.tokens.append(request.headers.get("X-Tideserve-Token"))
             self.active += 1

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import time
 
-import httpx
 import pytest
 from conftest import wer
 from endpoint import EndpointProcess, write_endpoint

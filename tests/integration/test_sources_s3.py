@@ -73,7 +73,7 @@ class GetCounter:
         self._lock = threading.Lock()
 
     def __call__(self, environ, start_response):
-        bucket, _, key = environ.get("PATH_INFO", "").lstrip("/").partition("/")
+        _bucket, _, key = environ.get("PATH_INFO", "").lstrip("/").partition("/")
         if environ["REQUEST_METHOD"] == "GET" and key:
             with self._lock:
                 self.keys.append(unquote(key))

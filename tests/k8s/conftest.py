@@ -17,7 +17,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from localcluster import LocalCluster, require  # noqa: E402,F401 - require: for the tests
+from localcluster import LocalCluster, require  # noqa: F401 - require: for the tests
 
 SESSION_START = time.monotonic()
 _cluster: LocalCluster | None = None

@@ -36,9 +36,9 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kube import Kube, KubeError, wait_for  # noqa: E402
-from pki import CA, service_account_keys  # noqa: E402
-from upstream import CACHE, module_file, versions  # noqa: E402
+from kube import Kube
+from pki import CA, service_account_keys
+from upstream import CACHE, module_file, versions
 
 HOST = "127.0.0.1"
 SERVICE_CIDR = "10.96.0.0/16"
@@ -76,7 +76,7 @@ class Proc:
     env: dict[str, str] = field(default_factory=dict)
     popen: subprocess.Popen | None = None
 
-    def start(self) -> "Proc":
+    def start(self) -> Proc:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         fh = self.log.open("ab")
         env = {**os.environ, **self.env}
@@ -262,7 +262,7 @@ class LocalCluster:
                     return v
             except RuntimeError:
                 raise
-            except Exception:  # noqa: BLE001 - not up yet
+            except Exception:
                 pass
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{name}: no {what} after {timeout_s:.0f}s:\n{p.tail()}")
@@ -272,7 +272,7 @@ class LocalCluster:
         t0 = time.monotonic()
         try:
             fn()
-        except Exception as exc:  # noqa: BLE001 - recorded, the rest still runs
+        except Exception as exc:
             self.note(piece, f"{type(exc).__name__}: {exc}")
             return False
         self.timings[piece] = time.monotonic() - t0

@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Callable, Mapping, Protocol, Sequence
+from typing import Protocol
+from collections.abc import Callable, Mapping, Sequence
 
 from tideserve.aio import cancel_and_wait
 from tideserve.autoscaler.policy import Decision, PoolSnapshot, ReplicaSnapshot, ScalingState, Snapshot, decide
@@ -105,12 +106,12 @@ class Autoscaler:
         while True:
             try:
                 await self.step()
-            except Exception:  # noqa: BLE001 - the loop must survive a bad tick
+            except Exception:
                 log.exception("autoscaler step failed")
             self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), self.spec.autoscaling.interval_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     def start(self) -> None:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Mapping
+from collections.abc import Mapping
 
 from tideserve.core import IAT_EDGES_S, RATE_TAU_S
 from tideserve.spec.models import Autoscaling
@@ -250,7 +250,7 @@ def drain_time_s(work_s: float, arrival_rate: float, ready_capacity: float,
     if work_s <= 0:
         return 0.0
     t, w, cap = 0.0, work_s, ready_capacity
-    for ready_in, c in sorted(starting) + [(math.inf, 0.0)]:
+    for ready_in, c in [*sorted(starting), (math.inf, 0.0)]:
         net = cap - arrival_rate
         if net > 0 and t + w / net <= ready_in:
             return t + w / net
@@ -300,7 +300,7 @@ def decide_work(
     ceiling = sum(p.max_replicas for p in usable)
     if snapshot.slots is not None:
         ceiling = min(ceiling, snapshot.slots)
-    floor = min(sum(p.min_replicas for p in usable), ceiling)
+    min(sum(p.min_replicas for p in usable), ceiling)
 
     ready_cap = 0.0
     starting: list[tuple[float, float]] = []

@@ -15,7 +15,7 @@ import socket
 import statistics
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -53,7 +53,7 @@ def speech_samples(speech_dir: Path | None = None) -> np.ndarray:
 
 def clip_of(speech: np.ndarray, audio_s: float, start_s: float = 0.0) -> np.ndarray:
     """``audio_s`` seconds of ``speech`` from ``start_s`` on, looping past its end."""
-    n = int(round(audio_s * SAMPLE_RATE))
+    n = round(audio_s * SAMPLE_RATE)
     start = int(start_s * SAMPLE_RATE) % len(speech)
     reps = (start + n) // len(speech) + 1
     return np.tile(speech, reps)[start:start + n].astype(np.float32)
@@ -116,7 +116,7 @@ def measure_profile(ep: InferenceEndpoint, pools: Sequence[str], batch_sizes: Se
     version = backend_version(spec.model.backend)
     meta = ProfileMetadata(
         machine=socket.gethostname(), cpu=_cpu_model(), cpus=os.cpu_count() or 0, gpu=_gpu_name(),
-        date=dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat(), model=spec.model.name,
+        date=dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat(), model=spec.model.name,
         model_source=spec.model.source, backend=spec.model.backend, backend_version=version,
         decoding=spec.model.decoding.model_dump(), repeats=repeats, measured=True,
         load_average_1m=[round(load_before, 2), round(os.getloadavg()[0], 2)],

@@ -143,7 +143,7 @@ def _load_main(argv: list[str]) -> int:
 
     try:
         backend_class(backend)(Path(engine_dir), Target.parse(target), Decoding.model_validate_json(decoding))
-    except Exception as exc:  # noqa: BLE001 - reported to the parent on stderr, whatever it is
+    except Exception as exc:
         print(f"{type(exc).__name__}: {exc}".replace("\n", " "), file=sys.stderr)
         return 1
     return 0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -23,9 +22,9 @@ SCALER_ADDRESS = typer.Option(None, help="host:port KEDA dials for the external 
                                          "in-cluster scaler Service); for a gateway outside the cluster")
 
 
-def render_options(namespace: str, image: str, gpu_image: Optional[str], lb_scheme: str, s3_region: Optional[str],
-                   fsx_file_system_id: Optional[str], fsx_dns_name: Optional[str],
-                   fsx_mount_name: Optional[str], scaler_address: Optional[str] = None) -> RenderOptions:
+def render_options(namespace: str, image: str, gpu_image: str | None, lb_scheme: str, s3_region: str | None,
+                   fsx_file_system_id: str | None, fsx_dns_name: str | None,
+                   fsx_mount_name: str | None, scaler_address: str | None = None) -> RenderOptions:
     """RenderOptions from those flags; exits 2 on a bad load-balancer scheme."""
     if lb_scheme not in ("internal", "internet-facing"):
         err.print("[red]error:[/red] --lb-scheme must be internal or internet-facing", highlight=False)

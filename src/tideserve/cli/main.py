@@ -12,7 +12,6 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 from rich.console import Console
@@ -51,10 +50,10 @@ def validate(file: Path = typer.Argument(..., help="InferenceEndpoint YAML file"
 @app.command()
 def up(
     file: Path = typer.Argument(..., help="InferenceEndpoint YAML file"),
-    config: Optional[Path] = typer.Option(None, help="local config YAML (API keys, TLS, replica slots...)"),
-    port: Optional[int] = typer.Option(None, help="override spec.gateway.port (0 = any free port)"),
-    host: Optional[str] = typer.Option(None, help="override spec.gateway.host"),
-    port_file: Optional[Path] = typer.Option(None, help="write the bound gateway port to this file"),
+    config: Path | None = typer.Option(None, help="local config YAML (API keys, TLS, replica slots...)"),
+    port: int | None = typer.Option(None, help="override spec.gateway.port (0 = any free port)"),
+    host: str | None = typer.Option(None, help="override spec.gateway.host"),
+    port_file: Path | None = typer.Option(None, help="write the bound gateway port to this file"),
     log_format: str = typer.Option("json", help="json (one object a line) or text"),
     build_engines: bool = typer.Option(True, "--build/--no-build",
                                        help="build missing engines for targets this machine runs (else such pools are refused)"),
@@ -93,15 +92,15 @@ def _usable_base_url(url: str) -> bool:
 @app.command()
 def gateway(
     file: Path = typer.Argument(..., help="InferenceEndpoint YAML file"),
-    namespace: Optional[str] = typer.Option(None, help="Kubernetes namespace of the pools' headless Services"),
+    namespace: str | None = typer.Option(None, help="Kubernetes namespace of the pools' headless Services"),
     host: str = typer.Option("0.0.0.0", help="address to bind (HTTP and the KEDA scaler)"),
     port: int = typer.Option(8080, min=0, max=65535, help="HTTP port (0 = any free port)"),
     scaler_port: int = typer.Option(9090, min=0, max=65535, help="KEDA external-scaler gRPC port (0 = any free port)"),
     discovery: str = typer.Option("dns", help="dns (each pool's headless Service) or static (--replica)"),
-    replica: List[str] = typer.Option([], help="with --discovery static: POOL=URL, repeatable"),
-    api_keys_file: Optional[Path] = typer.Option(None, envvar="TIDESERVE_API_KEYS_FILE",
+    replica: list[str] = typer.Option([], help="with --discovery static: POOL=URL, repeatable"),
+    api_keys_file: Path | None = typer.Option(None, envvar="TIDESERVE_API_KEYS_FILE",
                                                  help="file of accepted API keys, one a line (default: no auth)"),
-    port_file: Optional[Path] = typer.Option(None, help='write {"port": ..., "scaler_port": ...} here once listening'),
+    port_file: Path | None = typer.Option(None, help='write {"port": ..., "scaler_port": ...} here once listening'),
     log_format: str = typer.Option("json", help="json (one object a line) or text"),
 ) -> None:
     """Run the gateway alone (Kubernetes mode): replicas from DNS, scaling published to KEDA.
@@ -141,7 +140,7 @@ def gateway(
     raise typer.Exit(asyncio.run(run_gateway(ep, namespace, host, port, scaler_port, discovery, static, keys, port_file)))
 
 
-def _base_url(file: Optional[Path], url: Optional[str], config: Optional[Path]) -> str:
+def _base_url(file: Path | None, url: str | None, config: Path | None) -> str:
     """The gateway URL: ``--url``, else the endpoint file's host and port, https when the
     local config (``--config``, $TIDESERVE_CONFIG or the user's) enables TLS."""
     if url:
@@ -159,7 +158,7 @@ def _base_url(file: Optional[Path], url: Optional[str], config: Optional[Path]) 
     return f"{scheme}://{host}:{gw.port}"
 
 
-def _cacert(cacert: Optional[Path], config: Optional[Path], url: str) -> Optional[Path]:
+def _cacert(cacert: Path | None, config: Path | None, url: str) -> Path | None:
     """--cacert, else the certificate the local config serves with (often self-signed)."""
     if cacert is not None or not url.startswith("https://"):
         return cacert
@@ -170,7 +169,7 @@ def _cacert(cacert: Optional[Path], config: Optional[Path], url: str) -> Optiona
     return cfg.tls_cert_file
 
 
-def _check_endpoint(file: Optional[Path], url: Optional[str], served: str) -> None:
+def _check_endpoint(file: Path | None, url: str | None, served: str) -> None:
     """Warn when the gateway reached serves another endpoint than FILE names (e.g. FILE's port
     was overridden with `up --port`)."""
     if file is None or url is not None:
@@ -181,7 +180,7 @@ def _check_endpoint(file: Optional[Path], url: Optional[str], served: str) -> No
                   f"'{served}', not '{expected}' from {file}; pass --url to reach the right one", highlight=False)
 
 
-def _request(url: str, data: bytes | None, api_key: Optional[str], cacert: Optional[Path], timeout: float,
+def _request(url: str, data: bytes | None, api_key: str | None, cacert: Path | None, timeout: float,
              raw: bool = False):
     try:
         req = urllib.request.Request(url, data=data, method="POST" if data is not None else "GET")
@@ -234,12 +233,12 @@ def _request(url: str, data: bytes | None, api_key: Optional[str], cacert: Optio
 @app.command()
 def invoke(
     file: Path = typer.Argument(..., help="InferenceEndpoint YAML file (gives the address)"),
-    audio: List[Path] = typer.Argument(..., help="audio files to transcribe"),
+    audio: list[Path] = typer.Argument(..., help="audio files to transcribe"),
     prompt: str = typer.Option("", help="Whisper initial prompt"),
-    url: Optional[str] = typer.Option(None, help="gateway URL (default: from the endpoint file)"),
-    config: Optional[Path] = typer.Option(None, help="local config (tells whether the gateway uses TLS)"),
-    api_key: Optional[str] = typer.Option(None, envvar="TIDESERVE_API_KEY", help="API key (or $TIDESERVE_API_KEY)"),
-    cacert: Optional[Path] = typer.Option(None, help="CA bundle to trust for TLS"),
+    url: str | None = typer.Option(None, help="gateway URL (default: from the endpoint file)"),
+    config: Path | None = typer.Option(None, help="local config (tells whether the gateway uses TLS)"),
+    api_key: str | None = typer.Option(None, envvar="TIDESERVE_API_KEY", help="API key (or $TIDESERVE_API_KEY)"),
+    cacert: Path | None = typer.Option(None, help="CA bundle to trust for TLS"),
     timeout: float = typer.Option(600.0, min=0.001, help="seconds to wait for each answer"),
 ) -> None:
     """Transcribe audio files through the endpoint; print one line of text per file."""
@@ -258,11 +257,11 @@ def invoke(
 
 @app.command()
 def status(
-    file: Optional[Path] = typer.Argument(None, help="InferenceEndpoint YAML file (gives the address)"),
-    url: Optional[str] = typer.Option(None, help="gateway URL"),
-    config: Optional[Path] = typer.Option(None, help="local config (tells whether the gateway uses TLS)"),
-    api_key: Optional[str] = typer.Option(None, envvar="TIDESERVE_API_KEY", help="API key (or $TIDESERVE_API_KEY)"),
-    cacert: Optional[Path] = typer.Option(None, help="CA bundle to trust for TLS"),
+    file: Path | None = typer.Argument(None, help="InferenceEndpoint YAML file (gives the address)"),
+    url: str | None = typer.Option(None, help="gateway URL"),
+    config: Path | None = typer.Option(None, help="local config (tells whether the gateway uses TLS)"),
+    api_key: str | None = typer.Option(None, envvar="TIDESERVE_API_KEY", help="API key (or $TIDESERVE_API_KEY)"),
+    cacert: Path | None = typer.Option(None, help="CA bundle to trust for TLS"),
     as_json: bool = typer.Option(False, "--json", help="print the raw admin status"),
 ) -> None:
     """Pools, replicas and their state, in-flight and pending requests."""
@@ -298,8 +297,8 @@ def status(
 @app.command()
 def build(
     file: Path = typer.Argument(..., help="InferenceEndpoint YAML file (gives the model and its backend)"),
-    target: Optional[str] = typer.Option(None, help="engine target, e.g. cpu-x86_64-int8; default: every pool's"),
-    config: Optional[Path] = typer.Option(None, help="local config (cache directory, allowed file roots)"),
+    target: str | None = typer.Option(None, help="engine target, e.g. cpu-x86_64-int8; default: every pool's"),
+    config: Path | None = typer.Option(None, help="local config (cache directory, allowed file roots)"),
     verify: bool = typer.Option(True, "--verify/--no-verify", help="load the engine once before publishing it"),
     force: bool = typer.Option(False, "--force", help="rebuild even if an engine exists (e.g. one with a bad manifest)"),
 ) -> None:
@@ -336,11 +335,11 @@ def build(
 
 @app.command()
 def top(
-    file: Optional[Path] = typer.Argument(None, help="InferenceEndpoint YAML file (gives the address)"),
-    url: Optional[str] = typer.Option(None, help="gateway URL"),
-    config: Optional[Path] = typer.Option(None, help="local config (tells whether the gateway uses TLS)"),
-    api_key: Optional[str] = typer.Option(None, envvar="TIDESERVE_API_KEY", help="API key (or $TIDESERVE_API_KEY)"),
-    cacert: Optional[Path] = typer.Option(None, help="CA bundle to trust for TLS"),
+    file: Path | None = typer.Argument(None, help="InferenceEndpoint YAML file (gives the address)"),
+    url: str | None = typer.Option(None, help="gateway URL"),
+    config: Path | None = typer.Option(None, help="local config (tells whether the gateway uses TLS)"),
+    api_key: str | None = typer.Option(None, envvar="TIDESERVE_API_KEY", help="API key (or $TIDESERVE_API_KEY)"),
+    cacert: Path | None = typer.Option(None, help="CA bundle to trust for TLS"),
     interval: float = typer.Option(2.0, min=0.1, help="seconds between refreshes"),
     iterations: int = typer.Option(0, min=0, help="stop after this many frames (0: until Ctrl-C)"),
 ) -> None:
@@ -361,7 +360,7 @@ def top(
 
 @render_app.command("dashboard")
 def render_dashboard(
-    out_file: Optional[Path] = typer.Option(None, "--out", help="write here instead of standard output"),
+    out_file: Path | None = typer.Option(None, "--out", help="write here instead of standard output"),
     datasource_uid: str = typer.Option("${DS_PROMETHEUS}", help="Grafana Prometheus data source uid"),
 ) -> None:
     """The Grafana dashboard (JSON), generated from tideserve.metrics.panels."""
@@ -373,7 +372,7 @@ def render_dashboard(
 
 @render_app.command("alerts")
 def render_alerts(
-    out_file: Optional[Path] = typer.Option(None, "--out", help="write here instead of standard output"),
+    out_file: Path | None = typer.Option(None, "--out", help="write here instead of standard output"),
 ) -> None:
     """Prometheus alerting rules (YAML) for tideserve endpoints."""
     import yaml
@@ -388,13 +387,13 @@ def render_k8s(
     file: Path = typer.Argument(..., help="InferenceEndpoint YAML file"),
     namespace: str = typer.Option("default", help="namespace of the endpoint's objects"),
     image: str = k8s_options.IMAGE,
-    gpu_image: Optional[str] = k8s_options.GPU_IMAGE,
+    gpu_image: str | None = k8s_options.GPU_IMAGE,
     lb_scheme: str = k8s_options.LB_SCHEME,
-    s3_region: Optional[str] = k8s_options.S3_REGION,
-    fsx_file_system_id: Optional[str] = k8s_options.FSX_FILE_SYSTEM_ID,
-    fsx_dns_name: Optional[str] = k8s_options.FSX_DNS_NAME,
-    fsx_mount_name: Optional[str] = k8s_options.FSX_MOUNT_NAME,
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="write here instead of standard output"),
+    s3_region: str | None = k8s_options.S3_REGION,
+    fsx_file_system_id: str | None = k8s_options.FSX_FILE_SYSTEM_ID,
+    fsx_dns_name: str | None = k8s_options.FSX_DNS_NAME,
+    fsx_mount_name: str | None = k8s_options.FSX_MOUNT_NAME,
+    output: Path | None = typer.Option(None, "--output", "-o", help="write here instead of standard output"),
 ) -> None:
     """The endpoint's Kubernetes manifests (multi-document YAML): workers, gateway, KEDA, volumes."""
     from tideserve.k8s.render import render_endpoint, to_yaml
@@ -413,7 +412,7 @@ def render_k8s(
 @render_app.command("cluster")
 def render_cluster_cmd(
     file: Path = typer.Argument(..., help="cluster config YAML (see examples/cluster.yaml)"),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="write here instead of standard output"),
+    output: Path | None = typer.Option(None, "--output", "-o", help="write here instead of standard output"),
 ) -> None:
     """Cluster-level objects: Karpenter NodePools and EC2NodeClass, PriorityClasses, dashboard ConfigMap."""
     from tideserve.k8s.cluster import ClusterConfig, render_cluster
@@ -433,7 +432,7 @@ def render_cluster_cmd(
 
 @render_app.command("crd")
 def render_crd_cmd(
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="write here instead of standard output"),
+    output: Path | None = typer.Option(None, "--output", "-o", help="write here instead of standard output"),
 ) -> None:
     """The InferenceEndpoint CustomResourceDefinition (YAML), generated from the spec."""
     from tideserve.k8s.crd import render_crd
@@ -442,7 +441,7 @@ def render_crd_cmd(
     _emit(to_yaml([render_crd()]), output)
 
 
-def _emit(text: str, out_file: Optional[Path]) -> None:
+def _emit(text: str, out_file: Path | None) -> None:
     if out_file is None:
         sys.stdout.write(text)
     else:

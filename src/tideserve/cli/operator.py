@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 from rich.console import Console
@@ -16,20 +15,20 @@ err = Console(stderr=True, soft_wrap=True)
 
 
 def operator_command(
-    namespace: Optional[List[str]] = typer.Option(None, "--namespace", "-n",
+    namespace: list[str] | None = typer.Option(None, "--namespace", "-n",
                                                   help="watch InferenceEndpoints in this namespace (repeatable)"),
     all_namespaces: bool = typer.Option(False, "--all-namespaces", "-A", help="watch every namespace"),
     image: str = k8s_options.IMAGE,
-    gpu_image: Optional[str] = k8s_options.GPU_IMAGE,
+    gpu_image: str | None = k8s_options.GPU_IMAGE,
     lb_scheme: str = k8s_options.LB_SCHEME,
-    s3_region: Optional[str] = k8s_options.S3_REGION,
-    fsx_file_system_id: Optional[str] = k8s_options.FSX_FILE_SYSTEM_ID,
-    fsx_dns_name: Optional[str] = k8s_options.FSX_DNS_NAME,
-    fsx_mount_name: Optional[str] = k8s_options.FSX_MOUNT_NAME,
-    scaler_address: Optional[str] = k8s_options.SCALER_ADDRESS,
-    kubeconfig: Optional[Path] = typer.Option(None, help="kubeconfig file (default: in-cluster service account, "
+    s3_region: str | None = k8s_options.S3_REGION,
+    fsx_file_system_id: str | None = k8s_options.FSX_FILE_SYSTEM_ID,
+    fsx_dns_name: str | None = k8s_options.FSX_DNS_NAME,
+    fsx_mount_name: str | None = k8s_options.FSX_MOUNT_NAME,
+    scaler_address: str | None = k8s_options.SCALER_ADDRESS,
+    kubeconfig: Path | None = typer.Option(None, help="kubeconfig file (default: in-cluster service account, "
                                                          "else $KUBECONFIG or ~/.kube/config)"),
-    context: Optional[str] = typer.Option(None, help="kubeconfig context"),
+    context: str | None = typer.Option(None, help="kubeconfig context"),
     liveness: str = typer.Option("http://0.0.0.0:8081/healthz",
                                  help="liveness probe endpoint URL ('' to serve none)"),
     log_format: str = typer.Option("json", help="json (one object a line) or text"),

@@ -6,7 +6,6 @@ import dataclasses
 import json
 import math
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 from rich.console import Console
@@ -41,14 +40,14 @@ def _sizes(text: str) -> list[int]:
 @bench_app.command("profile")
 def bench_profile(
     file: Path = typer.Argument(..., help="InferenceEndpoint YAML file"),
-    pool: Optional[List[str]] = typer.Option(None, "--pool", help="pool to measure (repeat; default: every pool)"),
+    pool: list[str] | None = typer.Option(None, "--pool", help="pool to measure (repeat; default: every pool)"),
     batch_sizes: str = typer.Option("1,2,4,8", help="batch sizes, comma-separated"),
     audio_s: str = typer.Option("5,15,30", "--audio-s", help="window lengths in seconds (<= 30), comma-separated"),
     repeats: int = typer.Option(3, min=1, help="executions measured per point (the median is kept)"),
     out_file: Path = typer.Option(Path("profile.json"), "-o", "--out", help="profile JSON to write"),
-    speech: Optional[Path] = typer.Option(None, "--speech", help="directory of .wav speech clips (default: "
+    speech: Path | None = typer.Option(None, "--speech", help="directory of .wav speech clips (default: "
                                           "pytest-audioeval's English clips)"),
-    config: Optional[Path] = typer.Option(None, "--config", help="local config (allowed file roots, cache dir)"),
+    config: Path | None = typer.Option(None, "--config", help="local config (allowed file roots, cache dir)"),
 ) -> None:
     """Measure a pool's engine here: batch size x audio length -> latency of one execution (JSON)."""
     from tideserve.cli.bench import measure_profile
@@ -92,21 +91,21 @@ def bench_profile(
 def simulate_cmd(
     file: Path = typer.Argument(..., help="InferenceEndpoint YAML file"),
     trace: Path = typer.Option(..., "--trace", help="trace CSV or JSONL with a timestamp column"),
-    profile: Optional[List[Path]] = typer.Option(None, "--profile", help="profile JSON (repeat); default: bench/profiles/*.json"),
+    profile: list[Path] | None = typer.Option(None, "--profile", help="profile JSON (repeat); default: bench/profiles/*.json"),
     seed: int = typer.Option(0, help="seed of every random choice (thinning, spot interruptions)"),
     thin: float = typer.Option(1.0, help="keep each request with this probability, (0, 1]"),
     time_scale: float = typer.Option(1.0, help="multiply arrival times (2: half the rate over twice the time)"),
-    max_trace_s: Optional[float] = typer.Option(None, help="only the first this many seconds of the trace"),
+    max_trace_s: float | None = typer.Option(None, help="only the first this many seconds of the trace"),
     duration_rule: str = typer.Option("quantile:ContextTokens:1:30", help="audio duration per request: "
                                       "quantile:COL:MIN:MAX | fixed:S | uniform:MIN:MAX | column:NAME"),
     spot_interruption_rate_per_h: float = typer.Option(0.05, min=0, help="spot interruptions per spot node-hour"),
     spot_discount: float = typer.Option(0.6, min=0, max=0.99, help="spot price = on-demand x (1 - discount)"),
-    slo_s: Optional[float] = typer.Option(None, min=0.001, help="latency SLO, s (default: the endpoint's "
+    slo_s: float | None = typer.Option(None, min=0.001, help="latency SLO, s (default: the endpoint's "
                                           "autoscaling.slo_p95_s)"),
     cluster: str = typer.Option("aws", help="aws (machines from the offering catalog) or local (embedded, one machine)"),
     replica_slots: int = typer.Option(4, min=1, help="local cluster: replica slots on the machine"),
     out_dir: Path = typer.Option(Path("sim-report"), "--out", help="directory for report.md, plots and results.json"),
-    model_bytes: Optional[float] = typer.Option(None, min=1, help="model size for the cold start's load phase "
+    model_bytes: float | None = typer.Option(None, min=1, help="model size for the cold start's load phase "
                                                 "(default: the catalog's, tiny.en's ~75 MB)"),
     start_warm: bool = typer.Option(False, help="autoscaled runs start with one ready replica (a replay cut out of "
                                     "continuous traffic)"),

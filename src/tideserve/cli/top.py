@@ -4,7 +4,7 @@ status and metrics. Rates and mean latency come from the difference of two sampl
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from rich.console import Group
 from rich.table import Table

@@ -24,7 +24,7 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from tideserve.engines.compat import DeviceInfo, check_target
 from tideserve.errors import EngineMismatchError
@@ -47,7 +47,7 @@ class EngineManifest:
     files: dict[str, dict] = field(default_factory=dict)
 
     @classmethod
-    def read(cls, engine_dir: Path) -> "EngineManifest":
+    def read(cls, engine_dir: Path) -> EngineManifest:
         """Raises EngineMismatchError when the manifest is missing or unreadable."""
         path = Path(engine_dir) / MANIFEST
         try:
@@ -140,7 +140,7 @@ def build_engine(
             model_key=key, model_sha256=digest, source=source, backend=backend, backend_version=backend_version,
             target=target.name, compute_type=target.backend_compute_type,
             required_cpu_flags=cpu_flags_needed(target),
-            built_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), files=files,
+            built_at=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), files=files,
         )
         (tmp / MANIFEST).write_text(json.dumps(asdict(manifest), indent=2))
         if verify is not None:

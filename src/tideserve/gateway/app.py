@@ -17,7 +17,8 @@ import asyncio
 import hmac
 import logging
 import time
-from typing import Callable, Protocol
+from typing import Protocol
+from collections.abc import Callable
 
 import aiohttp
 from aiohttp import web

@@ -23,14 +23,14 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from tideserve.core import EWMA_ALPHA, HoldQueue, LoadTracker
 from tideserve.errors import CapacityError
 from tideserve.gateway.router import ReplicaView, choose_replica
 from tideserve.replicas import ReplicaEndpoint, ReplicaSource
 
-__all__ = ["EWMA_ALPHA", "AUDIO_HEADER", "Dispatcher", "estimate_audio_s"]
+__all__ = ["AUDIO_HEADER", "EWMA_ALPHA", "Dispatcher", "estimate_audio_s"]
 
 #: Header a client may send with its audio's duration in seconds (the work estimate).
 AUDIO_HEADER = "X-Audio-Seconds"
@@ -191,7 +191,7 @@ class Dispatcher:
                 try:
                     # Also wake periodically: replica readiness may change without a notify.
                     await asyncio.wait_for(asyncio.shield(w.future), min(remaining, 0.5))
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     self._release_held()
         finally:
             if not w.future.done():

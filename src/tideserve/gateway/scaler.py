@@ -55,7 +55,8 @@ import asyncio
 import logging
 import math
 from dataclasses import dataclass
-from typing import AsyncIterator, Protocol, Sequence
+from typing import Protocol
+from collections.abc import AsyncIterator, Sequence
 
 import grpc
 
@@ -219,14 +220,14 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
         await context.abort(exc.code, exc.message)
 
     # --- the RPCs ---
-    async def IsActive(self, request, context):  # noqa: N802 - the protocol's name
+    async def IsActive(self, request, context):
         try:
             pool = self.pool_of(request)
         except _Invalid as exc:
             await self._abort(context, exc)
         return pb.IsActiveResponse(result=self.active(pool))
 
-    async def StreamIsActive(self, request, context) -> AsyncIterator[pb.IsActiveResponse]:  # noqa: N802
+    async def StreamIsActive(self, request, context) -> AsyncIterator[pb.IsActiveResponse]:
         try:
             pool = self.pool_of(request)
         except _Invalid as exc:
@@ -241,17 +242,17 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
             try:
                 # Also re-check now and then, in case a change came without a notify.
                 await asyncio.wait_for(changed.wait(), self.recheck_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
-    async def GetMetricSpec(self, request, context):  # noqa: N802
+    async def GetMetricSpec(self, request, context):
         try:
             pool = self.pool_of(request)
         except _Invalid as exc:
             await self._abort(context, exc)
         return self.spec(pool)
 
-    async def StreamMetricSpec(self, request, context) -> AsyncIterator[pb.GetMetricSpecResponse]:  # noqa: N802
+    async def StreamMetricSpec(self, request, context) -> AsyncIterator[pb.GetMetricSpecResponse]:
         try:
             pool = self.pool_of(request)
         except _Invalid as exc:
@@ -259,7 +260,7 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
         yield self.spec(pool)
         await asyncio.Event().wait()  # the target is fixed: nothing more to push until the stream ends
 
-    async def GetMetrics(self, request, context):  # noqa: N802
+    async def GetMetrics(self, request, context):
         try:
             pool = self.pool_of(request.scaledObjectRef)
             name = metric_name(self.view.endpoint, pool)

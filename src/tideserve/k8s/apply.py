@@ -39,7 +39,8 @@ import json
 import os
 import secrets
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 import kubernetes.client
 import kubernetes.config
@@ -196,7 +197,7 @@ class Cluster:
         self._discovered: dict[str, dict[str, Resource]] = {}
 
     @classmethod
-    def connect(cls, kubeconfig: str | os.PathLike[str] | None = None, context: str | None = None) -> "Cluster":
+    def connect(cls, kubeconfig: str | os.PathLike[str] | None = None, context: str | None = None) -> Cluster:
         """A Cluster from :func:`load_configuration`. Raises ApplyError."""
         return cls(load_configuration(kubeconfig, context))
 
@@ -357,7 +358,7 @@ def decorate(obj: dict[str, Any], owner: Owner, namespaced: bool) -> dict[str, A
                              f"'{owner.name}' lives in '{owner.namespace}'; owner references cannot cross "
                              "namespaces: render into the endpoint's namespace")
         refs = [r for r in meta.get("ownerReferences") or [] if r.get("uid") != owner.uid]
-        meta["ownerReferences"] = refs + [owner.reference()]
+        meta["ownerReferences"] = [*refs, owner.reference()]
     else:
         meta.pop("namespace", None)
     return out

@@ -43,7 +43,7 @@ class DisruptionBudget(_Strict):
     reasons: list[Literal["Underutilized", "Empty", "Drifted"]] = Field(default_factory=list)
 
     @model_validator(mode="after")
-    def _schedule_with_duration(self) -> "DisruptionBudget":
+    def _schedule_with_duration(self) -> DisruptionBudget:
         if (self.schedule is None) != (self.duration is None):
             raise ValueError("set schedule and duration together, or neither")
         return self
@@ -67,7 +67,7 @@ class GpuFamily(_Strict):
     weight: int | None = Field(None, ge=1, le=100, description="Karpenter prefers NodePools of higher weight.")
 
     @model_validator(mode="after")
-    def _selects_something(self) -> "GpuFamily":
+    def _selects_something(self) -> GpuFamily:
         if not self.gpu_names and not self.instance_families:
             raise ValueError(f"GPU family '{self.name}' selects no instances; set gpu_names and/or instance_families")
         return self
@@ -91,7 +91,7 @@ class ClusterConfig(_Strict):
     grafana_datasource_uid: str = Field("prometheus", description="UID of Grafana's Prometheus data source.")
 
     @model_validator(mode="after")
-    def _priorities(self) -> "ClusterConfig":
+    def _priorities(self) -> ClusterConfig:
         if self.training_priority >= self.inference_priority:
             raise ValueError("training_priority must be below inference_priority so that inference preempts training")
         names_ = [f.name for f in self.gpu_families]

@@ -76,7 +76,7 @@ def condition(kind: str, ok: bool, reason: str, message: str, now: datetime.date
     prev = next((c for c in previous or [] if isinstance(c, dict) and c.get("type") == kind), None)
     since = prev.get("lastTransitionTime") if prev and prev.get("status") == status else None
     return {"type": kind, "status": status, "reason": reason, "message": message[:MAX_MESSAGE_CHARS],
-            "lastTransitionTime": since or now.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+            "lastTransitionTime": since or now.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
 
 
 def conditions(*, ready: bool, reason: str, message: str, degraded: bool, now: datetime.datetime,
@@ -197,7 +197,7 @@ def _pod_ready(body: Any, type: str | None = None, **_: Any) -> bool:
 def make_registry(cluster: Cluster, *, image: str | None = None, options: RenderOptions | None = None,
                   render: RenderFn = render_endpoint,
                   retry_delay_s: float = DEFAULT_RETRY_DELAY_S, observe_interval_s: float = DEFAULT_OBSERVE_INTERVAL_S,
-                  clock: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.timezone.utc),
+                  clock: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC),
                   ) -> kopf.OperatorRegistry:
     """A kopf registry with the operator's handlers, bound to ``cluster`` and ``render``.
 

@@ -297,7 +297,7 @@ def _model_mount(endpoint: InferenceEndpoint, options: RenderOptions) -> _ModelM
             "command": ["python", "-m", "tideserve.sources", source, "--cache-dir", CACHE_DIR],
             "env": env,
         }
-        return _ModelMount([], [], [], [init], [], env + [{"name": "HF_HUB_OFFLINE", "value": "1"}], [])
+        return _ModelMount([], [], [], [init], [], [*env, {"name": "HF_HUB_OFFLINE", "value": "1"}], [])
     return _ModelMount([], [], [], [], [], [], [])
 
 

@@ -29,7 +29,7 @@ def build_dashboard(datasource_uid: str = "${DS_PROMETHEUS}") -> dict:
         .refresh("10s")
         .time("now-1h", "now")
     )
-    for i, spec in enumerate(PANELS):
+    for _i, spec in enumerate(PANELS):
         panel = (
             gts.Panel().title(spec.title).datasource(ds).unit(spec.unit).height(8).span(12)
         )

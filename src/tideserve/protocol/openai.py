@@ -55,7 +55,7 @@ def parse_form(fields: dict[str, str], file_bytes: bytes | None, served_model: s
 
 
 def _clock(t: float, sep: str) -> str:
-    ms = max(0, int(round(t * 1000)))
+    ms = max(0, round(t * 1000))
     h, rem = divmod(ms, 3_600_000)
     m, rem = divmod(rem, 60_000)
     s, ms = divmod(rem, 1000)

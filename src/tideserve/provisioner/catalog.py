@@ -15,7 +15,7 @@ Pure data and arithmetic, no I/O. Figures and their sources:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from collections.abc import Iterable
 
 #: Capacity types an offering can be bought as (Karpenter's ``karpenter.sh/capacity-type``).
 CAPACITY_TYPES: tuple[str, ...] = ("on-demand", "spot")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from tideserve.provisioner.catalog import CAPACITY_TYPES, Offering, SpotMarket, check_capacity_type
 

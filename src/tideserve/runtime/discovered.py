@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from tideserve.replicas import ReplicaEndpoint
 from tideserve.spec import InferenceEndpoint

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from typing import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from tideserve.aio import cancel_and_wait
 
@@ -104,7 +104,7 @@ class DnsDiscovery:
         while True:
             try:
                 await self.poll_once()
-            except Exception:  # noqa: BLE001 - discovery must outlive a bad round
+            except Exception:
                 log.exception("replica discovery round failed")
             await asyncio.sleep(self.interval_s)
 

@@ -30,7 +30,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import aiohttp
 
@@ -69,7 +69,7 @@ async def _in_daemon_thread(fn: Callable, *args):
     def run() -> None:
         try:
             result = fn(*args)
-        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+        except BaseException as exc:
             # Bound now: the name `exc` is unset once this except block ends.
             loop.call_soon_threadsafe(lambda e=exc: fut.done() or fut.set_exception(e))
         else:
@@ -317,7 +317,7 @@ class LocalRuntime:
             return False
         except EngineMismatchError as exc:
             return self._unschedulable(ps, exc)
-        except Exception as exc:  # noqa: BLE001 - an unreadable cache or model path: say so, don't crash
+        except Exception as exc:
             log.debug("preparing pool %s failed", ps.spec.name, exc_info=True)
             return self._unschedulable(ps, f"cannot prepare the engine: {type(exc).__name__}: {exc}")
         ps.prepare_failures = 0
@@ -392,7 +392,7 @@ class LocalRuntime:
                         pass
                     procs.append(r.proc)
         if procs:
-            done, pending = await asyncio.wait([asyncio.ensure_future(p.wait()) for p in procs], timeout=timeout_s)
+            _done, _pending = await asyncio.wait([asyncio.ensure_future(p.wait()) for p in procs], timeout=timeout_s)
             for p in procs:
                 if p.returncode is None:
                     p.kill()
@@ -446,7 +446,7 @@ class LocalRuntime:
         if self._zygote is not None and await self._zygote.wait_ready(120):
             try:
                 r.proc = await self._zygote.spawn(argv, env)  # type: ignore[assignment]
-            except (OSError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, OSError) as exc:
                 log.warning("zygote could not fork %s (%s); starting a fresh process", r.id, exc)
         if r.proc is None:
             r.proc = await asyncio.create_subprocess_exec(
@@ -524,7 +524,7 @@ class LocalRuntime:
         try:
             async with self._session.get(r.url + "/v2/health/ready") as resp:
                 return resp.status == 200
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        except (TimeoutError, aiohttp.ClientError, OSError):
             return False
 
     async def _check(self, ps: PoolState, r: Replica, now: float) -> None:
@@ -602,5 +602,5 @@ class LocalRuntime:
             self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), self.tick_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass

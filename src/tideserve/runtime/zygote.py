@@ -15,7 +15,7 @@ import os
 import signal
 import socket
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 log = logging.getLogger("tideserve.runtime")
 
@@ -129,7 +129,7 @@ class Zygote:
     async def wait_ready(self, timeout_s: float) -> bool:
         try:
             await asyncio.wait_for(self._ready.wait(), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
         return self.alive
 
@@ -170,7 +170,7 @@ class Zygote:
         if self._proc is not None and self._proc.returncode is None:
             try:
                 await asyncio.wait_for(self._proc.wait(), 5)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self._proc.kill()
                 await self._proc.wait()
         if self._reader is not None:

@@ -46,7 +46,8 @@ import bisect
 import math
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 from tideserve.autoscaler.policy import Decision, ScalingState, Snapshot, place, settle
 from tideserve.sim.coldstart import ColdStartCatalog
@@ -169,7 +170,7 @@ class KpaState:
 def knative_decide(s: Snapshot, spec: Autoscaling, st: KpaState, now: float) -> tuple[Decision, KpaState]:
     """One KPA tick (module docstring)."""
     conc = float(s.pending + s.in_flight)
-    samples = tuple((t, c) for t, c in st.samples if now - t < KPA_STABLE_WINDOW_S) + ((now, conc),)
+    samples = (*tuple((t, c) for t, c in st.samples if now - t < KPA_STABLE_WINDOW_S), (now, conc))
     stable = sum(c for _, c in samples) / len(samples)
     panic_s = [c for t, c in samples if now - t < KPA_PANIC_WINDOW_S]
     panic = sum(panic_s) / len(panic_s)
@@ -227,7 +228,7 @@ def oracle_plan(arrivals: Sequence[tuple[float, float]], capacity: float, budget
                 horizon_s: float) -> list[int]:
     """Replicas to have asked for at each whole second: max over t in [k, k + lookahead] of
     r(t) = ceil(audio arriving in (t - budget, t] / (budget x capacity)) (module docstring)."""
-    n = int(math.ceil(horizon_s)) + int(math.ceil(lookahead_s)) + 2
+    n = math.ceil(horizon_s) + math.ceil(lookahead_s) + 2
     times = [a for a, _ in arrivals]
     prefix = [0.0]
     for _, w in arrivals:
@@ -243,7 +244,7 @@ def oracle_plan(arrivals: Sequence[tuple[float, float]], capacity: float, budget
         r[k] = math.ceil(work / (budget_s * capacity) - 1e-9) if work > 0 else 0
     out = [0] * n
     win: deque[int] = deque()
-    look = int(math.ceil(lookahead_s))
+    look = math.ceil(lookahead_s)
     for k in range(n - 1, -1, -1):  # sliding max over [k, k + look]
         while win and r[win[-1]] <= r[k]:
             win.pop()
@@ -270,7 +271,7 @@ def make_oracle(requests: Sequence[TraceRequest]) -> Decide:
         if st.plan is None:
             st = OracleState(oracle_plan(arrivals, cap, budget, cold, horizon),
                              {"capacity_audio_s": cap, "cold_start_s": cold, "budget_s": budget})
-        k = min(len(st.plan) - 1, max(0, int(math.floor(now))))
+        k = min(len(st.plan) - 1, max(0, math.floor(now)))
         want = st.plan[k]
         backlog = s.pending_audio_s + sum(r.outstanding_audio_s for p in usable for r in p.replicas)
         need = math.ceil(backlog / (budget * cap) - 1e-9) if backlog > 0 else 0

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Sequence
+from collections.abc import Sequence
 
 from tideserve.autoscaler import policy as autoscaler_policy
 from tideserve.autoscaler.policy import PoolSnapshot

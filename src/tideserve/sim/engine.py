@@ -42,11 +42,12 @@ import heapq
 import math
 import random
 from dataclasses import dataclass, field
-from typing import Callable, Literal, Sequence
+from typing import Literal
+from collections.abc import Callable, Sequence
 
 from tideserve import core
 from tideserve.autoscaler import policy as autoscaler_policy
-from tideserve.autoscaler.policy import PoolSnapshot, ReplicaSnapshot, ScalingState, Snapshot
+from tideserve.autoscaler.policy import PoolSnapshot, ReplicaSnapshot, Snapshot
 from tideserve.core import HoldQueue, LoadTracker, ReplicaRecord, plan_apply
 from tideserve.core import ReplicaState as RS
 from tideserve.gateway import router

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from collections.abc import Sequence
 
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from tideserve.sim.compare import PolicyRun  # noqa: E402
+from tideserve.sim.compare import PolicyRun
 
 
 def timeline(run: PolicyRun, requests_per_min: Sequence[tuple[float, int]], path: Path) -> None:

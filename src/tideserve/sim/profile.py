@@ -58,7 +58,7 @@ class PoolProfile(_Strict):
     points: list[ProfilePoint] = Field(min_length=1)
 
     @model_validator(mode="after")
-    def _unique(self) -> "PoolProfile":
+    def _unique(self) -> PoolProfile:
         keys = [(p.batch_size, p.audio_s) for p in self.points]
         if len(set(keys)) != len(keys):
             raise ValueError(f"pool {self.pool}: a (batch_size, audio_s) point is listed twice")

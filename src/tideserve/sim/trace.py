@@ -38,7 +38,7 @@ import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from tideserve.sim.errors import SimInputError
 
@@ -70,7 +70,7 @@ class DurationRule:
     high_s: float = 0.0
 
     @classmethod
-    def parse(cls, text: str) -> "DurationRule":
+    def parse(cls, text: str) -> DurationRule:
         """Parse ``quantile:COL:MIN:MAX``, ``fixed:S``, ``uniform:MIN:MAX`` or ``column:NAME``.
         Raises SimInputError naming the rule and the accepted forms."""
         parts = text.split(":")
@@ -151,7 +151,7 @@ def _parse_time(text: str, source: str, where: str) -> float:
         raise SimInputError(f"{source}: {where}: timestamp {text!r} is neither seconds nor an ISO 8601 date-time "
                             "(e.g. 2023-11-16 18:15:46.680590)") from None
     if t.tzinfo is None:
-        t = t.replace(tzinfo=dt.timezone.utc)
+        t = t.replace(tzinfo=dt.UTC)
     return t.timestamp()
 
 

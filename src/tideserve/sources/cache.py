@@ -37,7 +37,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path, PurePosixPath
 
 from tideserve.sources.errors import SourceIntegrityError
@@ -183,7 +183,7 @@ class ModelCache:
                 manifest = {
                     "source": uri,
                     "key": key,
-                    "fetched_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                    "fetched_at": datetime.now(UTC).isoformat(timespec="seconds"),
                     "files": [asdict(r) for r in sorted(records, key=lambda r: r.path)],
                 }
                 (tmp / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1) + "\n")

@@ -30,7 +30,7 @@ class DownloadProgress:
         self._t_file = 0.0
         self._t0 = 0.0
 
-    def __enter__(self) -> "DownloadProgress":
+    def __enter__(self) -> DownloadProgress:
         self._t0 = time.monotonic()
         log.info("%s: downloading %d files, %d bytes", self.uri, self.n_files, self.total_bytes)
         if self.tty:

@@ -64,7 +64,7 @@ class LocalConfig(_Strict):
         return keys
 
     @model_validator(mode="after")
-    def _tls_pair(self) -> "LocalConfig":
+    def _tls_pair(self) -> LocalConfig:
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("set both tls_cert_file and tls_key_file, or neither")
         return self

@@ -75,7 +75,7 @@ class Target(BaseModel):
         return f"{self.device}-{self.arch}-{self.compute_type}"
 
     @classmethod
-    def parse(cls, text: str) -> "Target":
+    def parse(cls, text: str) -> Target:
         """Parse a target name. Raises ValueError naming the part that is wrong."""
         m = _TARGET_RE.match(text)
         if not m:
@@ -176,7 +176,7 @@ class ModelSpec(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _backend_decoding(self) -> "ModelSpec":
+    def _backend_decoding(self) -> ModelSpec:
         if self.backend == "torch" and self.decoding.beam_size != 1:
             raise ValueError(
                 f"the torch backend decodes greedily: set decoding.beam_size to 1 (it is {self.decoding.beam_size})"
@@ -198,7 +198,7 @@ class Replicas(_Strict):
     max: int = Field(1, ge=1, le=1000)
 
     @model_validator(mode="after")
-    def _ordered(self) -> "Replicas":
+    def _ordered(self) -> Replicas:
         if self.min > self.max:
             raise ValueError(f"min ({self.min}) is larger than max ({self.max}); raise max or lower min")
         return self
@@ -226,7 +226,7 @@ class Pool(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _target_fits_accelerator(self) -> "Pool":
+    def _target_fits_accelerator(self) -> Pool:
         t = Target.parse(self.target)
         if self.accelerator == "cpu":
             if t.device != "cpu":
@@ -344,7 +344,7 @@ class EndpointSpec(_Strict):
         return pools
 
     @model_validator(mode="after")
-    def _targets_fit_backend(self) -> "EndpointSpec":
+    def _targets_fit_backend(self) -> EndpointSpec:
         for p in self.pools:
             t = Target.parse(p.target)
             if self.model.backend == "faster-whisper" and t.device == "cuda":

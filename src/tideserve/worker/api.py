@@ -270,7 +270,7 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
             # aiohttp raises many kinds for a broken multipart body (bad charset, unknown
             # transfer encoding, invalid or over-long part headers): all are the client's.
             raise BadInputError(f"malformed multipart body ({type(exc).__name__}: {exc})") from None
-        except Exception as exc:  # noqa: BLE001 - aiohttp's parser errors have no common base
+        except Exception as exc:
             if type(exc).__module__.startswith("aiohttp"):
                 raise BadInputError(f"malformed multipart body ({type(exc).__name__}: {exc})") from None
             raise

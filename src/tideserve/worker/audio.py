@@ -15,7 +15,7 @@ from __future__ import annotations
 import io
 import struct
 import wave
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -56,7 +56,7 @@ def sniff_format(data: bytes) -> str:
     """The FFmpeg demuxer for ``data``, from its magic bytes. Raises BadInputError for anything
     not on the allowlist."""
     head = data[:12]
-    if head[:4] == b"RIFF" and head[8:12] in (b"WAVE", b"RF64") or head[:4] in (b"RF64", b"BW64"):
+    if (head[:4] == b"RIFF" and head[8:12] in (b"WAVE", b"RF64")) or head[:4] in (b"RF64", b"BW64"):
         return "wav"
     if head[:4] == b"fLaC":
         return "flac"

@@ -13,7 +13,7 @@ simulator (``tideserve.sim``) make the same decision from the same queue.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from collections.abc import Sequence
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,8 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 
@@ -89,7 +90,7 @@ class EngineStats:
     queued: int = 0           # parts waiting now (a gauge, not a delta)
     active: int = 0           # rows decoding now (a gauge)
 
-    def take(self) -> "EngineStats":
+    def take(self) -> EngineStats:
         """A copy of the counters, which are then zeroed (gauges kept)."""
         out = EngineStats(**{f.name: getattr(self, f.name) for f in fields(self)})
         for f in fields(self):
@@ -257,7 +258,7 @@ class EngineLoop:
             results, timings = self.backend.transcribe_batch(tasks)
             if len(results) != len(parts):
                 raise RuntimeError(f"backend returned {len(results)} results for {len(parts)} inputs")
-        except Exception as exc:  # noqa: BLE001 - isolate the bad input: run each part alone
+        except Exception as exc:
             if len(parts) > 1:
                 self._run_alone(parts)
             else:
@@ -282,7 +283,7 @@ class EngineLoop:
                 continue
             try:
                 (r,), timings = self.backend.transcribe_batch([p.task()])
-            except Exception as exc:  # noqa: BLE001 - the bad input fails only its own request
+            except Exception as exc:
                 self._fail(p.rid, exc)
                 continue
             self.stats.executions += 1
@@ -299,12 +300,12 @@ class EngineLoop:
             parts = self._take(cut)
             try:
                 handles, timings = b.admit([p.task() for p in parts])
-            except Exception as exc:  # noqa: BLE001 - admit each alone to find the bad input
+            except Exception as exc:
                 handles, timings = [], None
                 for p in parts:
                     try:
                         (h,), t = b.admit([p.task()])
-                    except Exception as one:  # noqa: BLE001
+                    except Exception as one:
                         self._fail(p.rid, one)
                         continue
                     self.active[h] = p
@@ -366,7 +367,7 @@ class EngineLoop:
         chain.append(action.result)
         seek = action.seek_s
         if seek is not None and part.parts_so_far < MAX_PARTS_PER_SEGMENT:
-            start = int(round(seek * SAMPLE_RATE))
+            start = round(seek * SAMPLE_RATE)
             if 0 < start < len(part.samples):
                 self.stats.seeks += 1
                 nxt = _Part(part.rid, part.segment, part.samples[start:], part.offset_s + seek, part.options,
@@ -421,7 +422,7 @@ def engine_main(inbox: Any, outbox: Any, config: EngineConfig) -> None:
         backend = backend_class(config.backend)(
             config.model_dir, config.target, config.decoding, cpu_threads=config.cpu_threads,
             max_batch_size=config.max_batch_size)
-    except BaseException as exc:  # noqa: BLE001 - the front maps the kind to an exit code
+    except BaseException as exc:
         emit(("failed", type(exc).__name__, str(exc) or traceback.format_exc(limit=3)))
         return
     emit(("ready", {"languages": sorted(backend.languages),
@@ -460,7 +461,7 @@ def engine_main(inbox: Any, outbox: Any, config: EngineConfig) -> None:
         if running:
             try:
                 loop.run_once()
-            except Exception:  # noqa: BLE001 - a bug here must not hang every request: fail them all
+            except Exception:
                 log.exception("engine loop failed")
                 for rid in list(loop.requests):
                     loop._fail(rid, RuntimeError("the engine failed; see the worker log"))

@@ -18,7 +18,8 @@ import os
 import signal
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from tideserve.errors import (
     BadInputError,

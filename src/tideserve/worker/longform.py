@@ -18,7 +18,7 @@ No clock, no I/O and no model: the engine loop and the tests call the same funct
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -17,7 +17,8 @@ import signal
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 
@@ -122,7 +123,7 @@ class PrepPool:
 
     async def run(self, fn: Callable[..., Prepared], *args: Any) -> Prepared:
         loop = asyncio.get_running_loop()
-        for attempt in range(2):
+        for _attempt in range(2):
             pool = self._pool
             try:
                 return await loop.run_in_executor(pool, fn, *args)

@@ -132,7 +132,7 @@ async def serve(args: argparse.Namespace, phases: dict[str, float]) -> int:
     while not stop.is_set():
         try:
             await asyncio.wait_for(stop.wait(), 1.0)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             if os.getppid() != parent:
                 log.warning("parent process went away; shutting down")
                 break

@@ -28,10 +28,10 @@ import sys
 import time
 
 # Everything a worker imports, imported once here so that forked replicas start warm.
-import tideserve.worker.server as server  # noqa: E402
-from tideserve.metrics.triton import TritonMetrics  # noqa: F401,E402
-from tideserve.worker import api, timings  # noqa: F401,E402
-from tideserve.worker.backends import BACKENDS  # noqa: E402
+import tideserve.worker.server as server
+from tideserve.metrics.triton import TritonMetrics  # noqa: F401
+from tideserve.worker import api, timings  # noqa: F401
+from tideserve.worker.backends import BACKENDS
 
 
 def _pdeathsig(sig: int) -> None:
@@ -68,7 +68,7 @@ def _child(sock: socket.socket, wakeup_r: int, wakeup_w: int, log_fd: int, argv:
         code = server.main(argv, started_at=time.time())
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
-    except BaseException:  # noqa: BLE001 - report and exit, never return into the zygote loop
+    except BaseException:
         import traceback
 
         traceback.print_exc()

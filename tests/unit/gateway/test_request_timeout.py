@@ -77,9 +77,8 @@ def test_request_timeout_is_504_and_the_forwarded_request_is_cancelled():
         await site.start()
         url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
         try:
-            async with aiohttp.ClientSession() as s:
-                async with s.post(url + "/invocations", json={"audio_data": ""}) as r:
-                    status, body = r.status, await r.json()
+            async with aiohttp.ClientSession() as s, s.post(url + "/invocations", json={"audio_data": ""}) as r:
+                status, body = r.status, await r.json()
             assert arrived.is_set()
             await asyncio.wait_for(cancelled.wait(), 30)
             return status, body, gw.app["dispatcher"].in_flight()

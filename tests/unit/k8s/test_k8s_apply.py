@@ -17,14 +17,14 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from kube_mock import APPLY_CONTENT_TYPE, mock_server, write_kubeconfig  # noqa: E402
+from kube_mock import APPLY_CONTENT_TYPE, mock_server, write_kubeconfig
 
-from tideserve.k8s import names  # noqa: E402
-from tideserve.k8s.apply import (  # noqa: E402
+from tideserve.k8s import names
+from tideserve.k8s.apply import (
     ApplyError, Cluster, ObjectRef, Owner, apply_endpoint, decorate, delete_cluster_scoped, token_secret,
 )
-from tideserve.k8s.operator import KopfRecordFilter, Observation, assess, conditions, endpoint_document  # noqa: E402
-from tideserve.logs import JsonFormatter  # noqa: E402
+from tideserve.k8s.operator import KopfRecordFilter, Observation, assess, conditions, endpoint_document
+from tideserve.logs import JsonFormatter
 
 OWNER = Owner(name="whisper", namespace="prod", uid="u-1")
 LABELS = {names.LABEL_ENDPOINT: "whisper", names.LABEL_MANAGED_BY: "tideserve"}
@@ -78,7 +78,7 @@ def test_token_secret_is_random_url_safe_and_owned() -> None:
 
 
 def test_conditions_keep_transition_time_while_status_holds() -> None:
-    t0 = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.timezone.utc)
+    t0 = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
     t1 = t0 + datetime.timedelta(minutes=5)
     first = conditions(ready=True, reason="Available", message="all ready", degraded=False, now=t0, previous=None)
     assert first == [

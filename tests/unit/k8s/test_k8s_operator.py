@@ -26,14 +26,14 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from kube_mock import APPLY_CONTENT_TYPE, RESOURCES, ApplyingEmulator, mock_server, until, write_kubeconfig  # noqa: E402
+from kube_mock import APPLY_CONTENT_TYPE, RESOURCES, ApplyingEmulator, mock_server, until, write_kubeconfig
 
-from tideserve.errors import SpecError  # noqa: E402
-from tideserve.k8s import names  # noqa: E402
-from tideserve.k8s.apply import Cluster  # noqa: E402
-from tideserve.k8s.operator import DO_NOT_DISRUPT, FINALIZER, make_settings, run_operator  # noqa: E402
-from tideserve.k8s.render import RenderOptions, render_endpoint  # noqa: E402
-from tideserve.spec import load_endpoint  # noqa: E402
+from tideserve.errors import SpecError
+from tideserve.k8s import names
+from tideserve.k8s.apply import Cluster
+from tideserve.k8s.operator import DO_NOT_DISRUPT, FINALIZER, make_settings, run_operator
+from tideserve.k8s.render import RenderOptions, render_endpoint
+from tideserve.spec import load_endpoint
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 IE = f"{names.GROUP}/{names.VERSION}/{names.PLURAL}"

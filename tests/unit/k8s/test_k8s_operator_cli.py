@@ -16,9 +16,9 @@ from typer.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from kube_mock import mock_server, until, write_kubeconfig  # noqa: E402
+from kube_mock import mock_server, until, write_kubeconfig
 
-from tideserve.cli.main import app  # noqa: E402
+from tideserve.cli.main import app
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 IE_PATH = "/apis/tideserve.io/v1alpha1/namespaces/default/inferenceendpoints"

@@ -76,7 +76,7 @@ def test_kserve_json_request_audio_is_base64_and_json_output():
                                    "data": [base64.b64encode(b"wav").decode()]}]}).encode()
     parsed = kserve.parse_infer(body, None)
     assert parsed.request.audio == b"wav" and not parsed.binary_output
-    out, headers, ctype = kserve.format_infer("m", parsed, TranscriptionResult("t", "en", 1.0))
+    out, headers, _ctype = kserve.format_infer("m", parsed, TranscriptionResult("t", "en", 1.0))
     assert json.loads(out)["outputs"][0]["data"] == ["t"] and headers == {}
 
 

@@ -28,7 +28,8 @@ def test_formats_rates_and_channels_become_16k_mono(tone, fmt, rate, channels):
 
 
 def test_stereo_is_mixed_not_left_channel_only():
-    import av, io
+    import av
+    import io
 
     n = SR
     left = np.zeros(n, np.float32)
@@ -81,7 +82,8 @@ def test_duration_limit_stops_decoding(tone):
 
 
 def test_non_finite_samples_refused_and_loud_ones_clipped():
-    import io, av
+    import io
+    import av
 
     def wav_float(x):
         buf = io.BytesIO()

@@ -16,7 +16,7 @@ EOT = 999
 
 
 def ts(seconds: float) -> int:
-    return TB + int(round(seconds / 0.02))
+    return TB + round(seconds / 0.02)
 
 
 def decode(ids: list[int]) -> str:

@@ -50,7 +50,7 @@ def test_greedy_decoder_one_new_token_and_prompts_at_the_maximum_length() -> Non
         rows = dec.decode(enc, [longest, [SPECIAL.sot, SPECIAL.no_timestamps]], [False, False], max_new_tokens=1)
         assert [len(r.tokens) for r in rows] == [1, 1]
     with pytest.raises(ValueError, match="at most 8"):
-        dec.decode(enc[:1], [[50360] + longest], [False])
+        dec.decode(enc[:1], [[50360, *longest]], [False])
 
 
 def test_the_context_bounds_the_output_after_a_maximum_prompt() -> None:

@@ -129,7 +129,7 @@ class FasterWhisperBackend:
                 return_no_speech_prob=True,
                 suppress_blank=True,
                 suppress_tokens=self._suppress,
-                max_initial_timestamp_index=int(round(1.0 / _TIME_PRECISION_S)),
+                max_initial_timestamp_index=round(1.0 / _TIME_PRECISION_S),
             )
             for i, r in zip(idx, res):
                 decoded[i] = r

@@ -8,7 +8,7 @@ Thresholds are Whisper's reference defaults (``no_speech_threshold`` 0.6, ``logp
 from __future__ import annotations
 
 import zlib
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from tideserve.protocol.types import Segment
 from tideserve.worker.backends.base import WindowResult, WindowTask

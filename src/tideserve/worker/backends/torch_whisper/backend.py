@@ -14,7 +14,6 @@ backend refuses ``beam_size`` > 1 with a clear error.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -34,9 +33,7 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 
 # Symbols Whisper never transcribes as speech (its reference decoder's non-speech list); each
 # is suppressed when the tokenizer spells it as one token, with or without a leading space.
-_NON_SPEECH = (list('"#()*+/:;<=>@[\\]^_`{|}~「」『』')
-               + ["<<", ">>", "<<<", ">>>", "--", "---", "-(", "-[", "('", '("', "((", "))", "(((", ")))",
-                  "[[", "]]", "{{", "}}", "♪♪", "♪♪♪", "♩", "♪", "♫", "♬", "♭", "♮", "♯"])
+_NON_SPEECH = ([*list('"#()*+/:;<=>@[\\]^_`{|}~「」『』'), "<<", ">>", "<<<", ">>>", "--", "---", "-(", "-[", "('", '("', "((", "))", "(((", ")))", "[[", "]]", "{{", "}}", "♪♪", "♪♪♪", "♩", "♪", "♫", "♬", "♭", "♮", "♯"])
 
 _LANGS_EN_ONLY = frozenset({"en"})
 
@@ -77,7 +74,7 @@ def prompt_tokens(tok: Tokenizer, special: SpecialTokens, multilingual: bool, la
     if previous and previous.strip():
         tok.encode_special_tokens = True  # no other text this tokenizer encodes has special tokens
         ids = tok.encode(" " + previous.strip(), add_special_tokens=False).ids
-        out = [_token(tok, "<|startofprev|>")] + ids[-(MAX_LENGTH // 2 - 1):]
+        out = [_token(tok, "<|startofprev|>"), *ids[-(MAX_LENGTH // 2 - 1):]]
     out.append(special.sot)
     if multilingual:
         out += [_token(tok, f"<|{language or 'en'}|>"), _token(tok, "<|transcribe|>")]

@@ -44,7 +44,7 @@ class WhisperDims:
     max_target_positions: int = 448
 
     @classmethod
-    def from_config(cls, config: dict) -> "WhisperDims":
+    def from_config(cls, config: dict) -> WhisperDims:
         """Raises ValueError naming a missing key."""
         try:
             return cls(**{k: int(config[k]) for k in cls.__dataclass_fields__})
@@ -52,12 +52,12 @@ class WhisperDims:
             raise ValueError(f"config.json lacks {exc.args[0]!r}, which a Whisper model config has") from None
 
     @classmethod
-    def tiny(cls) -> "WhisperDims":
+    def tiny(cls) -> WhisperDims:
         """tiny / tiny.en sizes (39 M parameters)."""
         return cls()
 
     @classmethod
-    def large_v3(cls) -> "WhisperDims":
+    def large_v3(cls) -> WhisperDims:
         """large-v3 sizes (1.55 B parameters; 128 mel bins, 51866 tokens)."""
         return cls(num_mel_bins=128, d_model=1280, encoder_layers=32, encoder_attention_heads=20, encoder_ffn_dim=5120,
                    decoder_layers=32, decoder_attention_heads=20, decoder_ffn_dim=5120, vocab_size=51866)
