@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from localcluster import binary, require
+import tideserve
 from tideserve.k8s.crd import render_crd
 from tideserve.k8s.install import install_objects
 
@@ -54,7 +55,7 @@ def test_helm_template_renders_the_kustomize_objects(helm):
     # the chart's default tag is its appVersion
     default = [d for d in yaml.safe_load_all(_run(helm, "template", "t", str(CHART), "-n", "ops")) if d]
     dep = next(d for d in default if d["kind"] == "Deployment")
-    assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == "ghcr.io/tideserve/tideserve:0.1.0"
+    assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == f"ghcr.io/tideserve/tideserve:{tideserve.__version__}"
 
 
 def test_helm_rendered_objects_are_accepted_by_the_api_server(helm, cluster):

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 
 import typer
-from rich.console import Console
 
 from tideserve.k8s.render import RenderOptions
+from tideserve.cli.common import err
 
-err = Console(stderr=True, soft_wrap=True)
 
 IMAGE = typer.Option(RenderOptions.image, help="tideserve image the gateway and workers run (deploy/docker/Dockerfile)")
 GPU_IMAGE = typer.Option(None, help="image for GPU pools (the Dockerfile's cuda target); default: --image with "

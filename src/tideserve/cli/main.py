@@ -14,29 +14,19 @@ import urllib.request
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from tideserve.cli.common import err, load_or_exit as _load, out
 from tideserve.cli.operator import operator_command
+from tideserve.cli.sim import register as _register_sim
 from tideserve.cli import k8s_options
 from tideserve.errors import SpecError
-from tideserve.spec import InferenceEndpoint, load_endpoint, load_local_config
+from tideserve.spec import load_local_config
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="tideserve: one declarative inference endpoint.")
 render_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Render generated artefacts.")
 app.add_typer(render_app, name="render")
-err = Console(stderr=True, soft_wrap=True)
-# Piped output is not cut to 80 columns: tables keep every column readable in logs and scripts.
-out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
-
-
-def _load(file: Path) -> InferenceEndpoint:
-    try:
-        return load_endpoint(file)
-    except SpecError as exc:
-        err.print(f"[red]error:[/red] {escape(str(exc))}", markup=True, highlight=False)
-        raise typer.Exit(2)
 
 
 @app.command()
@@ -455,7 +445,6 @@ def _emit(text: str, out_file: Path | None) -> None:
 
 
 app.command("operator")(operator_command)
-from tideserve.cli.sim import register as _register_sim  # noqa: E402
 
 _register_sim(app)
 

@@ -6,12 +6,10 @@ import asyncio
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 from tideserve.cli import k8s_options
-
-err = Console(stderr=True, soft_wrap=True)
+from tideserve.cli.common import err
 
 
 def operator_command(

@@ -8,10 +8,9 @@ import math
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
-err = Console(stderr=True, soft_wrap=True)
+from tideserve.cli.common import err
 
 bench_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Measure this machine.")
 
@@ -51,7 +50,7 @@ def bench_profile(
 ) -> None:
     """Measure a pool's engine here: batch size x audio length -> latency of one execution (JSON)."""
     from tideserve.cli.bench import measure_profile
-    from tideserve.cli.main import _load
+    from tideserve.cli.common import load_or_exit as _load
     from tideserve.errors import TideserveError
 
     ep = _load(file)
@@ -111,7 +110,7 @@ def simulate_cmd(
                                     "continuous traffic)"),
 ) -> None:
     """Replay a trace through tideserve's policies; compare static and autoscaled fleets; write a TCO report."""
-    from tideserve.cli.main import _load
+    from tideserve.cli.common import load_or_exit as _load
     from tideserve.sim import ColdStartCatalog, RunOptions, SimInputError, compare, load_profile, load_trace
     from tideserve.sim.profile import pools_for_backend
     from tideserve.sim.report import write_report

@@ -12,6 +12,7 @@ must change that argument too (kustomize's ``images:`` rewrites only the contain
 
 from __future__ import annotations
 
+from tideserve import __version__
 from tideserve.k8s import names
 from tideserve.k8s.crd import render_crd
 from tideserve.k8s.render import to_yaml
@@ -105,7 +106,7 @@ def install_objects(image: str, namespace: str = "tideserve-system") -> list[dic
     return [ns, sa, cluster_role(), binding, deployment]
 
 
-def kustomize_files(image: str = "ghcr.io/tideserve/tideserve:0.1.0", namespace: str = "tideserve-system") -> dict[str, str]:
+def kustomize_files(image: str = names.DEFAULT_IMAGE, namespace: str = "tideserve-system") -> dict[str, str]:
     """The kustomize base: file name -> text. ``kustomize build deploy/kustomize`` (or
     ``kubectl apply -k``) installs the CRD and the operator; ``kustomize edit set image`` changes
     the image."""
@@ -132,14 +133,14 @@ def kustomize_files(image: str = "ghcr.io/tideserve/tideserve:0.1.0", namespace:
 # objects are rendered with placeholder values, then each placeholder becomes a template
 # expression. The CRD goes in crds/ (Helm installs it before the templates and never deletes it).
 CHART_NAME = "tideserve"
-CHART_VERSION = "0.1.0"
+CHART_VERSION = __version__
 _IMAGE_MARK = "TIDESERVE-HELM-IMAGE"
 _NAMESPACE_MARK = "TIDESERVE-HELM-NAMESPACE"
 _IMAGE_EXPR = '"{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}"'
 _NAMESPACE_EXPR = "{{ .Release.Namespace }}"
 
 
-def helm_chart_files(image: str = "ghcr.io/tideserve/tideserve:0.1.0") -> dict[str, str]:
+def helm_chart_files(image: str = names.DEFAULT_IMAGE) -> dict[str, str]:
     """The Helm chart deploy/helm/tideserve/: relative path -> text. Installs the CRD, the
     operator's ServiceAccount, ClusterRole + binding and Deployment into the release namespace
     (``helm install tideserve deploy/helm/tideserve -n tideserve-system --create-namespace``;

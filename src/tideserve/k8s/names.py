@@ -5,6 +5,11 @@ One place so a Deployment, its Service, the ScaledObject and the gateway's disco
 
 from __future__ import annotations
 
+from tideserve import __version__
+
+#: The image the gateway, workers and operator run by default: this package's version.
+DEFAULT_IMAGE = f"ghcr.io/tideserve/tideserve:{__version__}"
+
 GROUP = "tideserve.io"
 VERSION = "v1alpha1"
 PLURAL = "inferenceendpoints"

@@ -79,7 +79,7 @@ class RenderOptions:
     """
 
     namespace: str = "default"
-    image: str = "ghcr.io/tideserve/tideserve:0.1.0"
+    image: str = names.DEFAULT_IMAGE
     gpu_image: str | None = None
     image_pull_policy: str = "IfNotPresent"
     run_as_user: int = 10001
