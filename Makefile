@@ -23,8 +23,9 @@ $(VENV)/.run-installed: $(PY) requirements/run.lock pyproject.toml
 	$(UV) pip install -q --python $(PY) --no-deps -e .
 	touch $@
 
-# torch comes from the CPU wheel on this machine's disk through plain pip (uv would download
-# a multi-GB CUDA build); see ../shared/FACTS.md. Only the torch backend and its tests need it.
+# torch (the gpu extra's big piece) comes from PyPI through plain pip, whose cache keeps the
+# multi-GB wheel between runs on one machine; it stays out of the locks. Only the torch backend
+# and its tests need it; `make run` does not install it.
 TORCH_VERSION := 2.13.0
 
 $(VENV)/.test-installed: $(VENV)/.run-installed requirements/test.lock
@@ -66,7 +67,8 @@ proto: $(VENV)/.test-installed
 # Re-pin every dependency (needs network to PyPI).
 lock: $(PY)
 	$(UV) pip compile -q pyproject.toml --python-version 3.11 -o requirements/run.lock
-	$(UV) pip compile -q pyproject.toml --extra test --python-version 3.11 -c requirements/run.lock -o requirements/test.lock
+	$(UV) pip compile -q pyproject.toml --extra test --extra s3 --extra hf --extra k8s --extra sim --python-version 3.11 \
+		-c requirements/run.lock -o requirements/test.lock
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info src/*.egg-info

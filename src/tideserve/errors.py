@@ -121,3 +121,16 @@ class UpstreamError(TideserveError):
 
     code = "upstream_error"
     http_status = 502
+
+
+class MissingExtraError(TideserveError):
+    """A feature needs an optional extra that is not installed (``pip install 'tideserve[EXTRA]'``);
+    ``extra`` names it. An installation problem, not a request's: servers answer 500 and commands
+    exit with EX_CONFIG (78)."""
+
+    code = "missing_extra"
+    http_status = 500
+
+    def __init__(self, message: str, extra: str = "") -> None:
+        super().__init__(message)
+        self.extra = extra

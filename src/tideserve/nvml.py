@@ -7,6 +7,7 @@ callers treat "no GPU" uniformly.
 from __future__ import annotations
 
 import logging
+import os
 from types import ModuleType
 from collections.abc import Callable
 
@@ -14,9 +15,17 @@ log = logging.getLogger("tideserve.nvml")
 
 
 def load() -> ModuleType | None:
+    """The initialised ``pynvml`` module, or None. Without nvidia-ml-py (the ``gpu`` extra) on a
+    machine with an NVIDIA driver (``/dev/nvidiactl`` exists) it logs a warning naming the extra,
+    since its GPUs then go unseen."""
     try:
         import pynvml
-
+    except ModuleNotFoundError:
+        if os.path.exists("/dev/nvidiactl"):
+            log.warning("this machine has an NVIDIA driver but nvidia-ml-py is not installed, so its GPUs are "
+                        "not seen; install the 'gpu' extra: pip install 'tideserve[gpu]'")
+        return None
+    try:
         pynvml.nvmlInit()
         return pynvml
     except Exception as exc:

@@ -13,14 +13,29 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from tideserve.errors import SpecError
+from tideserve.errors import MissingExtraError, SpecError
+from tideserve.extras import require
 from tideserve.spec import InferenceEndpoint, load_endpoint
+
+#: Exit status of a command that cannot work with this installation or configuration
+#: (sysexits.h EX_CONFIG, as the worker uses).
+EX_CONFIG = 78
 
 #: Errors and progress go to stderr.
 err = Console(stderr=True, soft_wrap=True)
 #: Results go to stdout; piped output is not cut to 80 columns, so tables keep every column
 #: readable in logs and scripts.
 out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
+
+
+def exit_missing_extra(feature: str, extra: str) -> None:
+    """Exit with EX_CONFIG (78) and a one-line message if ``extra`` is not installed (see
+    :func:`tideserve.extras.require`)."""
+    try:
+        require(extra, feature)
+    except MissingExtraError as exc:
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        raise typer.Exit(EX_CONFIG) from None
 
 
 def load_or_exit(file: Path) -> InferenceEndpoint:

@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 
 from tideserve.cli import k8s_options
-from tideserve.cli.common import err
+from tideserve.cli.common import err, exit_missing_extra
 
 
 def operator_command(
@@ -32,6 +32,7 @@ def operator_command(
     log_format: str = typer.Option("json", help="json (one object a line) or text"),
 ) -> None:
     """Render and server-side-apply every InferenceEndpoint; report Ready/Degraded conditions."""
+    exit_missing_extra("tideserve operator", "k8s")
     from tideserve.k8s.apply import ApplyError, Cluster
     from tideserve.k8s.operator import install_log_filter, run_operator
     from tideserve.logs import setup_logging

@@ -110,7 +110,9 @@ def simulate_cmd(
                                     "continuous traffic)"),
 ) -> None:
     """Replay a trace through tideserve's policies; compare static and autoscaled fleets; write a TCO report."""
-    from tideserve.cli.common import load_or_exit as _load
+    from tideserve.cli.common import exit_missing_extra, load_or_exit as _load
+
+    exit_missing_extra("tideserve simulate's report plots", "sim")
     from tideserve.sim import ColdStartCatalog, RunOptions, SimInputError, compare, load_profile, load_trace
     from tideserve.sim.profile import pools_for_backend
     from tideserve.sim.report import write_report

@@ -26,6 +26,8 @@ from typing import BinaryIO
 
 import numpy as np
 
+from tideserve.extras import needs_extra
+
 _DTYPES = {0: np.float32, 1: np.int8, 2: np.int16, 3: np.int32, 4: np.float16}
 _BF16 = 5
 SUPPORTED_BINARY_VERSIONS = (5, 6)
@@ -164,7 +166,8 @@ def convert_ct2_whisper(src: Path, dst: Path, dtype: str = "float16") -> Path:
     Raises ConversionError when ``src`` is not such a model, FileExistsError when ``dst`` exists
     and is not empty.
     """
-    from safetensors.numpy import save_file
+    with needs_extra("gpu", "building torch-backend engines (model.backend: torch)"):
+        from safetensors.numpy import save_file
 
     src, dst = Path(src), Path(dst)
     if not (src / "model.bin").is_file() or not (src / "tokenizer.json").is_file():

@@ -22,7 +22,6 @@ from collections.abc import Callable
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import generate_latest
 
 from tideserve import __version__
 from tideserve.errors import (
@@ -281,7 +280,7 @@ def build_gateway_app(
                 counts[rep["state"]] = counts.get(rep["state"], 0) + 1
             for state in ("starting", "ready", "draining", "restarting", "failed"):
                 metrics.replicas.labels(ep_name, pool["name"], state).set(counts.get(state, 0))
-        return web.Response(body=generate_latest(metrics.registry), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+        return web.Response(body=metrics.exposition(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     async def admin_status(request: web.Request) -> web.Response:
         status = runtime.status()

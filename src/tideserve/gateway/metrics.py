@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily
 
 from tideserve.metrics.triton import LATENCY_BUCKETS_S
@@ -54,6 +54,10 @@ class GatewayMetrics:
             "tideserve_pool_state", "1 for the current state of each pool (running, failed, unschedulable)",
             ["endpoint", "pool", "state"], registry=r,
         )
+
+    def exposition(self) -> bytes:
+        """Every gateway metric in the Prometheus text format 0.0.4 (UTF-8 bytes), for /metrics."""
+        return generate_latest(self.registry)
 
     def observe_cold_start(self, endpoint: str, pool: str, phases: dict) -> None:
         """Record a replica that became ready, with its phases (``*_s`` keys, seconds)."""

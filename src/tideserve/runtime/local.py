@@ -36,7 +36,7 @@ import aiohttp
 
 from tideserve.aio import cancel_and_wait
 from tideserve.autoscaler.policy import PoolSnapshot, place
-from tideserve.errors import EngineMismatchError, SourceError
+from tideserve.errors import EngineMismatchError, MissingExtraError, SourceError
 from tideserve.provisioner import Node, ReplicaRequest, SpotMarket, local_node, plan_launches
 from tideserve.replicas import ReplicaEndpoint
 from tideserve.runtime.zygote import ForkedProcess, Zygote
@@ -315,7 +315,7 @@ class LocalRuntime:
             ps.reason = f"fetching the model failed ({exc}); retrying in {delay:.0f} s"
             log.warning("pool %s: %s", ps.spec.name, ps.reason, extra={"pool": ps.spec.name})
             return False
-        except EngineMismatchError as exc:
+        except (EngineMismatchError, MissingExtraError) as exc:
             return self._unschedulable(ps, exc)
         except Exception as exc:
             log.debug("preparing pool %s failed", ps.spec.name, exc_info=True)

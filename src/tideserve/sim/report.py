@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from collections.abc import Sequence
 
+from tideserve.extras import needs_extra
 from tideserve.sim.coldstart import ColdStartCatalog
 from tideserve.sim.compare import Lever, PolicyRun
 from tideserve.sim.profile import Profile
@@ -65,8 +66,10 @@ def write_report(out_dir: Path, runs: Sequence[PolicyRun], levers: Sequence[Leve
                  profiles: Sequence[Profile], inputs: dict[str, str], slo_s: float,
                  coldstart: ColdStartCatalog) -> Path:
     """Write ``report.md``, ``timeline.png``, ``latency_cdf.png``, ``cost.png`` and ``results.json``
-    into ``out_dir`` (created); return the markdown's path."""
-    from tideserve.sim import plots
+    into ``out_dir`` (created); return the markdown's path. Raises MissingExtraError without
+    the ``sim`` extra (matplotlib)."""
+    with needs_extra("sim", "the simulation report's plots (tideserve simulate)"):
+        from tideserve.sim import plots
 
     out_dir.mkdir(parents=True, exist_ok=True)
     base = next(r for r in runs if r.name == "tideserve")

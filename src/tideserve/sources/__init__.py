@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tideserve.errors import SourceError
+from tideserve.extras import needs_extra
 from tideserve.sources.cache import default_cache_dir
 from tideserve.sources.errors import SourceAuthError, SourceIntegrityError, SourceNetworkError, SourceNotFoundError
 from tideserve.sources.local import resolve_file, resolve_pkg
@@ -54,13 +55,15 @@ def _file(uri: str, roots: list[Path], cache_dir: Path) -> tuple[Path, bool | No
 
 
 def _s3(uri: str, roots: list[Path], cache_dir: Path) -> tuple[Path, bool | None]:
-    from tideserve.sources.s3 import resolve_s3
+    with needs_extra("s3", "s3:// model sources"):
+        from tideserve.sources.s3 import resolve_s3
 
     return resolve_s3(uri, cache_dir)
 
 
 def _hf(uri: str, roots: list[Path], cache_dir: Path) -> tuple[Path, bool | None]:
-    from tideserve.sources.hf import resolve_hf
+    with needs_extra("hf", "hf:// model sources"):
+        from tideserve.sources.hf import resolve_hf
 
     return resolve_hf(uri)
 

@@ -26,6 +26,7 @@ from tideserve.errors import (
     CapacityError,
     EngineMismatchError,
     PayloadTooLargeError,
+    MissingExtraError,
     SourceError,
     SpecError,
     TideserveError,
@@ -51,6 +52,7 @@ _LOAD_ERRORS: dict[str, type[TideserveError]] = {
     "EngineMismatchError": EngineMismatchError,
     "SpecError": SpecError,
     "SourceError": SourceError,
+    "MissingExtraError": MissingExtraError,
 }
 _REQUEST_ERRORS: dict[str, type[TideserveError]] = {
     "BadInputError": BadInputError,

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from tideserve.engines import check_target, probe_device
-from tideserve.errors import EngineMismatchError, SourceError, SpecError
+from tideserve.errors import EngineMismatchError, MissingExtraError, SourceError, SpecError
 from tideserve.logs import setup_logging
 from tideserve.sources import resolve_source
 from tideserve.spec import load_endpoint, load_local_config
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None, started_at: float | None = None) -> int:
     except EngineLoadError as exc:
         log.error("cannot load the model: %s", exc, extra={"reason": exc.kind})
         return 1
-    except (EngineMismatchError, SpecError, KeyError) as exc:
+    except (EngineMismatchError, MissingExtraError, SpecError, KeyError) as exc:
         msg = exc.args[0] if isinstance(exc, KeyError) else str(exc)
         log.error("cannot start replica: %s", msg, extra={"reason": type(exc).__name__})
         print(f"tideserve-worker: cannot start: {msg}", file=sys.stderr, flush=True)
