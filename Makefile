@@ -12,7 +12,7 @@ ENDPOINT ?= examples/whisper-tiny-en.yaml
 # Extra arguments for `tideserve up`, e.g. make run UP_ARGS="--port 8081 --config local.yaml"
 UP_ARGS ?=
 
-.PHONY: run test test-k8s bench lock clean prometheus proto
+.PHONY: run test test-unit test-k8s bench lock clean prometheus proto
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,15 @@ run: $(VENV)/.run-installed
 test: $(VENV)/.test-installed prometheus
 	$(VENV)/bin/lint-imports --config pyproject.toml
 	$(VENV)/bin/pytest -q
+
+# The pure unit tier: policies, spec, protocol, sources, gateway logic; no model, media stack,
+# optional extra or subprocess (conftest fails the run if one is imported). Seconds, not minutes.
+PURE_TESTS := tests/unit/core tests/unit/autoscaler tests/unit/provisioner tests/unit/spec tests/unit/protocol \
+	tests/unit/metrics tests/unit/project tests/unit/sources/test_cache.py tests/unit/sources/test_main.py tests/unit/runtime tests/unit/engines \
+	tests/unit/gateway tests/unit/http
+test-unit: $(VENV)/.test-installed
+	TIDESERVE_PURE=1 $(VENV)/bin/pytest -q -p no:cacheprovider -p no:audioeval $(PURE_TESTS) \
+		--ignore=tests/unit/gateway/test_externalscaler_proto.py
 
 # Kubernetes end to end (tests/k8s): etcd, kube-apiserver/-controller-manager/-scheduler, kwok,
 # Karpenter's kwok provider, KEDA and helm built from the Go module proxy once per version into

@@ -8,7 +8,7 @@ import ssl
 import httpx
 import pytest
 import trustme
-from conftest import wer
+from audio import wer
 from endpoint import EndpointProcess, write_endpoint
 
 

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from conftest import encode, wer
+from audio import encode, wer
 from endpoint import EndpointProcess, write_endpoint
 
 

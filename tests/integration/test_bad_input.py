@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 
 import pytest
-from conftest import wer
+from audio import wer
 
 
 @pytest.fixture
@@ -136,7 +136,7 @@ def test_prompt_over_the_limit(endpoint, en_clips, served_after):
 
 def test_audio_over_max_audio_s(tmp_path, en_clips):
     import numpy as np
-    from conftest import encode
+    from audio import encode
     from endpoint import EndpointProcess, write_endpoint
 
     path = write_endpoint(tmp_path, gateway={"max_audio_s": 10})

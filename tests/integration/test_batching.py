@@ -6,7 +6,7 @@ import base64
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from conftest import Clip, encode, wer
+from audio import Clip, encode, wer
 from endpoint import EndpointProcess, write_endpoint
 from tideserve.metrics.parse import sample_value
 

@@ -9,7 +9,7 @@ import threading
 import time
 
 import numpy as np
-from conftest import encode
+from audio import encode
 from endpoint import EndpointProcess, write_endpoint
 from tideserve.metrics.parse import sample_value
 from tideserve.worker.longform import is_digital_silence

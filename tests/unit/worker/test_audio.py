@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import SR, encode
+from audio import SR, encode
 
 from tideserve.errors import BadInputError
 from tideserve.worker.audio import decode_audio
