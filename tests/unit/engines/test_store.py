@@ -1,6 +1,5 @@
 import json
 import os
-import time
 
 import pytest
 
@@ -36,8 +35,9 @@ def test_build_writes_a_manifest_and_is_found(tmp_path, model):
 def test_a_changed_model_needs_a_new_engine(tmp_path, model):
     cache = tmp_path / "cache"
     build_engine(cache, model, "file:///m", T, "faster-whisper", "x")
-    time.sleep(0.01)
-    (model / "model.bin").write_bytes(os.urandom(4096))
+    before = (model / "model.bin").stat().st_mtime_ns
+    (model / "model.bin").write_bytes(os.urandom(4096))  # same size: only the mtime tells
+    os.utime(model / "model.bin", ns=(before + 1_000_000_000, before + 1_000_000_000))
     assert find_engine(cache, model, T.name) is None
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from settle import settle
 
 from tideserve.errors import CapacityError
 from tideserve.gateway.dispatch import Dispatcher
@@ -135,17 +136,19 @@ def test_held_requests_are_released_first_in_first_out_and_new_arrivals_do_not_o
             order.append(name)
             return r
 
-        waiters = [asyncio.ensure_future(req(f"h{i}")) for i in range(3)]
-        await asyncio.sleep(0.01)
+        waiters = []
+        for i in range(3):
+            waiters.append(asyncio.ensure_future(req(f"h{i}")))
+            await settle(lambda n=i + 1: d.pending == n, f"h{i} held")
         assert d.pending == 3 and d.pending_audio_s() == 3.0
         d.release(first.id)
-        await asyncio.sleep(0.01)
+        await settle(lambda: len(order) == 1, "one held request released")
         assert order == ["h0"]
         late = asyncio.ensure_future(req("late"))  # arrives while h1, h2 are held
-        await asyncio.sleep(0.01)
-        for _ in range(3):
+        await settle(lambda: d.pending == 3, "the late request held behind h1, h2")
+        for n in range(3):
             d.release("r0", audio_s=1.0)
-            await asyncio.sleep(0.01)
+            await settle(lambda n=n: len(order) == n + 2, "the next held request released")
         assert order == ["h0", "h1", "h2", "late"]
         d.release("r0", audio_s=1.0)
         await asyncio.gather(*waiters, late)

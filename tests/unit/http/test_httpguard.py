@@ -12,6 +12,7 @@ from aiohttp import web
 from tideserve.errors import TideserveError
 from tideserve.httpcommon import error_response
 from tideserve.httpguard import GuardedAppRunner, read_body
+from settle import settle
 
 
 def _app() -> web.Application:
@@ -127,8 +128,8 @@ def test_connections_over_the_cap_per_address_get_429_and_close():
         runner, port = await _serve(max_connections_per_client=3, header_timeout_s=30)
         try:
             held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(3)]
-            await asyncio.sleep(0.1)
-            assert runner.guard is not None and runner.guard.open_count("127.0.0.1") == 3
+            assert runner.guard is not None
+            await settle(lambda: runner.guard.open_count("127.0.0.1") == 3, "3 connections accepted")
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             data, _ = await _closed_after(reader, 5)
             assert data.startswith(b"HTTP/1.1 429") and b"Retry-After: 1" in data
@@ -142,7 +143,7 @@ def test_connections_over_the_cap_per_address_get_429_and_close():
             # Closing one frees a slot.
             held[0][1].close()
             await held[0][1].wait_closed()
-            await asyncio.sleep(0.2)
+            await settle(lambda: runner.guard.open_count("127.0.0.1") == 2, "the closed connection forgotten")
             r3, w3 = await asyncio.open_connection("127.0.0.1", port)
             w3.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
             assert (await asyncio.wait_for(r3.readuntil(b"\r\n"), 5)).startswith(b"HTTP/1.1 200")

@@ -12,6 +12,7 @@ from tideserve.replicas import ReplicaEndpoint
 from tideserve.sim import RunOptions, TraceRequest, simulate
 from tideserve.sim.baselines import KedaHpaState, KpaState, keda_hpa_decide, knative_decide, oracle_plan
 from tideserve.spec.models import Autoscaling
+from settle import settle
 
 SPEC = Autoscaling(target=4)
 
@@ -108,7 +109,7 @@ def test_live_dispatcher_and_simulator_agree_on_a_short_scripted_trace():
         tasks = []
         for i in range(4):
             tasks.append(asyncio.ensure_future(req(i)))
-            await asyncio.sleep(0.001)
+            await settle(lambda n=i + 1: d.pending == n, f"request {i} held")
         eps[0] = ReplicaEndpoint("r0", "cpu", "http://127.0.0.1:1", True, 1)  # the replica is ready
         d.notify()
         await asyncio.gather(*tasks)
