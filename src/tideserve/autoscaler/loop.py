@@ -7,6 +7,7 @@ replica can take (activation from zero must not wait for the next tick).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Protocol
@@ -109,10 +110,8 @@ class Autoscaler:
             except Exception:
                 log.exception("autoscaler step failed")
             self._wake.clear()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.spec.autoscaling.interval_s)
-            except TimeoutError:
-                pass
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self.run(), name="autoscaler")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import collections
 from collections import Counter
+import contextlib
 import ctypes
 import json
 import logging
@@ -349,10 +350,8 @@ class LocalRuntime:
                 else:
                     r.state = "draining"
                     r.drain_started_at = time.monotonic()
-                    try:
+                    with contextlib.suppress(ProcessLookupError):
                         r.proc.send_signal(signal.SIGTERM)
-                    except ProcessLookupError:
-                        pass
                 log.info("replica draining", extra={"replica": r.id, "pool": ps.spec.name})
                 return
 
@@ -386,10 +385,8 @@ class LocalRuntime:
                 r.intentional_stop = True
                 r.state = "stopped"
                 if r.proc and r.proc.returncode is None:
-                    try:
+                    with contextlib.suppress(ProcessLookupError):
                         r.proc.send_signal(signal.SIGTERM)
-                    except ProcessLookupError:
-                        pass
                     procs.append(r.proc)
         if procs:
             _done, _pending = await asyncio.wait([asyncio.ensure_future(p.wait()) for p in procs], timeout=timeout_s)
@@ -600,7 +597,5 @@ class LocalRuntime:
             if checks:
                 await asyncio.gather(*checks)
             self._wake.clear()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.tick_s)
-            except TimeoutError:
-                pass

@@ -11,6 +11,7 @@ event loop. If the engine process dies, every waiting request fails with ``Engin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import itertools
 import multiprocessing
@@ -63,10 +64,8 @@ def _engine_entry(inbox: Any, outbox: Any, config: EngineConfig) -> None:
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the front, which stops us
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    try:
+    with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
     engine_main(inbox, outbox, config)
 
 
@@ -207,10 +206,8 @@ class EngineClient:
     def stop(self, timeout_s: float = 5.0) -> None:
         """Ask the engine to stop and wait for it (then kill it)."""
         if self.process.is_alive():
-            try:
+            with contextlib.suppress(OSError):
                 self._send(("stop",))
-            except OSError:
-                pass
             self.process.join(timeout_s)
             if self.process.is_alive():
                 os.kill(self.process.pid, signal.SIGKILL)

@@ -73,8 +73,9 @@ class GreedyDecoder:
 
     ``use_cuda_graphs`` (default: on CUDA) captures the step per (batch size, attention span)
     bucket on first use. ``compile_step`` runs the step through ``torch.compile`` first (fusing
-    its many small kernels; costs a compilation per bucket, tens of seconds at large-v3 size). ``max_prompt`` bounds prompt length in tokens (Whisper: at most half
-    the 448-token context is previous text).
+    its many small kernels; costs a compilation per bucket, tens of seconds at large-v3 size).
+    ``max_prompt`` bounds prompt length in tokens (Whisper: at most half the 448-token context is
+    previous text).
     """
 
     SPANS = (128, 256, 448)  # self-attention span buckets (positions); the last is the full context
@@ -288,7 +289,7 @@ class GreedyDecoder:
         self.prompt.index_copy_(0, idx, prompt_dev)
         self.prompt_len.index_copy_(0, idx, plen)
         self.sot_index.index_copy_(0, idx, torch.tensor(sots, dtype=torch.long, device=dev))
-        limits = [t if c is None else min(pl + c, t) for pl, c in zip(plens, caps)]
+        limits = [t if c is None else min(pl + c, t) for pl, c in zip(plens, caps, strict=True)]
         self.max_len.index_copy_(0, idx, torch.tensor(limits, dtype=torch.long, device=dev))
         self.min_new.index_fill_(0, idx, min_new_tokens)
         self.timestamps.index_copy_(0, idx, torch.tensor(list(timestamps), dtype=torch.bool, device=dev))
@@ -304,7 +305,7 @@ class GreedyDecoder:
         self.sum_logprob.index_fill_(0, idx, 0.0)
         self.no_speech.index_fill_(0, idx, 0.0)
         self.last_ts.index_fill_(0, idx, -1)
-        for s, pl, temp in zip(free, plens, temps):
+        for s, pl, temp in zip(free, plens, temps, strict=True):
             self._busy[s] = 0
             self._plen[s] = pl
             if temp > 0:
