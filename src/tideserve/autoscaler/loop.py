@@ -24,7 +24,8 @@ log = logging.getLogger("tideserve.autoscaler")
 class LoadView(Protocol):
     """The gateway's counts (times on the ``time.monotonic`` clock)."""
 
-    pending: int
+    @property
+    def pending(self) -> int: ...  # read only (the Dispatcher's is a property)
 
     def in_flight(self) -> int: ...
     def outstanding_of(self, replica_id: str) -> int: ...

@@ -333,9 +333,9 @@ class EngineLoop:
             self.stats.detokenize_s += detok_s
             self._charge(list(self.active.values()), elapsed)
             for h, r in done:
-                p = self.active.pop(h, None)
-                if p is not None:
-                    self._on_result(p, r)
+                finished = self.active.pop(h, None)
+                if finished is not None:
+                    self._on_result(finished, r)
             worked = True
         return worked
 

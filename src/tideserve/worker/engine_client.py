@@ -20,7 +20,7 @@ import signal
 import threading
 from dataclasses import dataclass, field
 from typing import Any
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from tideserve.errors import (
     BadInputError,
@@ -170,10 +170,12 @@ class EngineClient:
         """Requests sent to the engine and not yet answered."""
         return len(self._pending)
 
-    async def transcribe(self, segments: list[tuple[Any, float]], options: RequestOptions,
+    async def transcribe(self, segments: Sequence[tuple[Any, float] | tuple[Any, float, bool | None]],
+                         options: RequestOptions,
                          on_segment: Callable[[int, list[WindowResult]], None] | None = None,
                          ) -> tuple[list[WindowResult], float]:
-        """Decode ``segments`` (``(int16 PCM, offset_s)`` each) as one request: the window
+        """Decode ``segments`` (``(int16 PCM, offset_s[, silent])`` each, as EngineLoop.submit takes
+        them) as one request: the window
         results in audio order and the model seconds the request used. Cancelling the caller
         cancels the request in the engine (queued windows dropped, decoding rows stopped).
         Raises BadInputError / PayloadTooLargeError from the engine, EngineDiedError."""
@@ -209,6 +211,6 @@ class EngineClient:
             with contextlib.suppress(OSError):
                 self._send(("stop",))
             self.process.join(timeout_s)
-            if self.process.is_alive():
+            if self.process.is_alive() and self.process.pid is not None:  # alive: started, so it has a pid
                 os.kill(self.process.pid, signal.SIGKILL)
                 self.process.join(1.0)

@@ -36,6 +36,7 @@ to Whisper's decoder; ``decode`` (one static batch) is the same machinery run to
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -93,7 +94,7 @@ class GreedyDecoder:
         self.cache = KVCache(self.dims, max_batch, self.dtype, self.device)
         d, b, t = self.device, max_batch, self.dims.max_target_positions
         v = self.dims.vocab_size
-        long = dict(dtype=torch.long, device=d)
+        long: dict[str, Any] = dict(dtype=torch.long, device=d)
         self.prompt = torch.zeros(b, max_prompt, **long)
         self.prompt_len = torch.ones(b, **long)
         self.sot_index = torch.zeros(b, **long)
@@ -122,7 +123,7 @@ class GreedyDecoder:
         self.ids = ids
         self._graphs: dict[tuple[int, int, bool], torch.cuda.CUDAGraph] = {}
         self._step_fn = torch.compile(self._step, dynamic=False) if compile_step else self._step
-        self._pool = None
+        self._pool: Any = None  # a CUDA graph memory pool handle, shared by this decoder's graphs
         # Host bookkeeping of the slots: busy slot -> steps run since it was admitted (an upper
         # bound of its position, which picks the attention span), and the plen of each.
         self._busy: dict[int, int] = {}
