@@ -37,6 +37,7 @@ run: $(VENV)/.run-installed
 	$(VENV)/bin/tideserve up $(ENDPOINT) --log-format text $(UP_ARGS)
 
 test: $(VENV)/.test-installed prometheus
+	$(VENV)/bin/ruff check src tests bench scripts
 	$(VENV)/bin/lint-imports --config pyproject.toml
 	$(VENV)/bin/pytest -q
 

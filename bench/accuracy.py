@@ -108,7 +108,7 @@ def main() -> int:
             (["cuda"] if torch.cuda.is_available() else []) + ["cpu"]
         for dev in devices:
             target = "cpu-x86_64-fp32" if dev == "cpu" else \
-                "cuda-sm%d%d-fp16" % torch.cuda.get_device_capability()
+                "cuda-sm{}{}-fp16".format(*torch.cuda.get_device_capability())
             systems[f"tideserve-torch-{dev}"] = Tideserve("torch", target, decoding, 64 if dev == "cuda" else a.batch_size)
     if "fw-transcribe" in wanted:
         systems["fw-transcribe"] = FasterWhisper(decoding, False, a.batch_size)

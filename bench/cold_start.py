@@ -4,10 +4,11 @@ Starts ``tideserve up`` with the example endpoint at min 0 replicas, sends one r
 gateway holds it and activates a replica at once), and splits the time to its response into
 process start, imports, model load, readiness detection (from the runtime's per-replica
 start-up record; the HTTP imports and bind run while the model loads, so http_ready overlaps
-model_load), and first inference (the rest: routing the held request, decoding it, answering). Then a warm request with the same clip, side by side. Repeats ``--runs`` times
-with a fresh endpoint each time and prints each run and the median, in two cases: scale from
-zero after an idle period (the zygote, which forks replicas, has finished importing) and a
-first request right after `tideserve up` (the zygote is still importing).
+model_load), and first inference (the rest: routing the held request, decoding it, answering).
+Then a warm request with the same clip, side by side. Repeats ``--runs`` times with a fresh
+endpoint each time and prints each run and the median, in two cases: scale from zero after an
+idle period (the zygote, which forks replicas, has finished importing) and a first request
+right after `tideserve up` (the zygote is still importing).
 
 Goal (issue): under 2 s on this machine for tiny.en. Run: .venv/bin/python bench/cold_start.py
 """

@@ -183,12 +183,20 @@ class Fuzzer:
     def __init__(self, url: str, api_key: str | None, out: Path, deadline: float) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.client = httpx.Client(base_url=url, headers=headers, timeout=120)
-        self.out = open(out, "a")
+        self.out_path = out
         self.deadline = deadline
         self.statuses: Counter[int] = Counter()
         self.errors: Counter[str] = Counter()
         self.count = 0
         self.skipped = 0
+
+    def __enter__(self) -> Fuzzer:
+        self.out = open(self.out_path, "a")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.out.close()
+        self.client.close()
 
     def send(self, req: tuple[str, str, dict, bytes]) -> None:
         if time.monotonic() > self.deadline:
@@ -226,16 +234,16 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     started = time.monotonic()
-    fz = Fuzzer(args.url, args.api_key, args.out, started + args.duration_s)
-    model = args.model or fz.client.get("/v1/models").json()["data"][0]["id"]
-    cfg = settings(max_examples=args.batch, deadline=None, database=None, derandomize=False,
-                   suppress_health_check=list(HealthCheck), phases=[Phase.generate])
+    with Fuzzer(args.url, args.api_key, args.out, started + args.duration_s) as fz:
+        model = args.model or fz.client.get("/v1/models").json()["data"][0]["id"]
+        cfg = settings(max_examples=args.batch, deadline=None, database=None, derandomize=False,
+                       suppress_health_check=list(HealthCheck), phases=[Phase.generate])
 
-    strategies = [sagemaker_request(), kserve_request(model), openai_request(model), odd_request(model)]
-    runners = [given(s)(cfg(lambda req: fz.send(req))) for s in strategies]
-    while time.monotonic() < fz.deadline and fz.count < args.max_requests:
-        for run in runners:
-            run()
+        strategies = [sagemaker_request(), kserve_request(model), openai_request(model), odd_request(model)]
+        runners = [given(s)(cfg(lambda req: fz.send(req))) for s in strategies]
+        while time.monotonic() < fz.deadline and fz.count < args.max_requests:
+            for run in runners:
+                run()
     elapsed = time.monotonic() - started
     bad = sum(n for s, n in fz.statuses.items() if s >= 500 and s not in DOCUMENTED_5XX)
     documented = sum(n for s, n in fz.statuses.items() if s in DOCUMENTED_5XX)

@@ -47,11 +47,11 @@ def main() -> int:
         for n in (1, 4, 8, 16, 64):
             wins = [(rng.standard_normal(int(16000 * rng.uniform(3, 30))) * 2000).astype(np.int16) for _ in range(n)]
             tasks = [WindowTask(w) for w in wins]
-            feats_ms = timed(lambda: be.features(wins))
+            feats_ms = timed(lambda wins=wins: be.features(wins))
             f = be.features(wins).to(be.decoder.dtype)
-            enc_ms = timed(lambda: be.model.encode(f))
+            enc_ms = timed(lambda f=f: be.model.encode(f))
 
-            def admit_release() -> None:
+            def admit_release(tasks: list[WindowTask] = tasks) -> None:
                 slots, _ = be.admit(tasks)
                 be.release(slots)
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import json
 import multiprocessing
 import os
@@ -155,10 +156,8 @@ class GpuSampler:
 def _proc_children(pid: int) -> list[int]:
     out = []
     for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
+        with contextlib.suppress(OSError):  # the task ended meanwhile
             out += [int(x) for x in (task / "children").read_text().split()]
-        except OSError:
-            pass
     return out
 
 
@@ -191,6 +190,7 @@ def served(a, files: list[np.ndarray], tmp: Path) -> dict:
     if a.fixed_tokens:
         decoding += f", max_new_tokens: {a.fixed_tokens}, min_new_tokens: {a.fixed_tokens}"
     decoding += "}"
+    accelerator = "cpu" if a.target.startswith("cpu") else "h200"
     ep.write_text(f"""apiVersion: tideserve.io/v1alpha1
 kind: InferenceEndpoint
 metadata: {{name: e2e}}
@@ -198,66 +198,65 @@ spec:
   model: {{name: whisper, backend: torch, source: "file://{model}", decoding: {decoding}}}
   batching: {{max_batch_size: {a.batch}, max_queue_delay_ms: 5}}
   pools:
-    - {{name: gpu, accelerator: {"cpu" if a.target.startswith("cpu") else "h200"}, target: {a.target}, replicas: {{min: 1, max: 1}}, max_concurrency: 4096}}
+    - {{name: gpu, accelerator: {accelerator}, target: {a.target}, replicas: {{min: 1, max: 1}}, max_concurrency: 4096}}
   autoscaling: {{target: 100000}}
   gateway: {{port: {a.port}, hold_timeout_s: 900, request_timeout_s: 900, max_pending: 100000}}
 """)
     local = tmp / "local.yaml"
     local.write_text(f"cache_dir: {tmp}/cache\nallowed_file_roots: [{model.parent}]\n")
     url = f"http://127.0.0.1:{a.port}"
-    log = open(tmp / "up.log", "w")
-    up = subprocess.Popen([sys.executable, "-m", "tideserve", "up", str(ep), "--config", str(local),
-                           "--log-format", "text"], stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
-    bodies = [json.dumps({"audio_data": base64.b64encode(wav_bytes(f)).decode()}).encode() for f in files]
-    durations = [len(f) / SR for f in files]
-    out: dict = {"runs": []}
-    try:
-        deadline = time.time() + 600
-        while True:
-            try:
-                req = urllib.request.Request(f"{url}/invocations", data=bodies[0], headers={"Content-Type": "application/json"})
-                with urllib.request.urlopen(req, timeout=600) as r:
-                    if r.status == 200:
-                        break
-            except Exception:
-                if time.time() > deadline or up.poll() is not None:
-                    raise SystemExit(f"tideserve up did not serve: see {tmp}/up.log")
-                time.sleep(1)
-        # Warm-up: every window count and batch bucket once (CUDA graph captures).
-        if a.warmup:
-            run_load(url, bodies, list(range(len(files))) * a.warmup, min(64, a.concurrency[0]), a.client_procs)
-        for c in a.concurrency:
-            idx = [k % len(files) for k in range(a.requests)]
-            before = process_tree_cpu(up.pid)
-            with GpuSampler() as gpu:
-                t0 = time.perf_counter()
-                results = run_load(url, bodies, idx, c, a.client_procs)
-                wall = time.perf_counter() - t0
-            after = process_tree_cpu(up.pid)
-            ok = [r for r in results if r[1] == 200]
-            lat = [r[2] for r in ok]
-            audio_s = sum(durations[r[0]] for r in ok)
-            cpu = {str(pid): {"cmd": after[pid][0], "cores": round((after[pid][1] - before.get(pid, ("", 0.0))[1]) / wall, 3)}
-                   for pid in after}
-            run = {"concurrency": c, "requests": len(results), "ok": len(ok), "wall_s": wall,
-                   "rtfx": audio_s / wall, "req_per_s": len(ok) / wall, "p50_s": pct(lat, 50), "p99_s": pct(lat, 99),
-                   "gpu_busy": gpu.busy, "gpu_samples": len(gpu.samples), "cpu_cores_by_process": cpu,
-                   "errors": sorted({f"{r[1]}: {r[3][:80]}" for r in results if r[1] != 200})[:5]}
-            out["runs"].append(run)
-            out.setdefault("texts", {r[0]: r[3] for r in ok})
-            print(json.dumps({k: v for k, v in run.items() if k != "cpu_cores_by_process"}), flush=True)
-        with urllib.request.urlopen(f"{url}/admin/sd") as r:
-            targets = [t for g in json.loads(r.read()) for t in g.get("targets", [])]
-        if targets:
-            with urllib.request.urlopen(f"http://{targets[0]}/metrics") as r:
-                (tmp / "worker_metrics.txt").write_bytes(r.read())
-    finally:
-        up.send_signal(signal.SIGINT)
+    with open(tmp / "up.log", "w") as log:
+        up = subprocess.Popen([sys.executable, "-m", "tideserve", "up", str(ep), "--config", str(local),
+                               "--log-format", "text"], stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
+        bodies = [json.dumps({"audio_data": base64.b64encode(wav_bytes(f)).decode()}).encode() for f in files]
+        durations = [len(f) / SR for f in files]
+        out: dict = {"runs": []}
         try:
-            up.wait(60)
-        except subprocess.TimeoutExpired:
-            up.kill()
-        log.close()
+            deadline = time.time() + 600
+            while True:
+                try:
+                    req = urllib.request.Request(f"{url}/invocations", data=bodies[0], headers={"Content-Type": "application/json"})
+                    with urllib.request.urlopen(req, timeout=600) as r:
+                        if r.status == 200:
+                            break
+                except Exception:
+                    if time.time() > deadline or up.poll() is not None:
+                        raise SystemExit(f"tideserve up did not serve: see {tmp}/up.log") from None
+                    time.sleep(1)
+            # Warm-up: every window count and batch bucket once (CUDA graph captures).
+            if a.warmup:
+                run_load(url, bodies, list(range(len(files))) * a.warmup, min(64, a.concurrency[0]), a.client_procs)
+            for c in a.concurrency:
+                idx = [k % len(files) for k in range(a.requests)]
+                before = process_tree_cpu(up.pid)
+                with GpuSampler() as gpu:
+                    t0 = time.perf_counter()
+                    results = run_load(url, bodies, idx, c, a.client_procs)
+                    wall = time.perf_counter() - t0
+                after = process_tree_cpu(up.pid)
+                ok = [r for r in results if r[1] == 200]
+                lat = [r[2] for r in ok]
+                audio_s = sum(durations[r[0]] for r in ok)
+                cpu = {str(pid): {"cmd": after[pid][0], "cores": round((after[pid][1] - before.get(pid, ("", 0.0))[1]) / wall, 3)}
+                       for pid in after}
+                run = {"concurrency": c, "requests": len(results), "ok": len(ok), "wall_s": wall,
+                       "rtfx": audio_s / wall, "req_per_s": len(ok) / wall, "p50_s": pct(lat, 50), "p99_s": pct(lat, 99),
+                       "gpu_busy": gpu.busy, "gpu_samples": len(gpu.samples), "cpu_cores_by_process": cpu,
+                       "errors": sorted({f"{r[1]}: {r[3][:80]}" for r in results if r[1] != 200})[:5]}
+                out["runs"].append(run)
+                out.setdefault("texts", {r[0]: r[3] for r in ok})
+                print(json.dumps({k: v for k, v in run.items() if k != "cpu_cores_by_process"}), flush=True)
+            with urllib.request.urlopen(f"{url}/admin/sd") as r:
+                targets = [t for g in json.loads(r.read()) for t in g.get("targets", [])]
+            if targets:
+                with urllib.request.urlopen(f"http://{targets[0]}/metrics") as r:
+                    (tmp / "worker_metrics.txt").write_bytes(r.read())
+        finally:
+            up.send_signal(signal.SIGINT)
+            try:
+                up.wait(60)
+            except subprocess.TimeoutExpired:
+                up.kill()
     return out
 
 
@@ -393,7 +392,7 @@ def hf_baselines(a, files: list[np.ndarray], pipeline: bool) -> dict:
     wall = time.perf_counter() - t0
     audio_s = sum(len(w) for w in work) / SR
     per_file: dict[int, list[str]] = {}
-    for k, t in zip(owner, out_texts[: len(windows)]):
+    for k, t in zip(owner, out_texts[: len(windows)], strict=True):
         per_file.setdefault(k, []).append(t)
     res = {"rtfx_generate": audio_s / wall, "windows": len(work), "texts": {k: " ".join(v) for k, v in per_file.items()}}
     if pipeline:
@@ -414,8 +413,6 @@ def hf_baselines(a, files: list[np.ndarray], pipeline: bool) -> dict:
             res["rtfx_pipeline"] = audio_s / (time.perf_counter() - t0)
         except Exception as exc:
             res["pipeline_error"] = f"{type(exc).__name__}: {exc}"[:300]
-    del model
-    torch.cuda.empty_cache()
     return res
 
 
@@ -466,6 +463,7 @@ def main() -> int:
                                                           for k in range(len(files)))
     if "hf" not in skip:
         h = hf_baselines(a, files, "pipeline" not in skip)
+        torch.cuda.empty_cache()  # the HF model (held by its pipeline too) is freed only once hf_baselines returns
         res["hf"] = {k: v for k, v in h.items() if k != "texts"}
         res["rtfx_hf_generate"] = h["rtfx_generate"]
         if "rtfx_pipeline" in h:

@@ -79,7 +79,7 @@ def transcribe(packed_dir: Path, target: str) -> dict:
         backend.transcribe_batch(tasks)  # warm-up (CUDA graph capture)
         t0 = time.perf_counter()
         results, _ = backend.transcribe_batch(tasks)
-        out[f"timestamps={ts}"] = {"texts": {c.stem: r.text for c, r in zip(clips, results)},
+        out[f"timestamps={ts}"] = {"texts": {c.stem: r.text for c, r in zip(clips, results, strict=True)},
                                    "batch_s": time.perf_counter() - t0}
     return out
 

@@ -46,8 +46,9 @@ async def main() -> int:
             t0 = time.perf_counter()
             r = await client.post(f"{a.url}/invocations", content=bodies[i % len(bodies)],
                                   headers={"Content-Type": "application/json"})
+            is_json = r.headers.get("content-type", "").startswith("application/json")
             return {"i": i, "status": r.status_code, "latency_s": time.perf_counter() - t0,
-                    "text": r.json().get("transcribe_text", r.text[:200]) if r.headers.get("content-type", "").startswith("application/json") else r.text[:200]}
+                    "text": r.json().get("transcribe_text", r.text[:200]) if is_json else r.text[:200]}
 
         first = await one(0)  # the first request may wait for a replica (cold start)
         t0 = time.perf_counter()

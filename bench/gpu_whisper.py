@@ -100,6 +100,82 @@ def pct(xs: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(xs), q))
 
 
+def bench_size(size: str, a: argparse.Namespace, dtype: torch.dtype, batch_sizes: list[int]) -> list[dict]:
+    """One model size at every batch size. The models, decoders and the closures that time them
+    are locals here, so they are all freed when this returns (main then empties the CUDA cache)."""
+    rows = []
+    dims = SIZES[size]()
+    special = special_for(dims.vocab_size)
+    hf = hf_model(dims, special, dtype, a.device)
+    ours = ours_from_hf(hf, dims, dtype, a.device)
+    if a.no_baseline:
+        del hf
+        hf = None
+    decoder = GreedyDecoder(ours, special, max_batch=max(batch_sizes))
+    compiled = (GreedyDecoder(ours, special, max_batch=max(batch_sizes), compile_step=True)
+                if a.compile and size in a.compile_sizes.split(",") else None)
+    logmel = LogMel(dims.num_mel_bins, torch.device(a.device))
+    for bs in batch_sizes:
+        g = torch.Generator(device="cpu").manual_seed(bs)
+        feats = torch.randn(bs, dims.num_mel_bins, 3000, generator=g).to(a.device, dtype)
+        prompts = [[special.sot, special.no_timestamps]] * bs
+        produced: list[int] = []
+
+        # Each closure binds this batch's values (default arguments): it runs only within this iteration.
+        def run_ours(feats: torch.Tensor = feats, prompts: list[list[int]] = prompts, bs: int = bs,
+                     produced: list[int] = produced) -> None:
+            with torch.inference_mode():
+                enc = ours.encode(feats)
+                res = decoder.decode(enc, prompts, [False] * bs, max_new_tokens=a.tokens, min_new_tokens=a.tokens)
+            produced[:] = [len(r.tokens) for r in res]
+
+        timed(run_ours, 2, a.device)  # warm-up: CUDA graph capture per (batch, span) bucket
+        ours_s = timed(run_ours, a.repeats, a.device)
+        assert all(n == a.tokens for n in produced), f"ours produced {set(produced)} tokens, not {a.tokens}"
+        audio = [np.random.default_rng(i).standard_normal(int(WINDOW_S * 16000)).astype(np.float32) * 0.1
+                 for i in range(bs)]
+        feat_s = timed(lambda audio=audio: logmel(audio), 3, a.device)
+        row = {"size": size, "batch": bs, "ours_p50_s": pct(ours_s, 50), "ours_p99_s": pct(ours_s, 99),
+               "ours_rtfx": bs * WINDOW_S / statistics.median(ours_s), "features_p50_s": pct(feat_s, 50)}
+        if compiled is not None:
+            def run_compiled(feats: torch.Tensor = feats, prompts: list[list[int]] = prompts, bs: int = bs,
+                             produced: list[int] = produced) -> None:
+                with torch.inference_mode():
+                    enc = ours.encode(feats)
+                    res = compiled.decode(enc, prompts, [False] * bs, max_new_tokens=a.tokens,
+                                          min_new_tokens=a.tokens)
+                produced[:] = [len(r.tokens) for r in res]
+
+            t0 = time.perf_counter()
+            timed(run_compiled, 2, a.device)
+            row["compile_s"] = time.perf_counter() - t0
+            comp_s = timed(run_compiled, a.repeats, a.device)
+            assert all(n == a.tokens for n in produced)
+            row.update({"compiled_p50_s": pct(comp_s, 50), "compiled_p99_s": pct(comp_s, 99),
+                        "compiled_rtfx": bs * WINDOW_S / statistics.median(comp_s)})
+        if hf is not None:
+            ids = torch.tensor(prompts, device=a.device)
+            shape: list[int] = []
+
+            def run_hf(feats: torch.Tensor = feats, ids: torch.Tensor = ids, shape: list[int] = shape) -> None:
+                with torch.inference_mode():
+                    out = hf.generate(input_features=feats, decoder_input_ids=ids, min_new_tokens=a.tokens,
+                                      max_new_tokens=a.tokens, do_sample=False, num_beams=1)
+                seq = out if isinstance(out, torch.Tensor) else out["sequences"]
+                shape[:] = list(seq.shape)
+
+            timed(run_hf, 1, a.device)
+            hf_s = timed(run_hf, a.hf_repeats, a.device)
+            row.update({"hf_p50_s": pct(hf_s, 50), "hf_p99_s": pct(hf_s, 99),
+                        "hf_rtfx": bs * WINDOW_S / statistics.median(hf_s), "hf_output_shape": shape})
+            row["speedup"] = row["ours_rtfx"] / row["hf_rtfx"]
+            if "compiled_rtfx" in row:
+                row["compiled_speedup"] = row["compiled_rtfx"] / row["hf_rtfx"]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="tiny,large-v3")
@@ -127,73 +203,7 @@ def main() -> int:
     print(json.dumps(env))
     rows = []
     for size in a.sizes.split(","):
-        dims = SIZES[size]()
-        special = special_for(dims.vocab_size)
-        hf = hf_model(dims, special, dtype, a.device)
-        ours = ours_from_hf(hf, dims, dtype, a.device)
-        if a.no_baseline:
-            del hf
-            hf = None
-        decoder = GreedyDecoder(ours, special, max_batch=max(batch_sizes))
-        compiled = (GreedyDecoder(ours, special, max_batch=max(batch_sizes), compile_step=True)
-                    if a.compile and size in a.compile_sizes.split(",") else None)
-        logmel = LogMel(dims.num_mel_bins, torch.device(a.device))
-        for bs in batch_sizes:
-            g = torch.Generator(device="cpu").manual_seed(bs)
-            feats = torch.randn(bs, dims.num_mel_bins, 3000, generator=g).to(a.device, dtype)
-            prompts = [[special.sot, special.no_timestamps]] * bs
-            produced: list[int] = []
-
-            def run_ours() -> None:
-                with torch.inference_mode():
-                    enc = ours.encode(feats)
-                    res = decoder.decode(enc, prompts, [False] * bs, max_new_tokens=a.tokens, min_new_tokens=a.tokens)
-                produced[:] = [len(r.tokens) for r in res]
-
-            timed(run_ours, 2, a.device)  # warm-up: CUDA graph capture per (batch, span) bucket
-            ours_s = timed(run_ours, a.repeats, a.device)
-            assert all(n == a.tokens for n in produced), f"ours produced {set(produced)} tokens, not {a.tokens}"
-            audio = [np.random.default_rng(i).standard_normal(int(WINDOW_S * 16000)).astype(np.float32) * 0.1
-                     for i in range(bs)]
-            feat_s = timed(lambda: logmel(audio), 3, a.device)
-            row = {"size": size, "batch": bs, "ours_p50_s": pct(ours_s, 50), "ours_p99_s": pct(ours_s, 99),
-                   "ours_rtfx": bs * WINDOW_S / statistics.median(ours_s), "features_p50_s": pct(feat_s, 50)}
-            if compiled is not None:
-                def run_compiled() -> None:
-                    with torch.inference_mode():
-                        enc = ours.encode(feats)
-                        res = compiled.decode(enc, prompts, [False] * bs, max_new_tokens=a.tokens,
-                                              min_new_tokens=a.tokens)
-                    produced[:] = [len(r.tokens) for r in res]
-
-                t0 = time.perf_counter()
-                timed(run_compiled, 2, a.device)
-                row["compile_s"] = time.perf_counter() - t0
-                comp_s = timed(run_compiled, a.repeats, a.device)
-                assert all(n == a.tokens for n in produced)
-                row.update({"compiled_p50_s": pct(comp_s, 50), "compiled_p99_s": pct(comp_s, 99),
-                            "compiled_rtfx": bs * WINDOW_S / statistics.median(comp_s)})
-            if hf is not None:
-                ids = torch.tensor(prompts, device=a.device)
-                shape: list[int] = []
-
-                def run_hf() -> None:
-                    with torch.inference_mode():
-                        out = hf.generate(input_features=feats, decoder_input_ids=ids, min_new_tokens=a.tokens,
-                                          max_new_tokens=a.tokens, do_sample=False, num_beams=1)
-                    seq = out if isinstance(out, torch.Tensor) else out["sequences"]
-                    shape[:] = list(seq.shape)
-
-                timed(run_hf, 1, a.device)
-                hf_s = timed(run_hf, a.hf_repeats, a.device)
-                row.update({"hf_p50_s": pct(hf_s, 50), "hf_p99_s": pct(hf_s, 99),
-                            "hf_rtfx": bs * WINDOW_S / statistics.median(hf_s), "hf_output_shape": shape})
-                row["speedup"] = row["ours_rtfx"] / row["hf_rtfx"]
-                if "compiled_rtfx" in row:
-                    row["compiled_speedup"] = row["compiled_rtfx"] / row["hf_rtfx"]
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-        del decoder, compiled, ours, hf
+        rows += bench_size(size, a, dtype, batch_sizes)
         if a.device == "cuda":
             torch.cuda.empty_cache()
     print()

@@ -1,12 +1,14 @@
 """Regenerate the Python modules of tideserve's KEDA external-scaler protocol.
 
-    python scripts/gen_proto.py            # writes src/tideserve/gateway/externalscaler_pb2{,_grpc}.py
+    python scripts/gen_proto.py            # writes src/tideserve/gateway/externalscaler_pb2{.py,.pyi,_grpc.py}
     python scripts/gen_proto.py --out DIR  # writes them under DIR/tideserve/gateway/ instead
 
 Uses grpcio-tools (pinned in requirements/test.lock), so the output is reproducible;
 tests/unit/gateway/test_externalscaler_proto.py checks the committed modules equal a fresh run.
 The proto path is given relative to ``src`` so the generated ``_grpc`` module imports
 ``tideserve.gateway.externalscaler_pb2`` (an absolute package import, not a top-level one).
+The ``.pyi`` stub (protoc's ``--pyi_out``) gives mypy the message classes, which the ``.py``
+module only builds at run time from the serialized descriptor.
 """
 
 from __future__ import annotations
@@ -24,11 +26,12 @@ PROTO = "tideserve/gateway/externalscaler.proto"
 def generate(out: Path) -> list[Path]:
     """Run protoc on PROTO into ``out``; return the generated files. Raises RuntimeError on failure."""
     out.mkdir(parents=True, exist_ok=True)
-    code = protoc.main(["grpc_tools.protoc", f"-I{SRC}", f"--python_out={out}", f"--grpc_python_out={out}", str(SRC / PROTO)])
+    code = protoc.main(["grpc_tools.protoc", f"-I{SRC}", f"--python_out={out}", f"--pyi_out={out}",
+                        f"--grpc_python_out={out}", str(SRC / PROTO)])
     if code != 0:
         raise RuntimeError(f"protoc failed on {SRC / PROTO} (exit {code})")
     stem = out / PROTO.removesuffix(".proto")
-    return [Path(f"{stem}_pb2.py"), Path(f"{stem}_pb2_grpc.py")]
+    return [Path(f"{stem}_pb2.py"), Path(f"{stem}_pb2.pyi"), Path(f"{stem}_pb2_grpc.py")]
 
 
 def main() -> int:

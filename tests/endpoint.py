@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -21,10 +22,8 @@ EXAMPLE = ROOT / "examples" / "whisper-tiny-en.yaml"
 def _die_with_parent() -> None:
     import ctypes
 
-    try:
+    with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def _merge(base: dict, over: dict) -> dict:

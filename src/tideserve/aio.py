@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 
 async def cancel_and_wait(task: asyncio.Task | None) -> None:
@@ -10,7 +11,5 @@ async def cancel_and_wait(task: asyncio.Task | None) -> None:
     if task is None:
         return
     task.cancel()
-    try:
+    with contextlib.suppress(asyncio.CancelledError):
         await task
-    except asyncio.CancelledError:
-        pass

@@ -45,7 +45,7 @@ IAT_EDGES_S: tuple[float, ...] = tuple(
     [float(s) for s in range(1, 11)] + [float(s) for s in range(20, 121, 10)] + [60.0 * m for m in range(3, 241)])
 
 
-class ReplicaState(str, enum.Enum):
+class ReplicaState(str, enum.Enum):  # noqa: UP042  StrEnum would change str()/format() of a member (value, not ReplicaState.NAME)
     """A replica's state. ``WAITING``: wanted, no machine yet (cluster/simulator);
     ``STARTING``: placed, loading; ``READY``: takes requests; ``DRAINING``: finishes its work,
     takes no new; ``RESTARTING``: crashed, restarts after a back-off (live runtime);

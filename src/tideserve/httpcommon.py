@@ -11,6 +11,7 @@ import re
 import uuid
 from dataclasses import dataclass
 from collections.abc import Awaitable, Callable
+from typing import TypeGuard
 
 from aiohttp import web
 
@@ -35,7 +36,7 @@ def error_response(request: web.Request, err: TideserveError) -> web.Response:
 _REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
 
 
-def _valid_request_id(value: str | None) -> bool:
+def _valid_request_id(value: str | None) -> TypeGuard[str]:
     """Kept only if it is 1-128 characters of [A-Za-z0-9._:/+=-] (no spaces or quotes that
     could forge fields in text logs); otherwise a fresh id is made."""
     return value is not None and _REQUEST_ID_RE.fullmatch(value) is not None
@@ -58,19 +59,19 @@ async def request_id_and_errors(request: web.Request, handler: Handler) -> web.S
             return error_response(request, PayloadTooLargeError(
                 f"request body is larger than the limit of {request.app._client_max_size} bytes; send a smaller file"))
         except web.HTTPNotFound:
-            err = TideserveError(f"no route for {request.method} {request.path}")
-            err.http_status, err.code = 404, "not_found"
-            return error_response(request, err)
+            error = TideserveError(f"no route for {request.method} {request.path}")
+            error.http_status, error.code = 404, "not_found"
+            return error_response(request, error)
         except web.HTTPMethodNotAllowed as exc:
-            err = TideserveError(f"{request.method} is not allowed on {request.path}; use {', '.join(sorted(exc.allowed_methods))}")
-            err.http_status, err.code = 405, "method_not_allowed"
-            return error_response(request, err)
+            error = TideserveError(f"{request.method} is not allowed on {request.path}; use {', '.join(sorted(exc.allowed_methods))}")
+            error.http_status, error.code = 405, "method_not_allowed"
+            return error_response(request, error)
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
-            err = TideserveError(exc.reason or "error")
-            err.http_status, err.code = exc.status, "http_error"
-            return error_response(request, err)
+            error = TideserveError(exc.reason or "error")
+            error.http_status, error.code = exc.status, "http_error"
+            return error_response(request, error)
         except ConnectionResetError:
             raise
         except Exception:

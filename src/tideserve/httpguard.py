@@ -63,8 +63,9 @@ class ConnectionGuard:
         self._deadline: dict[Any, asyncio.TimerHandle] = {}  # protocol -> header deadline
         self._loop = asyncio.get_running_loop()
         self._made, self._lost, self._factory = server.connection_made, server.connection_lost, server.request_factory
-        server.connection_made = self._connection_made  # type: ignore[method-assign]
-        server.connection_lost = self._connection_lost  # type: ignore[method-assign]
+        # Wrapping this one Server instance's connection hooks on purpose (aiohttp has no hook for it).
+        server.connection_made = self._connection_made  # type: ignore[method-assign, assignment]  # see above
+        server.connection_lost = self._connection_lost  # type: ignore[method-assign, assignment]  # see above
         server.request_factory = self._request_factory
 
     def open_count(self, ip: str) -> int:

@@ -49,7 +49,8 @@ class TextFormatter(logging.Formatter):
         extras = " ".join(
             f"{k}={v}" for k, v in vars(record).items() if k not in _RESERVED and not k.startswith("_") and k != "request_id"
         )
-        line = f"{time.strftime('%H:%M:%S', time.localtime(record.created))} {record.levelname:<5} {self.component} [{rid}] {record.getMessage()}"
+        stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
+        line = f"{stamp} {record.levelname:<5} {self.component} [{rid}] {record.getMessage()}"
         if extras:
             line += " " + extras
         if record.exc_info:

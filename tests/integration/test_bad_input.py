@@ -182,10 +182,10 @@ def test_lone_surrogate_prompt_is_400_on_every_api(endpoint, en_clips, served_af
     audio = base64.b64encode(en_clips[0].wav).decode()
     with endpoint.client() as c:
         sm = c.post("/invocations", headers={"Content-Type": "application/json"},
-                    content=('{"audio_data": "%s", "whisper_prompt": "\\ud800"}' % audio).encode())
+                    content=('{"audio_data": "' + audio + '", "whisper_prompt": "\\ud800"}').encode())
         ks = c.post("/v2/models/whisper-tiny.en/infer", headers={"Content-Type": "application/json"}, content=(
-            '{"inputs": [{"name": "AUDIO", "datatype": "BYTES", "shape": [1], "data": ["%s"]},'
-            ' {"name": "PROMPT", "datatype": "BYTES", "shape": [1], "data": ["\\ud800"]}]}' % audio).encode())
+            '{"inputs": [{"name": "AUDIO", "datatype": "BYTES", "shape": [1], "data": ["' + audio + '"]},'
+            ' {"name": "PROMPT", "datatype": "BYTES", "shape": [1], "data": ["\\ud800"]}]}').encode())
         # A part's charset can make a lone surrogate too: unicode_escape turns "\ud800" into one.
         form = (b'--b\r\nContent-Disposition: form-data; name="model"\r\n\r\nwhisper-tiny.en\r\n'
                 b'--b\r\nContent-Disposition: form-data; name="prompt"\r\nContent-Type: text/plain; charset=unicode_escape'

@@ -33,7 +33,7 @@ def test_eight_concurrent_requests_fewer_executions(tmp_path, en_clips):
             responses = list(pool.map(send, clips))
         after = ep.worker_metrics()
 
-    for clip, r in zip(clips, responses):
+    for clip, r in zip(clips, responses, strict=True):
         assert r.status_code == 200, r.text
         assert wer(clip.reference, r.json()["transcribe_text"]) <= 0.15, (clip.name, r.json())
     executions = sample_value(after, "nv_inference_exec_count") - sample_value(before, "nv_inference_exec_count")

@@ -326,11 +326,12 @@ def test_tideserve_gateway_command_serves_http_and_the_scaler(keda_stubs, tmp_pa
         file.write_text(json.dumps(spec))  # JSON is YAML
         port_file = tmp_path / "ports.json"
         env = {**os.environ, "TIDESERVE_WORKER_TOKEN": "s3cret", "PYTHONPATH": str(ROOT / "src")}
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "tideserve.cli.main", "gateway", str(file), "--namespace", "ml",
-            "--host", "127.0.0.1", "--port", "0", "--scaler-port", "0", "--discovery", "static",
-            "--replica", f"a10g={worker.url}", "--port-file", str(port_file), env=env,
-            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "gateway.log", "wb"))
+        with open(tmp_path / "gateway.log", "wb") as log:  # the child keeps its own descriptor
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "tideserve.cli.main", "gateway", str(file), "--namespace", "ml",
+                "--host", "127.0.0.1", "--port", "0", "--scaler-port", "0", "--discovery", "static",
+                "--replica", f"a10g={worker.url}", "--port-file", str(port_file), env=env,
+                stdout=subprocess.DEVNULL, stderr=log)
         keda = None
         try:
             await until(lambda: port_file.exists() or proc.returncode is not None, "the gateway's ports", 30)

@@ -65,9 +65,9 @@ def running_prometheus(tmp: Path, cfg: dict):
     assert prom_bin, "prometheus is not installed: `make test` installs Debian's prometheus package"
     port = _free_port()
     (tmp / "prometheus.yml").write_text(yaml.safe_dump(cfg))
-    log = open(tmp / "prometheus.log", "wb")
-    proc = subprocess.Popen([prom_bin, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
-                             f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
+    with open(tmp / "prometheus.log", "wb") as log:  # the child keeps its own descriptor
+        proc = subprocess.Popen([prom_bin, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
+                                 f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
     try:
         prom = Prometheus(f"http://127.0.0.1:{port}")
         prom.wait(lambda: _ready(prom.url), "ready", 60)
@@ -75,7 +75,6 @@ def running_prometheus(tmp: Path, cfg: dict):
     finally:
         proc.terminate()
         proc.wait(30)
-        log.close()
 
 
 @pytest.fixture(scope="module")

@@ -4,12 +4,14 @@ engines built for another target, and leaving no process behind."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from audio import wer
@@ -47,7 +49,7 @@ def test_killed_replica_is_restarted_and_serves(tmp_path, en_clips, zygote):
     with EndpointProcess(path, tmp_path, config={**FAST_RESTARTS, "zygote": zygote}) as ep:
         st = ep.status()
         assert st["zygote"] == ("ready" if zygote else "off")
-        parent = int(open(f"/proc/{st['pools'][0]['replicas'][0]['pid']}/stat").read().split()[3])
+        parent = int(Path(f"/proc/{st['pools'][0]['replicas'][0]['pid']}/stat").read_text().split()[3])
         assert (parent == st["zygote_pid"]) == zygote
         (pid,) = ep.worker_pids()
         os.kill(pid, signal.SIGKILL)
@@ -160,9 +162,9 @@ def test_engine_whose_manifest_names_another_target_is_refused(tmp_path):
                            capture_output=True, text=True, timeout=120)
     assert built.returncode == 0, built.stderr
     engine = built.stdout.split(": ", 1)[1].strip()
-    manifest = json.loads(open(f"{engine}/engine.json").read())
+    manifest = json.loads(Path(f"{engine}/engine.json").read_text())
     manifest["target"] = "cpu-aarch64-int8"
-    open(f"{engine}/engine.json", "w").write(json.dumps(manifest))
+    Path(f"{engine}/engine.json").write_text(json.dumps(manifest))
     with EndpointProcess(path, tmp_path, config={"cache_dir": str(cache)}, wait_ready=False) as ep:
         _assert_refused(ep, "was built for cpu-aarch64-int8, but the pool's target is cpu-x86_64-int8")
 
@@ -273,9 +275,9 @@ def _worker_pids_under(pid: int) -> set[int]:
     for d in os.listdir("/proc"):
         if d.isdigit():
             try:
-                stat = open(f"/proc/{d}/stat").read()
+                stat = Path(f"/proc/{d}/stat").read_text()
                 ppid = int(stat.rsplit(")", 1)[1].split()[1])
-                args = open(f"/proc/{d}/cmdline", "rb").read().split(b"\0")
+                args = Path(f"/proc/{d}/cmdline").read_bytes().split(b"\0")
                 module[int(d)] = args[args.index(b"-m") + 1].decode() if b"-m" in args else ""
                 children.setdefault(ppid, []).append(int(d))
             except (OSError, ValueError, IndexError):
@@ -362,10 +364,8 @@ def test_sigterm_during_a_hung_model_fetch_stops_promptly(tmp_path):
     def accept():  # accept connections and never answer
         server.settimeout(0.2)
         while not stop.is_set():
-            try:
+            with contextlib.suppress(OSError):
                 conns.append(server.accept()[0])
-            except OSError:
-                pass
 
     t = threading.Thread(target=accept, daemon=True)
     t.start()

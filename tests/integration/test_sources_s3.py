@@ -203,7 +203,7 @@ def test_stored_checksum_sha256_mismatch_fails(aws_env, tmp_path):
 
     obj = s3_backends[DEFAULT_ACCOUNT_ID]["aws"].get_object(BUCKET, "models/corrupt/model.bin")
     obj.checksum_value = "47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU="  # SHA-256 of b"", not of the body
-    with pytest.raises(SourceIntegrityError, match="checksum|SHA-256"):
+    with pytest.raises(SourceIntegrityError, match=r"checksum|SHA-256"):
         resolve_source(f"s3://{BUCKET}/models/corrupt", cache_dir=tmp_path)
     assert _published(tmp_path) == [] and _tmp_leftovers(tmp_path) == []
 
@@ -254,15 +254,15 @@ def test_fetch_process_killed_mid_file_publishes_nothing_and_the_next_fetch_clea
 def test_bad_credentials(aws_env, tmp_path, monkeypatch):
     uri = f"s3://{BUCKET}/models/tiny"
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAUNKNOWNKEY000000")
-    with pytest.raises(SourceAuthError, match="InvalidAccessKeyId.*unknown to .*AWS_ACCESS_KEY_ID"):
+    with pytest.raises(SourceAuthError, match=r"InvalidAccessKeyId.*unknown to .*AWS_ACCESS_KEY_ID"):
         resolve_source(uri, cache_dir=tmp_path)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", aws_env["keys"]["reader"][0])
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret")
-    with pytest.raises(SourceAuthError, match="SignatureDoesNotMatch.*check AWS_SECRET_ACCESS_KEY"):
+    with pytest.raises(SourceAuthError, match=r"SignatureDoesNotMatch.*check AWS_SECRET_ACCESS_KEY"):
         resolve_source(uri, cache_dir=tmp_path)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", aws_env["keys"]["nobody"][0])
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", aws_env["keys"]["nobody"][1])
-    with pytest.raises(SourceAuthError, match="AccessDenied.*not allowed s3:ListBucket"):
+    with pytest.raises(SourceAuthError, match=r"AccessDenied.*not allowed s3:ListBucket"):
         resolve_source(uri, cache_dir=tmp_path)
     assert _published(tmp_path) == []
 

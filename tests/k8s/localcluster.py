@@ -20,6 +20,7 @@ that is missing or fails to start is recorded in :attr:`LocalCluster.problems` w
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -107,10 +108,8 @@ class Proc:
         try:
             p.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             p.wait(5)
 
 
@@ -173,10 +172,8 @@ class ClusterNetwork:
                     pass
                 finally:
                     for s in (a, b):
-                        try:
+                        with contextlib.suppress(OSError):
                             s.shutdown(socket.SHUT_RDWR)
-                        except OSError:
-                            pass
 
             t = threading.Thread(target=pump, args=(upstream, conn), daemon=True)
             t.start()
@@ -554,7 +551,7 @@ def require(cluster: LocalCluster, *pieces: str) -> None:
 
 def _gpu_type(name: str, cpu: str, memory: str, gpu_name: str, family: str, prices: tuple[float, float]) -> dict:
     offerings = []
-    for capacity, price in zip(("spot", "on-demand"), prices):
+    for capacity, price in zip(("spot", "on-demand"), prices, strict=True):
         offerings.append({"Price": price, "Available": True, "Requirements": [
             {"key": "karpenter.sh/capacity-type", "operator": "In", "values": [capacity]},
             {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["test-zone-a"]},

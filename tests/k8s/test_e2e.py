@@ -312,10 +312,11 @@ def test_keda_scales_zero_to_one_and_karpenter_launches_the_pools_gpu_node(stack
     require(stack["cluster"], "keda", "kwok", "karpenter")
     kube, ms = stack["kube"], stack["measurements"]
     for pool in ("a10g", "l40s"):
-        wait_for(f"ScaledObject {pool} Ready", lambda: is_true(
+        # wait_for calls the check within this iteration; pool is bound anyway (default argument).
+        wait_for(f"ScaledObject {pool} Ready", lambda pool=pool: is_true(
             kube.get("keda.sh/v1alpha1", "ScaledObject", f"{EP}-{pool}", NS), "Ready"), 120)
-        hpa = wait_for(f"KEDA's HPA for {pool}", lambda: kube.get("autoscaling/v2", "HorizontalPodAutoscaler",
-                                                                  f"keda-hpa-{EP}-{pool}", NS), 60)
+        hpa = wait_for(f"KEDA's HPA for {pool}", lambda pool=pool: kube.get(
+            "autoscaling/v2", "HorizontalPodAutoscaler", f"keda-hpa-{EP}-{pool}", NS), 60)
         assert hpa["metadata"]["ownerReferences"][0]["kind"] == "ScaledObject"
         assert hpa["spec"]["scaleTargetRef"]["name"] == f"{EP}-{pool}"
     wait_for("both pools at 0 replicas (KEDA, nothing held)", lambda: _pool_replicas(kube) == {"a10g": 0, "l40s": 0}, 120)
@@ -350,9 +351,9 @@ def test_keda_scales_zero_to_one_and_karpenter_launches_the_pools_gpu_node(stack
                 marks["pod"], found["pod"] = now, pods[0]["metadata"]["name"]
         if "pod" in marks and "nodeclaim" not in marks and kube.list("karpenter.sh/v1", "NodeClaim"):
             marks["nodeclaim"] = now
-        if "nodeclaim" in marks and "node" not in marks:
-            if [n for n in kube.list("v1", "Node") if n["metadata"]["labels"].get("karpenter.sh/nodepool")]:
-                marks["node"] = now
+        if "nodeclaim" in marks and "node" not in marks and \
+                [n for n in kube.list("v1", "Node") if n["metadata"]["labels"].get("karpenter.sh/nodepool")]:
+            marks["node"] = now
         if "pod" in found:
             pod = kube.get("v1", "Pod", found["pod"], NS)
             if pod and pod["spec"].get("nodeName") and "scheduled" not in marks:

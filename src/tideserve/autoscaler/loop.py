@@ -7,6 +7,7 @@ replica can take (activation from zero must not wait for the next tick).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Protocol
@@ -23,7 +24,8 @@ log = logging.getLogger("tideserve.autoscaler")
 class LoadView(Protocol):
     """The gateway's counts (times on the ``time.monotonic`` clock)."""
 
-    pending: int
+    @property
+    def pending(self) -> int: ...  # read only (the Dispatcher's is a property)
 
     def in_flight(self) -> int: ...
     def outstanding_of(self, replica_id: str) -> int: ...
@@ -109,10 +111,8 @@ class Autoscaler:
             except Exception:
                 log.exception("autoscaler step failed")
             self._wake.clear()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.spec.autoscaling.interval_s)
-            except TimeoutError:
-                pass
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self.run(), name="autoscaler")

@@ -60,7 +60,7 @@ def up(
         cfg = load_local_config(config)
     except SpecError as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     if port is not None or host is not None:
         gw = ep.spec.gateway.model_copy(update={k: v for k, v in (("port", port), ("host", host)) if v is not None})
         ep = ep.model_copy(update={"spec": ep.spec.model_copy(update={"gateway": gw})})
@@ -125,7 +125,7 @@ def gateway(
             keys = LocalConfig(api_keys_file=api_keys_file).all_api_keys()
         except (OSError, ValueError) as exc:
             err.print(f"[red]error:[/red] --api-keys-file {api_keys_file}: {escape(str(exc))}", highlight=False)
-            raise typer.Exit(2)
+            raise typer.Exit(2) from None
     setup_logging("gateway", log_format)
     raise typer.Exit(asyncio.run(run_gateway(ep, namespace, host, port, scaler_port, discovery, static, keys, port_file)))
 
@@ -142,7 +142,7 @@ def _base_url(file: Path | None, url: str | None, config: Path | None) -> str:
         cfg = load_local_config(config)
     except SpecError as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     scheme = "https" if cfg.tls_cert_file else "http"
     host = "127.0.0.1" if gw.host in ("0.0.0.0", "::") else gw.host
     return f"{scheme}://{host}:{gw.port}"
@@ -176,7 +176,7 @@ def _request(url: str, data: bytes | None, api_key: str | None, cacert: Path | N
         req = urllib.request.Request(url, data=data, method="POST" if data is not None else "GET")
     except ValueError as exc:
         err.print(f"[red]error:[/red] {url} is not a usable URL ({escape(str(exc))}); e.g. http://127.0.0.1:8080", highlight=False)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     req.add_header("Content-Type", "application/json")
     if api_key:
         req.add_header("Authorization", f"Bearer {api_key}")
@@ -184,7 +184,7 @@ def _request(url: str, data: bytes | None, api_key: str | None, cacert: Path | N
         ctx = ssl.create_default_context(cafile=str(cacert)) if cacert else None
     except (OSError, ssl.SSLError) as exc:
         err.print(f"[red]error:[/red] cannot use --cacert {cacert}: {escape(str(exc))}", highlight=False)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     try:
         with urllib.request.urlopen(req, timeout=timeout, context=ctx) as resp:
             body = resp.read()
@@ -197,7 +197,7 @@ def _request(url: str, data: bytes | None, api_key: str | None, cacert: Path | N
             msg = body
         hint = " (set --api-key or $TIDESERVE_API_KEY)" if exc.code == 401 else ""
         err.print(f"[red]error {exc.code}:[/red] {escape(str(msg))}{hint}", highlight=False)
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
     except urllib.error.URLError as exc:
         hint = "; is `tideserve up` running?"
         if isinstance(exc.reason, ssl.SSLError):
@@ -206,18 +206,18 @@ def _request(url: str, data: bytes | None, api_key: str | None, cacert: Path | N
             else:
                 hint = "; pass --cacert with the CA that signed the server's certificate"
         err.print(f"[red]error:[/red] cannot reach {url}: {exc.reason}{hint}", highlight=False)
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
     except TimeoutError:
         err.print(f"[red]error:[/red] {url}: no answer within {timeout:g} s (raise --timeout for long audio)", highlight=False)
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
     except (http.client.HTTPException, ConnectionError) as exc:
         hint = " (the server may speak HTTPS: use --url https://... or --config with its TLS settings)" \
             if url.startswith("http://") else ""
         err.print(f"[red]error:[/red] {url}: the connection failed: {exc!r}{hint}", highlight=False)
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
     except ValueError as exc:  # a malformed --url
         err.print(f"[red]error:[/red] {url} is not a usable URL ({escape(str(exc))}); e.g. http://127.0.0.1:8080", highlight=False)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
 
 
 @app.command()
@@ -238,7 +238,7 @@ def invoke(
             data = path.read_bytes()
         except OSError as exc:
             err.print(f"[red]error:[/red] cannot read {path}: {exc.strerror}")
-            raise typer.Exit(1)
+            raise typer.Exit(1) from None
         body = json.dumps({"audio_data": base64.b64encode(data).decode(), "whisper_prompt": prompt}).encode()
         result = _request(base + "/invocations", body, api_key, _cacert(cacert, config, base), timeout)
         text = result.get("transcribe_text", "")
@@ -303,16 +303,16 @@ def build(
         targets = [Target.parse(target)] if target else list({p.parsed_target: None for p in ep.spec.pools})
     except SpecError as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     except ValueError as exc:
         err.print(f"[red]error:[/red] --target: {escape(str(exc))}", highlight=False)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     for t in targets:
         try:
             path = build_engine(ep, t, cfg, verify, force)
         except (EngineMismatchError, SourceError, OSError, RuntimeError) as exc:
             err.print(f"[red]error:[/red] {t.name}: {escape(str(exc))}", highlight=False)
-            raise typer.Exit(1)
+            raise typer.Exit(1) from None
         note = ""
         try:
             from tideserve.engines import check_target, probe_device
@@ -395,7 +395,7 @@ def render_k8s(
         objects = render_endpoint(ep, opts)
     except SpecError as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     _emit(to_yaml(objects), output)
 
 
@@ -413,10 +413,10 @@ def render_cluster_cmd(
         cfg = load_model_text(ClusterConfig, file.read_text(), str(file))
     except OSError as exc:
         err.print(f"[red]error:[/red] cannot read {file}: {exc.strerror}", highlight=False)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     except SpecError as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     _emit(to_yaml(render_cluster(cfg)), output)
 
 
@@ -440,7 +440,7 @@ def _emit(text: str, out_file: Path | None) -> None:
         except OSError as exc:
             err.print(f"[red]error:[/red] cannot write {out_file}: {exc.strerror or exc}; choose a path in an "
                       "existing, writable directory", highlight=False)
-            raise typer.Exit(1)
+            raise typer.Exit(1) from None
         err.print(f"wrote {out_file}", highlight=False)
 
 

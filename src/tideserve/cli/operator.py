@@ -53,7 +53,7 @@ def operator_command(
         cluster = Cluster.connect(kubeconfig, context)
     except ApplyError as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     setup_logging("operator", log_format)
     install_log_filter()
     try:

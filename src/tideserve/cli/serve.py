@@ -101,16 +101,16 @@ async def run_endpoint(
     if cfg.all_api_keys():
         cli_opts += "  (with $TIDESERVE_API_KEY set)"
     mins = sum(p.replicas.min for p in endpoint.spec.pools)
-    starting = ("replicas start in the background" if mins else
-                "no replica runs until the first request, which is held while one starts")
+    replicas_note = ("replicas start in the background" if mins else
+                     "no replica runs until the first request, which is held while one starts")
     unusable = [p for p in runtime.status()["pools"] if p["state"] == "unschedulable"]
     if len(unusable) == len(endpoint.spec.pools):
-        starting = ("but NO pool can run on this machine, so every request is refused (503):\n    "
-                    + "\n    ".join(f"pool {p['name']}: {p['reason']}" for p in unusable))
+        replicas_note = ("but NO pool can run on this machine, so every request is refused (503):\n    "
+                         + "\n    ".join(f"pool {p['name']}: {p['reason']}" for p in unusable))
     cacert = f" --cacert {cfg.tls_cert_file}" if ctx else ""
     print(
         f"tideserve: endpoint '{endpoint.metadata.name}' serves model '{endpoint.spec.model.name}' at {url}\n"
-        f"  {starting}; `tideserve status{cli_opts}` shows them.\n"
+        f"  {replicas_note}; `tideserve status{cli_opts}` shows them.\n"
         f"  try:  (printf '{{\"audio_data\": \"'; base64 -w0 clip.wav; printf '\"}}') | "
         f"curl{cacert} -X POST {url}/invocations{auth} -H 'Content-Type: application/json' --data-binary @-\n"
         f"  or:   tideserve invoke {endpoint_file} clip.wav{cli_opts}\n"

@@ -20,7 +20,7 @@ def _floats(text: str, what: str) -> list[float]:
         vals = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         err.print(f"[red]error:[/red] {what} must be comma-separated numbers, e.g. 1,2,4,8; got {text!r}", highlight=False)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     if not vals or any(not (math.isfinite(v) and v > 0) for v in vals):
         err.print(f"[red]error:[/red] {what} must list finite positive numbers; got {text!r}", highlight=False)
         raise typer.Exit(2)
@@ -78,12 +78,12 @@ def bench_profile(
                                speech_dir=speech, allowed_file_roots=cfg.allowed_file_roots, cache_dir=cfg.cache_dir)
     except (TideserveError, RuntimeError) as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
     try:
         out_file.write_text(json.dumps(prof.model_dump(), indent=1) + "\n")
     except OSError as exc:
         err.print(f"[red]error:[/red] cannot write {out_file}: {exc.strerror or exc}", highlight=False)
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
     err.print(f"wrote {out_file}", highlight=False)
 
 
@@ -138,7 +138,7 @@ def simulate_cmd(
         runs, levers = compare(ep.spec, reqs, pools, opts, slo_s, start_warm=start_warm)
     except SimInputError as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     inputs = {"endpoint": str(file), "trace": str(trace), "thin": f"{thin:g}", "time-scale": f"{time_scale:g}",
               "duration rule": duration_rule, "seed": str(seed), "cluster": cluster,
               "spot interruptions per node-hour": f"{spot_interruption_rate_per_h:g}",

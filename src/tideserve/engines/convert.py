@@ -108,7 +108,7 @@ def ct2_to_hf_state(v: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], di
         w = _weight(v, src + "/weight")
         b = v[src + "/bias"]
         n = len(dsts)
-        for _i, (wi, bi, dst) in enumerate(zip(np.split(w, n), np.split(b, n), dsts)):
+        for _i, (wi, bi, dst) in enumerate(zip(np.split(w, n), np.split(b, n), dsts, strict=True)):
             out[dst + ".weight"] = wi
             if dst.endswith("k_proj"):
                 if np.abs(bi.astype(np.float32)).max() > 0:

@@ -111,8 +111,9 @@ def build_engine(
 
     Files are copied into the engine directory, or, when ``convert`` is given, written there by
     ``convert(model_dir, engine_dir)`` (e.g. a CTranslate2 model turned into the torch backend's
-    format); ``verify(engine_dir)`` may load it to prove it works before it is published. An existing engine is returned unless ``force`` is set or its
-    files no longer match its manifest (then it is rebuilt). Returns the engine directory.
+    format); ``verify(engine_dir)`` may load it to prove it works before it is published. An
+    existing engine is returned unless ``force`` is set or its files no longer match its manifest
+    (then it is rebuilt). Returns the engine directory.
     Raises whatever ``verify`` raises, publishing nothing.
     """
     model_dir = Path(model_dir)

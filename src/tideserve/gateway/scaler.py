@@ -1,9 +1,10 @@
 """The gateway's KEDA external scaler: gRPC (``grpc.aio``) in the gateway's event loop.
 
 Kubernetes mode only. One KEDA ScaledObject per pool names this server as its
-``scalerAddress`` (``<endpoint>-scaler.<namespace>.svc:9090``, the in-cluster Service in front of the gateway's gRPC port) with trigger metadata
-``{endpoint: <endpoint name>, pool: <pool name>}``. The autoscaler (the same policy and control
-loop as embedded mode) decides each pool's desired replicas; this module only publishes them:
+``scalerAddress`` (``<endpoint>-scaler.<namespace>.svc:9090``, the in-cluster Service in front
+of the gateway's gRPC port) with trigger metadata ``{endpoint: <endpoint name>, pool: <pool name>}``.
+The autoscaler (the same policy and control loop as embedded mode) decides each pool's desired
+replicas; this module only publishes them:
 
 - ``IsActive`` / ``StreamIsActive``: true while the policy wants the pool above zero, or while
   requests are held that the policy would place on this pool first (activation from zero must
@@ -52,6 +53,7 @@ once ``IsActive`` has been false for its cooldownPeriod.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 from dataclasses import dataclass
@@ -239,11 +241,9 @@ class ExternalScaler(pb_grpc.ExternalScalerServicer):
             if now != last:
                 yield pb.IsActiveResponse(result=now)
                 last = now
-            try:
-                # Also re-check now and then, in case a change came without a notify.
+            # Also re-check now and then, in case a change came without a notify.
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), self.recheck_s)
-            except TimeoutError:
-                pass
 
     async def GetMetricSpec(self, request, context):
         try:

@@ -242,7 +242,7 @@ def make_registry(cluster: Cluster, *, image: str | None = None, options: Render
             patch.status["conditions"] = conditions(ready=False, reason="ApplyFailed", message=str(exc), degraded=True,
                                                     now=clock(), previous=previous)
             if exc.retryable:
-                raise kopf.TemporaryError(str(exc), delay=retry_delay_s)
+                raise kopf.TemporaryError(str(exc), delay=retry_delay_s) from exc
             return
         patch.status["appliedKinds"] = result.kinds
         patch.status["appliedObjects"] = len(result.applied)
@@ -272,7 +272,7 @@ def make_registry(cluster: Cluster, *, image: str | None = None, options: Render
             deleted = delete_cluster_scoped(cluster, owner, status.get("appliedKinds") or [])
         except ApplyError as exc:
             if exc.retryable:
-                raise kopf.TemporaryError(str(exc), delay=retry_delay_s)
+                raise kopf.TemporaryError(str(exc), delay=retry_delay_s) from exc
             logger.error("cannot delete the cluster-scoped objects of %s (delete them by label %s): %s",
                          name, owner.selector(), exc)
             return

@@ -5,7 +5,7 @@
 | object | per | what for |
 | --- | --- | --- |
 | ConfigMap ``<ep>-config`` | endpoint | ``endpoint.yaml`` (mounted at /etc/tideserve/endpoint.yaml) and the worker's local config |
-| PersistentVolume + PersistentVolumeClaim | endpoint, s3:// and file:// sources | the model through the Mountpoint for S3 or FSx for Lustre CSI driver, read-only |
+| PersistentVolume + PersistentVolumeClaim | endpoint (s3://, file://) | the model, read-only (Mountpoint for S3 / FSx for Lustre CSI) |
 | Service ``<ep>-<pool>`` (headless) | pool | the gateway finds a pool's *ready* pods by DNS |
 | Service ``<ep>-gateway`` (LoadBalancer, AWS NLB) | endpoint | the HTTP entry point |
 | Service ``<ep>-scaler`` (ClusterIP) | endpoint | the KEDA external scaler (gRPC), in-cluster only |
@@ -70,8 +70,9 @@ class RenderOptions:
     """Cluster facts an endpoint spec does not hold.
 
     ``image``: the tideserve image (deploy/docker/Dockerfile, cpu target); GPU pools run
-    ``gpu_image``, by default ``image``'s tag with ``-cuda`` appended (the cuda target). ``fsx_*``: the FSx for Lustre file system a ``file://`` source
-    lies on (needed only then). ``s3_region``: the bucket's region for Mountpoint (optional).
+    ``gpu_image``, by default ``image``'s tag with ``-cuda`` appended (the cuda target).
+    ``fsx_*``: the FSx for Lustre file system a ``file://`` source lies on (needed only then).
+    ``s3_region``: the bucket's region for Mountpoint (optional).
     ``scaler_address``: ``host:port`` KEDA dials for every ScaledObject's external scaler, in
     place of the endpoint's in-cluster scaler Service (a scaler outside the cluster, e.g. a
     ``tideserve gateway`` on loopback next to an out-of-cluster KEDA, as tests/k8s runs it).

@@ -53,6 +53,7 @@ class GpuMetrics:
         if not self.available:
             return ""
         nv = self._nvml
+        assert nv is not None  # self.available
         values: dict[str, list[tuple[str, float]]] = {k: [] for k in _HELP}
         try:
             for h in self._handles:

@@ -57,7 +57,7 @@ STAGES = ("prep", "queue", "features", "encoder", "decode_steps", "detokenize")
 
 def _fmt_labels(labels: dict[str, str]) -> str:
     esc = (v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") for v in labels.values())
-    return "{" + ",".join(f'{k}="{v}"' for k, v in zip(labels, esc)) + "}"
+    return "{" + ",".join(f'{k}="{v}"' for k, v in zip(labels, esc, strict=True)) + "}"
 
 
 class TritonMetrics:

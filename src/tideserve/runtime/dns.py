@@ -81,7 +81,7 @@ class DnsDiscovery:
         pools = list(self.hosts)
         results = await asyncio.gather(*(self.resolver(self.hosts[p], self.port) for p in pools),
                                        return_exceptions=True)
-        for pool, res in zip(pools, results):
+        for pool, res in zip(pools, results, strict=True):
             if isinstance(res, BaseException):
                 if isinstance(res, asyncio.CancelledError):
                     raise res

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import collections
 from collections import Counter
+import contextlib
 import ctypes
 import json
 import logging
@@ -30,7 +31,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import aiohttp
 
@@ -66,14 +68,18 @@ async def _in_daemon_thread(fn: Callable, *args):
     loop = asyncio.get_running_loop()
     fut = loop.create_future()
 
+    def settle(setter: Callable[[Any], None], value: Any) -> None:  # on the loop
+        if not fut.done():
+            setter(value)
+
     def run() -> None:
         try:
             result = fn(*args)
         except BaseException as exc:
-            # Bound now: the name `exc` is unset once this except block ends.
-            loop.call_soon_threadsafe(lambda e=exc: fut.done() or fut.set_exception(e))
+            # Passed now (call_soon_threadsafe binds its arguments): `exc` is unset after this block.
+            loop.call_soon_threadsafe(settle, fut.set_exception, exc)
         else:
-            loop.call_soon_threadsafe(lambda r=result: fut.done() or fut.set_result(r))
+            loop.call_soon_threadsafe(settle, fut.set_result, result)
 
     threading.Thread(target=run, name="prepare", daemon=True).start()
     return await fut
@@ -265,7 +271,7 @@ class LocalRuntime:
     def slots(self) -> int | None:
         return self.config.replica_slots
 
-    async def apply(self, desired: dict[str, int], drain: list[str] | tuple[str, ...]) -> None:
+    async def apply(self, desired: Mapping[str, int], drain: Sequence[str]) -> None:
         """Drain the named replicas, then start replicas until each pool has ``desired``
         (within replica_slots). Draining: the gateway stops routing to the replica at once;
         the worker finishes its in-flight and queued work, then exits."""
@@ -349,10 +355,8 @@ class LocalRuntime:
                 else:
                     r.state = "draining"
                     r.drain_started_at = time.monotonic()
-                    try:
+                    with contextlib.suppress(ProcessLookupError):
                         r.proc.send_signal(signal.SIGTERM)
-                    except ProcessLookupError:
-                        pass
                 log.info("replica draining", extra={"replica": r.id, "pool": ps.spec.name})
                 return
 
@@ -386,10 +390,8 @@ class LocalRuntime:
                 r.intentional_stop = True
                 r.state = "stopped"
                 if r.proc and r.proc.returncode is None:
-                    try:
+                    with contextlib.suppress(ProcessLookupError):
                         r.proc.send_signal(signal.SIGTERM)
-                    except ProcessLookupError:
-                        pass
                     procs.append(r.proc)
         if procs:
             _done, _pending = await asyncio.wait([asyncio.ensure_future(p.wait()) for p in procs], timeout=timeout_s)
@@ -445,7 +447,7 @@ class LocalRuntime:
             await self._zygote.start(_set_pdeathsig)
         if self._zygote is not None and await self._zygote.wait_ready(120):
             try:
-                r.proc = await self._zygote.spawn(argv, env)  # type: ignore[assignment]
+                r.proc = await self._zygote.spawn(argv, env)
             except (TimeoutError, OSError) as exc:
                 log.warning("zygote could not fork %s (%s); starting a fresh process", r.id, exc)
         if r.proc is None:
@@ -459,7 +461,7 @@ class LocalRuntime:
         asyncio.get_running_loop().create_task(self._pump_logs(r, r.proc))
         log.info("replica starting", extra={"replica": r.id, "pool": ps.spec.name, "pid": r.proc.pid})
 
-    async def _pump_logs(self, r: Replica, proc: asyncio.subprocess.Process) -> None:
+    async def _pump_logs(self, r: Replica, proc: asyncio.subprocess.Process | ForkedProcess) -> None:
         """Copy a worker's output to its log file and to our stderr; keep the last lines."""
         assert proc.stdout is not None
         with open(self.run_dir / f"{r.id}.log", "ab") as f:
@@ -600,7 +602,5 @@ class LocalRuntime:
             if checks:
                 await asyncio.gather(*checks)
             self._wake.clear()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.tick_s)
-            except TimeoutError:
-                pass

@@ -9,6 +9,7 @@ subprocesses are supervised by the same code.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -29,10 +30,8 @@ class ForkedProcess:
 
     def send_signal(self, sig: int) -> None:
         if self.returncode is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, sig)
-            except ProcessLookupError:
-                pass
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
@@ -91,10 +90,8 @@ class Zygote:
                         fut.set_result(msg["pid"])
                     else:  # the runtime gave up on this spawn: the late fork must not live on
                         log.warning("zygote forked pid %s after its spawn timed out; killing it", msg["pid"])
-                        try:
+                        with contextlib.suppress(ProcessLookupError):
                             os.kill(msg["pid"], signal.SIGKILL)
-                        except ProcessLookupError:
-                            pass
                 elif op == "exit":
                     child = self._children.pop(msg["pid"], None)
                     if child is not None:

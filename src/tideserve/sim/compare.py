@@ -112,13 +112,13 @@ def summarize(result: RunResult, slo_s: float) -> Summary:
     busy_gpu = sum(v for k, v in result.busy_s.items() if k != "cpu") / 3600.0
     busy_cpu = result.busy_s.get("cpu", 0.0) / 3600.0
     lat = [r.latency_s for r in result.requests if r.status == "ok" and r.latency_s is not None]
-    n = len(result.requests)
+    n_requests = len(result.requests)
     return Summary(
         cost_usd=cost, gpu_hours=gpu_h, cpu_node_hours=cpu_h, idle_gpu_hours=max(0.0, gpu_h - busy_gpu),
         idle_cpu_node_hours=max(0.0, cpu_h - busy_cpu),
-        slo_attainment=sum(1 for x in lat if x <= slo_s) / n if n else 0.0,
+        slo_attainment=sum(1 for x in lat if x <= slo_s) / n_requests if n_requests else 0.0,
         p50_s=percentile(lat, 50), p95_s=percentile(lat, 95), p99_s=percentile(lat, 99),
-        ok=len(lat), failed=n - len(lat), held=sum(1 for r in result.requests if r.held),
+        ok=len(lat), failed=n_requests - len(lat), held=sum(1 for r in result.requests if r.held),
         cold_starts=result.replica_starts, spot_interruptions=result.spot_interruptions,
         retries=sum(r.retries for r in result.requests), duration_s=result.end_s,
     )

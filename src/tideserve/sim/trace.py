@@ -209,7 +209,7 @@ def read_rows(path: str | Path) -> tuple[list[float], list[dict[str, str]]]:
         if len(rec) != len(header):
             raise SimInputError(f"{source}: line {n} has {len(rec)} fields, the header has {len(header)} "
                                 f"({', '.join(header)})")
-        row = dict(zip(header, (x.strip() for x in rec)))
+        row = dict(zip(header, (x.strip() for x in rec), strict=True))
         times.append(_parse_time(row[key], source, f"line {n}"))
         rows.append(row)
     if not rows:

@@ -79,8 +79,9 @@ def resolve_source(
 
     ``allowed_file_roots`` applies to ``file://`` (none allowed when empty); ``cache_dir`` to
     ``s3://`` (default :func:`default_cache_dir`: ``$XDG_CACHE_HOME/tideserve`` or
-    ``~/.cache/tideserve``); ``hf://`` uses the Hugging Face cache (``HF_HUB_CACHE``). Logs, on logger ``tideserve.sources``, the time taken and whether
-    it was a cache hit. Raises SourceError (or a subclass) with the reason and what to fix.
+    ``~/.cache/tideserve``); ``hf://`` uses the Hugging Face cache (``HF_HUB_CACHE``). Logs, on
+    logger ``tideserve.sources``, the time taken and whether it was a cache hit. Raises SourceError
+    (or a subclass) with the reason and what to fix.
     """
     scheme, sep, _ = uri.partition("://")
     resolver = RESOLVERS.get(scheme) if sep else None

@@ -10,6 +10,10 @@ import logging
 import sys
 import time
 from types import TracebackType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
 
 log = logging.getLogger("tideserve.sources")
 
@@ -23,8 +27,8 @@ class DownloadProgress:
         self.total_bytes = total_bytes
         self.n_files = n_files
         self.tty = sys.stderr.isatty() if tty is None else tty
-        self._bar = None
-        self._task = None
+        self._bar: Progress | None = None  # rich is imported only for a TTY (__enter__)
+        self._task: TaskID | None = None
         self._name = ""
         self._size = 0
         self._t_file = 0.0
@@ -59,11 +63,11 @@ class DownloadProgress:
 
     def start(self, name: str, size_bytes: int) -> None:
         self._name, self._size, self._t_file = name, size_bytes, time.monotonic()
-        if self._bar is not None:
+        if self._bar is not None and self._task is not None:
             self._bar.update(self._task, description=f"{self.uri} {name}")
 
     def advance(self, n_bytes: int) -> None:
-        if self._bar is not None:
+        if self._bar is not None and self._task is not None:
             self._bar.advance(self._task, n_bytes)
 
     def done(self) -> None:

@@ -270,7 +270,7 @@ class EngineLoop:
         self.stats.encoder_s += timings.infer_s
         self.stats.detokenize_s += timings.output_s
         share = timings.total_s / len(parts)
-        for p, r in zip(parts, results):
+        for p, r in zip(parts, results, strict=True):
             p.compute_s += share
             self._on_result(p, r)
         return True
@@ -313,7 +313,7 @@ class EngineLoop:
                     self.stats.executions += 1
                 log.debug("batched admit failed (%s); admitted one by one", exc)
             else:
-                for h, p in zip(handles, parts):
+                for h, p in zip(handles, parts, strict=True):
                     self.active[h] = p
                 self._charge(parts, timings.total_s)
                 self.stats.executions += 1
@@ -333,9 +333,9 @@ class EngineLoop:
             self.stats.detokenize_s += detok_s
             self._charge(list(self.active.values()), elapsed)
             for h, r in done:
-                p = self.active.pop(h, None)
-                if p is not None:
-                    self._on_result(p, r)
+                finished = self.active.pop(h, None)
+                if finished is not None:
+                    self._on_result(finished, r)
             worked = True
         return worked
 

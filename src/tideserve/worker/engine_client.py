@@ -11,6 +11,7 @@ event loop. If the engine process dies, every waiting request fails with ``Engin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import itertools
 import multiprocessing
@@ -19,7 +20,7 @@ import signal
 import threading
 from dataclasses import dataclass, field
 from typing import Any
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from tideserve.errors import (
     BadInputError,
@@ -65,10 +66,8 @@ def _engine_entry(inbox: Any, outbox: Any, config: EngineConfig) -> None:
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the front, which stops us
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    try:
+    with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
     engine_main(inbox, outbox, config)
 
 
@@ -173,10 +172,12 @@ class EngineClient:
         """Requests sent to the engine and not yet answered."""
         return len(self._pending)
 
-    async def transcribe(self, segments: list[tuple[Any, float]], options: RequestOptions,
+    async def transcribe(self, segments: Sequence[tuple[Any, float] | tuple[Any, float, bool | None]],
+                         options: RequestOptions,
                          on_segment: Callable[[int, list[WindowResult]], None] | None = None,
                          ) -> tuple[list[WindowResult], float]:
-        """Decode ``segments`` (``(int16 PCM, offset_s)`` each) as one request: the window
+        """Decode ``segments`` (``(int16 PCM, offset_s[, silent])`` each, as EngineLoop.submit takes
+        them) as one request: the window
         results in audio order and the model seconds the request used. Cancelling the caller
         cancels the request in the engine (queued windows dropped, decoding rows stopped).
         Raises BadInputError / PayloadTooLargeError from the engine, EngineDiedError."""
@@ -209,11 +210,9 @@ class EngineClient:
     def stop(self, timeout_s: float = 5.0) -> None:
         """Ask the engine to stop and wait for it (then kill it)."""
         if self.process.is_alive():
-            try:
+            with contextlib.suppress(OSError):
                 self._send(("stop",))
-            except OSError:
-                pass
             self.process.join(timeout_s)
-            if self.process.is_alive():
+            if self.process.is_alive() and self.process.pid is not None:  # alive: started, so it has a pid
                 os.kill(self.process.pid, signal.SIGKILL)
                 self.process.join(1.0)

@@ -52,7 +52,7 @@ class Prepared:
         """The windows as ``(pcm slice, offset_s, silent)`` (views, no copy; ``silent`` None when
         not judged)."""
         flags = self.silent or (None,) * len(self.cuts)
-        return [(self.pcm[a:b], a / SAMPLE_RATE, f) for (a, b), f in zip(self.cuts, flags)]
+        return [(self.pcm[a:b], a / SAMPLE_RATE, f) for (a, b), f in zip(self.cuts, flags, strict=True)]
 
 
 def prepare_audio(req: TranscriptionRequest, max_audio_s: float | None, extra: Any = None) -> Prepared:

@@ -18,6 +18,7 @@ The zygote exits when the socket closes; it dies with the runtime (parent-death 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import json
 import os
@@ -35,10 +36,8 @@ from tideserve.worker.backends import BACKENDS
 
 
 def _pdeathsig(sig: int) -> None:
-    try:
+    with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def _send(sock: socket.socket, msg: dict) -> None:

@@ -37,9 +37,9 @@ def test_replicas_that_drop_every_attempt_give_502_with_retry_after():
         kg = build_kube_gateway(ep, None, "static", {"cpu": [_dead_url() for _ in range(3)]})
         await kg.start("127.0.0.1", 0, 0, autoscale=False)
         try:
-            async with aiohttp.ClientSession() as s:
-                async with s.post(f"http://127.0.0.1:{kg.http_port}/invocations", json={"audio_data": "AAAA"}) as r:
-                    return r.status, r.headers.get("Retry-After"), await r.json()
+            url = f"http://127.0.0.1:{kg.http_port}/invocations"
+            async with aiohttp.ClientSession() as s, s.post(url, json={"audio_data": "AAAA"}) as r:
+                return r.status, r.headers.get("Retry-After"), await r.json()
         finally:
             await kg.stop()
 

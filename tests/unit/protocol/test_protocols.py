@@ -212,13 +212,13 @@ _AUDIO_B64 = base64.b64encode(b"RIFFxx").decode()
 
 @pytest.mark.parametrize("prompt", ["\\ud800", "ok \\udfff end", "\\udbff\\udbff"])
 def test_invocation_lone_surrogate_prompt_is_bad_input(prompt):
-    body = ('{"audio_data": "%s", "whisper_prompt": "%s"}' % (_AUDIO_B64, prompt)).encode()
-    with pytest.raises(BadInputError, match="'whisper_prompt' is not valid text: character .* lone UTF-16 surrogate"):
+    body = ('{"audio_data": "' + _AUDIO_B64 + '", "whisper_prompt": "' + prompt + '"}').encode()
+    with pytest.raises(BadInputError, match=r"'whisper_prompt' is not valid text: character .* lone UTF-16 surrogate"):
         sagemaker.parse_invocation(body)
 
 
 def test_invocation_surrogate_pair_is_text():
-    body = ('{"audio_data": "%s", "whisper_prompt": "\\ud83d\\ude00"}' % _AUDIO_B64).encode()
+    body = ('{"audio_data": "' + _AUDIO_B64 + '", "whisper_prompt": "\\ud83d\\ude00"}').encode()
     assert sagemaker.parse_invocation(body).prompt == "\U0001f600"
 
 
@@ -228,8 +228,8 @@ def test_invocation_surrogate_in_audio_data_is_bad_input():
 
 
 def test_kserve_json_prompt_with_lone_surrogate_is_bad_input():
-    body = ('{"inputs": [{"name": "AUDIO", "datatype": "BYTES", "shape": [1], "data": ["%s"]},'
-            ' {"name": "PROMPT", "datatype": "BYTES", "shape": [1], "data": ["\\ud800"]}]}' % _AUDIO_B64).encode()
+    body = ('{"inputs": [{"name": "AUDIO", "datatype": "BYTES", "shape": [1], "data": ["' + _AUDIO_B64 + '"]},'
+            ' {"name": "PROMPT", "datatype": "BYTES", "shape": [1], "data": ["\\ud800"]}]}').encode()
     with pytest.raises(BadInputError, match="'input PROMPT' is not valid text"):
         kserve.parse_infer(body, None)
 
@@ -241,8 +241,8 @@ def test_kserve_binary_prompt_encoding_a_surrogate_is_bad_input():
 
 
 def test_kserve_request_id_with_lone_surrogate_is_bad_input():
-    body = ('{"id": "\\udc80", "inputs": [{"name": "AUDIO", "datatype": "BYTES", "shape": [1], "data": ["%s"]}]}'
-            % _AUDIO_B64).encode()
+    body = ('{"id": "\\udc80", "inputs": [{"name": "AUDIO", "datatype": "BYTES", "shape": [1], "data": ["'
+            + _AUDIO_B64 + '"]}]}').encode()
     with pytest.raises(BadInputError, match="'id' is not valid text"):
         kserve.parse_infer(body, None)
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -102,8 +103,10 @@ def test_same_seed_same_results_and_the_seed_matters():
     opts = RunOptions(seed=11, spot_interruption_rate_per_h=3.0)
     one = compare(_hetero_spec(), _trace(), PROFILES, opts, slo_s=20)
     two = compare(_hetero_spec(), _trace(), PROFILES, opts, slo_s=20)
-    key = lambda out: ([(r.name, r.summary, r.result.requests, r.result.nodes) for r in out[0]],
-                       [(lv.name, lv.saving_usd) for lv in out[1]])
+    def key(out):
+        return ([(r.name, r.summary, r.result.requests, r.result.nodes) for r in out[0]],
+                [(lv.name, lv.saving_usd) for lv in out[1]])
+
     assert key(one) == key(two)
     assert sum(r.summary.spot_interruptions for r in one[0]) > 0  # the RNG was exercised
     other = compare(_hetero_spec(), _trace(), PROFILES, dataclasses.replace(opts, seed=12), slo_s=20)
@@ -141,7 +144,7 @@ def test_the_simulator_calls_the_live_policy_functions(monkeypatch):
 
 
 def test_a_pool_without_profile_is_refused():
-    with pytest.raises(SimInputError, match="no profile for pool cpu .target cpu-x86_64-int8.; measure one"):
+    with pytest.raises(SimInputError, match=re.escape("no profile for pool cpu (target cpu-x86_64-int8); measure one")):
         simulate(make_spec(), [TraceRequest(0, 0.0, 1.0)], [fixed_profile(target="cpu-x86_64-fp32")])
 
 

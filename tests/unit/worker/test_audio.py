@@ -129,5 +129,5 @@ def test_wav_with_no_samples():
 
     fmt = struct.pack("<HHIIHH", 1, 1, SR, SR * 2, 2, 16)
     wav = b"RIFF" + struct.pack("<I", 36) + b"WAVE" + b"fmt " + struct.pack("<I", 16) + fmt + b"data" + struct.pack("<I", 0)
-    with pytest.raises(BadInputError, match="no samples|could not decode"):
+    with pytest.raises(BadInputError, match=r"no samples|could not decode"):
         decode_audio(wav)

@@ -46,7 +46,7 @@ def test_rows_join_a_running_decode_and_equal_decoding_alone(device: str) -> Non
     assert len({s0, s1, s2}) == 3
     assert [len(got[s].tokens) for s in (s0, s1, s2)] == caps
     assert [got[s].tokens for s in (s0, s1, s2)] == [w.tokens for w in want]
-    for s, w in zip((s0, s1, s2), want):
+    for s, w in zip((s0, s1, s2), want, strict=True):
         assert got[s].sum_logprob == pytest.approx(w.sum_logprob, abs=1e-3)
         assert got[s].no_speech_prob == pytest.approx(w.no_speech_prob, abs=1e-4)
     # Each row left when it ended: the shortest (row 1, 6 tokens, joined at step 5) first.

@@ -66,7 +66,7 @@ class SlotBackend:
     def admit(self, tasks):
         self.admitted.append(tasks)
         free = [s for s in range(self.slots) if s not in self.rows]
-        for s, t in zip(free, tasks):
+        for s, t in zip(free, tasks, strict=False):  # every free slot is listed; only len(tasks) are taken
             self.rows[s] = [t, self.steps_of(t)]
         return free[: len(tasks)], ExecutionTimings(0.01, 0.02)
 
@@ -149,7 +149,8 @@ def test_fallback_retries_at_the_next_temperature_and_keeps_the_passing_decode()
         return ok(t, f"good@{t.temperature}")
 
     be = SlotBackend(4, steps_of=lambda t: 3, result_of=result_of)
-    loop = EngineLoop(be, Decoding(beam_size=1, temperatures=[0.0, 0.2, 0.4, 0.6]), max_batch_size=4, max_queue_delay_s=0.0, emit=out.append, clock=clock)
+    loop = EngineLoop(be, Decoding(beam_size=1, temperatures=[0.0, 0.2, 0.4, 0.6]), max_batch_size=4,
+                      max_queue_delay_s=0.0, emit=out.append, clock=clock)
     loop.submit(1, [(pcm(5), 0.0)], RequestOptions())
     run_until_idle(loop, clock)
     assert [t.temperature for a in be.admitted for t in a] == [0.0, 0.2, 0.4]

@@ -96,18 +96,18 @@ class FasterWhisperBackend:
         languages = [t.language or self._decoding.language for t in tasks]
         if self._multilingual and any(lang is None for lang in languages):
             detected = self._model.model.detect_language(encoded)
-            languages = [lang or det[0][0].strip("<|>") for lang, det in zip(languages, detected)]
+            languages = [lang or det[0][0].strip("<|>") for lang, det in zip(languages, detected, strict=True)]
         if not self._multilingual:
             languages = ["en"] * len(tasks)
         prompts, toks = [], []
-        for task, lang in zip(tasks, languages):
+        for task, lang in zip(tasks, languages, strict=True):
             tok = self._tokenizer(lang)
             previous = prompt_ids(tok, task.prompt)
             with_timestamps = task.timestamps or not self._decoding.without_timestamps
             prompts.append(self._model.get_prompt(tok, previous, without_timestamps=not with_timestamps))
             toks.append(tok)
         groups: dict[tuple[int, int, float], list[int]] = {}
-        for i, (prompt, tok) in enumerate(zip(prompts, toks)):
+        for i, (prompt, tok) in enumerate(zip(prompts, toks, strict=True)):
             sot = prompt.index(tok.sot)
             groups.setdefault((sot, len(prompt) - sot, tasks[i].temperature), []).append(i)
         decoded: list = [None] * len(tasks)
@@ -131,10 +131,10 @@ class FasterWhisperBackend:
                 suppress_tokens=self._suppress,
                 max_initial_timestamp_index=round(1.0 / _TIME_PRECISION_S),
             )
-            for i, r in zip(idx, res):
+            for i, r in zip(idx, res, strict=True):
                 decoded[i] = r
         t2 = time.perf_counter()
-        out = [self._window_result(task, tok, lang, r) for task, tok, lang, r in zip(tasks, toks, languages, decoded)]
+        out = [self._window_result(task, tok, lang, r) for task, tok, lang, r in zip(tasks, toks, languages, decoded, strict=True)]
         t3 = time.perf_counter()
         return out, ExecutionTimings(input_s=t1 - t0, infer_s=t2 - t1, output_s=t3 - t2)
 

@@ -100,14 +100,15 @@ def window_result(task: WindowTask, tokens: Sequence[int], language: str, avg_lo
     """
     tokens = list(tokens)
     full_text = decode([t for t in tokens if t < eot]).strip()
-    signals = dict(avg_logprob=float(avg_logprob), no_speech_prob=float(no_speech_prob),
-                   compression_ratio=compression_ratio(full_text), temperature=task.temperature)
+    # The quality signals ride on every result.
+    avg, nsp, cr, temp = float(avg_logprob), float(no_speech_prob), compression_ratio(full_text), task.temperature
     if is_silence(no_speech_prob, avg_logprob, no_speech_threshold, logprob_threshold):
-        return WindowResult(text="", language=language, silent=True, **signals)
+        return WindowResult(text="", language=language, silent=True, avg_logprob=avg, no_speech_prob=nsp,
+                            compression_ratio=cr, temperature=temp)
     duration = task.duration_s
     unfinished = None
     seek = seek_point(tokens, timestamp_begin)
-    if compression_ratio_threshold is not None and signals["compression_ratio"] > compression_ratio_threshold:
+    if compression_ratio_threshold is not None and cr > compression_ratio_threshold:
         seek = loop_point(tokens, timestamp_begin) or seek
     if seek is not None:
         k, at = seek
@@ -125,7 +126,8 @@ def window_result(task: WindowTask, tokens: Sequence[int], language: str, avg_lo
                     tokens=tuple(seg_tokens), avg_logprob=float(avg_logprob),
                     no_speech_prob=float(no_speech_prob), compression_ratio=compression_ratio(seg_text),
                 ))
-    return WindowResult(text=text, language=language, segments=segments, unfinished_from_s=unfinished, **signals)
+    return WindowResult(text=text, language=language, segments=segments, unfinished_from_s=unfinished,
+                        avg_logprob=avg, no_speech_prob=nsp, compression_ratio=cr, temperature=temp)
 
 
 def split_by_timestamps(

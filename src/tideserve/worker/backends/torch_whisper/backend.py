@@ -33,7 +33,8 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 
 # Symbols Whisper never transcribes as speech (its reference decoder's non-speech list); each
 # is suppressed when the tokenizer spells it as one token, with or without a leading space.
-_NON_SPEECH = ([*list('"#()*+/:;<=>@[\\]^_`{|}~「」『』'), "<<", ">>", "<<<", ">>>", "--", "---", "-(", "-[", "('", '("', "((", "))", "(((", ")))", "[[", "]]", "{{", "}}", "♪♪", "♪♪♪", "♩", "♪", "♫", "♬", "♭", "♮", "♯"])
+_NON_SPEECH = ([*list('"#()*+/:;<=>@[\\]^_`{|}~「」『』'), "<<", ">>", "<<<", ">>>", "--", "---", "-(", "-[", "('", '("',
+                "((", "))", "(((", ")))", "[[", "]]", "{{", "}}", "♪♪", "♪♪♪", "♩", "♪", "♫", "♬", "♭", "♮", "♯"])
 
 _LANGS_EN_ONLY = frozenset({"en"})
 
@@ -142,7 +143,7 @@ class TorchWhisperBackend:
     def _prompts(self, tasks: list[WindowTask]) -> tuple[list[str], list[bool], list[list[int]]]:
         languages = [t.language or self.decoding.language or "en" for t in tasks]
         with_ts = [t.timestamps or not self.decoding.without_timestamps for t in tasks]
-        prompts = [self.prompt(lang, ts, t.prompt) for t, lang, ts in zip(tasks, languages, with_ts)]
+        prompts = [self.prompt(lang, ts, t.prompt) for t, lang, ts in zip(tasks, languages, with_ts, strict=True)]
         return languages, with_ts, prompts
 
     @torch.inference_mode()
@@ -161,7 +162,7 @@ class TorchWhisperBackend:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         t2 = time.perf_counter()
-        for slot, task, lang in zip(slots, tasks, languages):
+        for slot, task, lang in zip(slots, tasks, languages, strict=True):
             self._rows[slot] = (task, lang)
         return slots, ExecutionTimings(input_s=t1 - t0, infer_s=t2 - t1)
 
@@ -206,7 +207,7 @@ class TorchWhisperBackend:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         t2 = time.perf_counter()
-        out = [self._result(task, lang, row) for task, lang, row in zip(tasks, languages, rows)]
+        out = [self._result(task, lang, row) for task, lang, row in zip(tasks, languages, rows, strict=True)]
         t3 = time.perf_counter()
         return out, ExecutionTimings(input_s=t1 - t0, infer_s=t2 - t1, output_s=t3 - t2)
 

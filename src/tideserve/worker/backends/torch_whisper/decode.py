@@ -36,6 +36,7 @@ to Whisper's decoder; ``decode`` (one static batch) is the same machinery run to
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -73,8 +74,9 @@ class GreedyDecoder:
 
     ``use_cuda_graphs`` (default: on CUDA) captures the step per (batch size, attention span)
     bucket on first use. ``compile_step`` runs the step through ``torch.compile`` first (fusing
-    its many small kernels; costs a compilation per bucket, tens of seconds at large-v3 size). ``max_prompt`` bounds prompt length in tokens (Whisper: at most half
-    the 448-token context is previous text).
+    its many small kernels; costs a compilation per bucket, tens of seconds at large-v3 size).
+    ``max_prompt`` bounds prompt length in tokens (Whisper: at most half the 448-token context is
+    previous text).
     """
 
     SPANS = (128, 256, 448)  # self-attention span buckets (positions); the last is the full context
@@ -92,7 +94,7 @@ class GreedyDecoder:
         self.cache = KVCache(self.dims, max_batch, self.dtype, self.device)
         d, b, t = self.device, max_batch, self.dims.max_target_positions
         v = self.dims.vocab_size
-        long = dict(dtype=torch.long, device=d)
+        long: dict[str, Any] = dict(dtype=torch.long, device=d)
         self.prompt = torch.zeros(b, max_prompt, **long)
         self.prompt_len = torch.ones(b, **long)
         self.sot_index = torch.zeros(b, **long)
@@ -121,7 +123,7 @@ class GreedyDecoder:
         self.ids = ids
         self._graphs: dict[tuple[int, int, bool], torch.cuda.CUDAGraph] = {}
         self._step_fn = torch.compile(self._step, dynamic=False) if compile_step else self._step
-        self._pool = None
+        self._pool: Any = None  # a CUDA graph memory pool handle, shared by this decoder's graphs
         # Host bookkeeping of the slots: busy slot -> steps run since it was admitted (an upper
         # bound of its position, which picks the attention span), and the plen of each.
         self._busy: dict[int, int] = {}
@@ -288,7 +290,7 @@ class GreedyDecoder:
         self.prompt.index_copy_(0, idx, prompt_dev)
         self.prompt_len.index_copy_(0, idx, plen)
         self.sot_index.index_copy_(0, idx, torch.tensor(sots, dtype=torch.long, device=dev))
-        limits = [t if c is None else min(pl + c, t) for pl, c in zip(plens, caps)]
+        limits = [t if c is None else min(pl + c, t) for pl, c in zip(plens, caps, strict=True)]
         self.max_len.index_copy_(0, idx, torch.tensor(limits, dtype=torch.long, device=dev))
         self.min_new.index_fill_(0, idx, min_new_tokens)
         self.timestamps.index_copy_(0, idx, torch.tensor(list(timestamps), dtype=torch.bool, device=dev))
@@ -304,7 +306,7 @@ class GreedyDecoder:
         self.sum_logprob.index_fill_(0, idx, 0.0)
         self.no_speech.index_fill_(0, idx, 0.0)
         self.last_ts.index_fill_(0, idx, -1)
-        for s, pl, temp in zip(free, plens, temps):
+        for s, pl, temp in zip(free, plens, temps, strict=True):
             self._busy[s] = 0
             self._plen[s] = pl
             if temp > 0:

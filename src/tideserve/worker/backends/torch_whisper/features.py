@@ -3,7 +3,7 @@ feature extractor so both backends see the same input.
 
 Per window: 16 kHz samples, 160 zero samples appended, STFT (n_fft 400, hop 160, periodic Hann
 window, reflect padding), power spectrum without the last frame, a Slaney-style mel filter
-bank (``n_mels`` bands, 0–8 kHz, area-normalised), log10 clamped at 1e-10, floored at the
+bank (``n_mels`` bands, 0 to 8 kHz, area-normalised), log10 clamped at 1e-10, floored at the
 window's maximum minus 8, scaled ``(x + 4) / 4``; then zero-padded (or cut) to 3000 frames.
 Source: Whisper's ``log_mel_spectrogram`` (Radford et al. 2022) and faster-whisper's
 ``FeatureExtractor`` (which pads by 160 samples and normalises before padding to 30 s).
