@@ -1,6 +1,6 @@
 """The offerings machines can be launched from: instance type, accelerators, price, boot time.
 
-Pure data and arithmetic, no I/O. Figures and their sources:
+Pure data and arithmetic, no I/O. Figures and their sources (sources: docs/facts.md):
 
 - Prices: AWS Price List API, us-east-1, Linux on-demand, $/h (p4d/p5 after AWS's June 2025
   price cut).

@@ -58,7 +58,7 @@ Decide = Callable[[Snapshot, Autoscaling, Any, float], tuple[Decision, Any]]
 
 NAMES = ("tideserve", "keda-hpa", "knative", "oracle")
 
-# Kubernetes HPA and KEDA defaults (docs/autoscaling.md).
+# Kubernetes HPA and KEDA defaults (docs/autoscaling.md; sources: docs/facts.md).
 HPA_SYNC_S = 15.0
 HPA_TOLERANCE = 0.1
 HPA_SCALE_DOWN_STABILIZATION_S = 300.0

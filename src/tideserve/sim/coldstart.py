@@ -1,4 +1,5 @@
-"""The cold-start catalog: how long a new replica takes from "wanted" to "ready", by phase.
+"""The cold-start catalog: how long a new replica takes from "wanted" to "ready", by phase
+(sources: docs/facts.md).
 
 Phases of a replica that needs a new machine (Kubernetes with Karpenter)::
 

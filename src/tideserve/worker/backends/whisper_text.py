@@ -2,7 +2,7 @@
 (seek) rule and segments from timestamp tokens. Pure Python on token ids; no model library.
 
 Thresholds are Whisper's reference defaults (``no_speech_threshold`` 0.6, ``logprob_threshold``
--1.0; one timestamp token = 20 ms), as faster-whisper applies them.
+-1.0; one timestamp token = 20 ms), as faster-whisper applies them (sources: docs/facts.md).
 """
 
 from __future__ import annotations
