@@ -249,7 +249,9 @@ spec:
         with urllib.request.urlopen(f"{url}/admin/sd") as r:
             targets = [t for g in json.loads(r.read()) for t in g.get("targets", [])]
         if targets:
-            with urllib.request.urlopen(f"http://{targets[0]}/metrics") as r:
+            token = (tmp / "cache" / "worker-token").read_text().strip()  # workers need it on /metrics
+            req = urllib.request.Request(f"http://{targets[0]}/metrics", headers={"X-Tideserve-Token": token})
+            with urllib.request.urlopen(req) as r:
                 (tmp / "worker_metrics.txt").write_bytes(r.read())
     finally:
         up.send_signal(signal.SIGINT)
