@@ -249,7 +249,9 @@ spec:
             with urllib.request.urlopen(f"{url}/admin/sd") as r:
                 targets = [t for g in json.loads(r.read()) for t in g.get("targets", [])]
             if targets:
-                with urllib.request.urlopen(f"http://{targets[0]}/metrics") as r:
+                with urllib.request.urlopen(urllib.request.Request(
+                    f"http://{targets[0]}/metrics",
+                    headers={"X-Tideserve-Token": (tmp / "cache" / "worker-token").read_text().strip()})) as r:
                     (tmp / "worker_metrics.txt").write_bytes(r.read())
         finally:
             up.send_signal(signal.SIGINT)

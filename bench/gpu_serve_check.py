@@ -36,6 +36,8 @@ async def main() -> int:
     ap.add_argument("--audio", type=Path, nargs="+", required=True)
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--worker-token-file", type=Path, default=Path.home() / ".cache" / "tideserve" / "worker-token",
+                    help="the workers' token (local config worker_token_file; default <cache_dir>/worker-token)")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     bodies = [json.dumps({"audio_data": base64.b64encode(p.read_bytes()).decode()}) for p in a.audio]
@@ -66,7 +68,8 @@ async def main() -> int:
         texts = []
         for group in sd:
             for target in group.get("targets", []):
-                texts.append((await client.get(f"http://{target}/metrics")).text)
+                texts.append((await client.get(f"http://{target}/metrics", headers={
+                    "X-Tideserve-Token": a.worker_token_file.read_text().strip()})).text)
         (a.out / "worker_metrics.txt").write_text("\n".join(texts))
         print(json.dumps(summary, indent=2))
     return 0 if summary["ok"] == summary["requests"] else 1

@@ -124,8 +124,20 @@ class EndpointProcess:
         text = ""
         for g in groups:
             for t in g["targets"]:
-                text += httpx.get(f"http://{t}/metrics", timeout=10).text
+                text += httpx.get(f"http://{t}/metrics", timeout=10, headers={"X-Tideserve-Token": self.worker_token}).text
         return text
+
+    @property
+    def worker_token_file(self) -> Path:
+        """The file ``up`` keeps the workers' token in (worker_token_file, else <cache_dir>/worker-token)."""
+        cfg = self.config or {}
+        if "worker_token_file" in cfg:
+            return Path(cfg["worker_token_file"])
+        return Path(cfg.get("cache_dir", self.tmp / "cache")) / "worker-token"
+
+    @property
+    def worker_token(self) -> str:
+        return self.worker_token_file.read_text().strip()
 
     def __enter__(self) -> EndpointProcess:
         port_file = self.tmp / "gateway.port"

@@ -90,7 +90,9 @@ def observed(tmp_path_factory, en_clips):
             "scrape_configs": [
                 {"job_name": "tideserve-gateway", "static_configs": [{"targets": [gw]}]},
                 {"job_name": "tideserve-workers",
-                 "http_sd_configs": [{"url": f"http://{gw}/admin/sd", "refresh_interval": "1s"}]},
+                 "http_sd_configs": [{"url": f"http://{gw}/admin/sd", "refresh_interval": "1s"}],
+                 # workers answer /metrics only with their token (as a Bearer credential)
+                 "authorization": {"credentials_file": str(ep.worker_token_file)}},
             ],
         }
         with running_prometheus(tmp, cfg) as prom:
@@ -174,10 +176,22 @@ def test_alerting_rules_load_and_pass_promtool(observed):
     assert {r["name"] for r in rules} == {r["alert"] for r in alert_rules()["groups"][0]["rules"]}
 
 
-def test_shipped_prometheus_config_is_valid():
+#: The placeholder for the workers' token file in the shipped Prometheus configuration.
+TOKEN_FILE_PLACEHOLDER = "/home/USER/.cache/tideserve/worker-token"
+
+
+def test_shipped_prometheus_config_is_valid(tmp_path):
+    """promtool accepts the shipped file once its token-file placeholder names a real file (it
+    checks that the file exists), and the worker job sends that token."""
     promtool = shutil.which("promtool")
     assert promtool, "promtool is not installed: `make test` installs Debian's prometheus package"
-    check = subprocess.run([promtool, "check", "config", str(ALERTS.parent / "prometheus.yml")], capture_output=True, text=True)
+    text = (ALERTS.parent / "prometheus.yml").read_text()
+    workers = {j["job_name"]: j for j in yaml.safe_load(text)["scrape_configs"]}["tideserve-workers"]
+    assert workers["authorization"] == {"credentials_file": TOKEN_FILE_PLACEHOLDER}
+    (tmp_path / "worker-token").write_text("t\n")
+    shutil.copy(ALERTS, tmp_path / ALERTS.name)
+    (tmp_path / "prometheus.yml").write_text(text.replace(TOKEN_FILE_PLACEHOLDER, str(tmp_path / "worker-token")))
+    check = subprocess.run([promtool, "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
 
 

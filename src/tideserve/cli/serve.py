@@ -14,7 +14,7 @@ from aiohttp import web
 
 from tideserve.autoscaler.loop import Autoscaler
 from tideserve.cli.engines import prepare_engine
-from tideserve.files import write_atomic
+from tideserve.files import read_or_create_secret, write_atomic
 from tideserve.gateway.app import build_gateway_app
 from tideserve.httpguard import GuardedAppRunner
 from tideserve.runtime.local import LocalRuntime
@@ -47,7 +47,15 @@ async def run_endpoint(
         print(f"tideserve: cannot use the TLS certificate {cfg.tls_cert_file} and key {cfg.tls_key_file}: {exc}; "
               "give PEM files (tls_cert_file, tls_key_file in the local config)", file=sys.stderr)
         return 2
-    token = secrets.token_urlsafe(24)
+    try:
+        token = read_or_create_secret(cfg.worker_token_path, lambda: secrets.token_urlsafe(24))
+    except (OSError, ValueError) as exc:
+        # Serve anyway (an unusable cache_dir is reported per pool): workers get a token for this
+        # run only, which Prometheus cannot read; the warning says how to fix it.
+        token = secrets.token_urlsafe(24)
+        log.warning("cannot use the worker token file %s (%s); workers get a token for this run only, so "
+                    "Prometheus cannot scrape them: set worker_token_file in the local config to a writable path",
+                    cfg.worker_token_path, exc)
     runtime = LocalRuntime(endpoint_file, endpoint, cfg, config_file, worker_token=token, log_format=log_format,
                            prepare=lambda pool: prepare_engine(endpoint, pool, cfg, build_missing))
     autoscaler: Autoscaler | None = None

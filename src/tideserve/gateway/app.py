@@ -38,12 +38,11 @@ from tideserve.httpguard import read_body
 from tideserve.httpcommon import REQUEST_ID, ApiHandlers, add_api_routes, error_response, request_id_and_errors
 from tideserve.protocol import kserve
 from tideserve.protocol.errors import api_family
+from tideserve.protocol.internal import COMPUTE_HEADER, TOKEN_HEADER
 from tideserve.spec import InferenceEndpoint
 
 log = logging.getLogger("tideserve.gateway")
 MAX_ATTEMPTS = 3
-TOKEN_HEADER = "X-Tideserve-Token"
-COMPUTE_HEADER = "X-Tideserve-Compute-Ms"  # set by workers: model time the request used
 _FORWARD_REQUEST_HEADERS = ("Content-Type", kserve.HEADER_LENGTH, "Accept")
 _FORWARD_RESPONSE_HEADERS = ("Content-Type", kserve.HEADER_LENGTH, "Retry-After")
 OPEN_PATHS = frozenset({"/ping", "/v2/health/live", "/v2/health/ready"})

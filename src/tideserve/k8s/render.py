@@ -342,6 +342,14 @@ def _http_probe(path: str, port: str, period_s: int, failures: int, timeout_s: i
             "timeoutSeconds": timeout_s}
 
 
+def _ready_exec_probe(period_s: int, failures: int, timeout_s: int = 5) -> dict:
+    """The worker's readiness: ``/v2/health/ready`` asked with the worker token, which an
+    ``httpGet`` probe cannot carry (tideserve.worker.probe)."""
+    return {"exec": {"command": ["python", "-m", "tideserve.worker.probe", "--port", str(names.WORKER_PORT),
+                                 "--timeout-s", str(max(1, timeout_s - 1))]},
+            "periodSeconds": period_s, "failureThreshold": failures, "timeoutSeconds": timeout_s}
+
+
 def _common_env(endpoint: InferenceEndpoint) -> list[dict]:
     return [
         {"name": "HOME", "value": "/tmp"},
@@ -398,9 +406,10 @@ def _worker_deployment(endpoint: InferenceEndpoint, pool: Pool, options: RenderO
                 *_common_env(endpoint), *mount.env],
         "ports": [{"name": "http", "containerPort": names.WORKER_PORT, "protocol": "TCP"}],
         # Ready only once the model is loaded (the worker answers 503 before, and while draining).
-        "readinessProbe": _http_probe("/v2/health/ready", "http", 5, 2),
+        # Every route but liveness needs the worker token, so readiness is an exec probe.
+        "readinessProbe": _ready_exec_probe(5, 2),
         # Liveness and readiness wait until the model has loaded once, up to model_load_timeout_s.
-        "startupProbe": _http_probe("/v2/health/ready", "http", 10, max(1, math.ceil(options.model_load_timeout_s / 10))),
+        "startupProbe": _ready_exec_probe(10, max(1, math.ceil(options.model_load_timeout_s / 10))),
         "livenessProbe": _http_probe("/v2/health/live", "http", 10, 3),
         # The sleep lets endpoint removal reach the gateway's DNS view before SIGTERM starts the drain.
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(options.prestop_sleep_s)]}}},
@@ -616,7 +625,11 @@ def _monitors(endpoint: InferenceEndpoint, options: RenderOptions) -> list[dict]
             "metadata": _meta(f"{ep}-workers", options.namespace, _labels(ep, "worker")),
             "spec": {
                 "selector": {"matchLabels": _selector(ep, "worker")},
-                "podMetricsEndpoints": [{"port": "http", "path": "/metrics", "interval": interval}],
+                # Workers answer /metrics only with their token (the operator's Secret), sent as a
+                # Bearer credential.
+                "podMetricsEndpoints": [{"port": "http", "path": "/metrics", "interval": interval,
+                                         "authorization": {"type": "Bearer", "credentials": {
+                                             "name": names.token_secret_name(ep), "key": "token"}}}],
             },
         },
         {

@@ -39,6 +39,7 @@ import aiohttp
 from tideserve.aio import cancel_and_wait
 from tideserve.autoscaler.policy import PoolSnapshot, place
 from tideserve.errors import EngineMismatchError, MissingExtraError, SourceError
+from tideserve.protocol.internal import TOKEN_HEADER
 from tideserve.provisioner import Node, ReplicaRequest, SpotMarket, local_node, plan_launches
 from tideserve.replicas import ReplicaEndpoint
 from tideserve.runtime.zygote import ForkedProcess, Zygote
@@ -524,7 +525,8 @@ class LocalRuntime:
     async def _probe(self, r: Replica) -> bool:
         assert self._session is not None
         try:
-            async with self._session.get(r.url + "/v2/health/ready") as resp:
+            headers = {TOKEN_HEADER: self.worker_token} if self.worker_token else None
+            async with self._session.get(r.url + "/v2/health/ready", headers=headers) as resp:
                 return resp.status == 200
         except (TimeoutError, aiohttp.ClientError, OSError):
             return False

@@ -38,6 +38,11 @@ class LocalConfig(_Strict):
     )
     api_keys: list[str] = Field(default_factory=list, description="Accepted 'Authorization: Bearer' keys; empty = no auth.")
     api_keys_file: Path | None = Field(None, description="A file with one API key a line (added to api_keys).")
+    worker_token_file: Path | None = Field(
+        None, description="File holding the token every worker requires (all routes but liveness); created with a "
+        "random token (mode 0600) if missing. Prometheus's worker scrape job reads it (authorization: "
+        "{credentials_file: ...}). Default: <cache_dir>/worker-token.",
+    )
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
     cpu_threads_per_replica: int = Field(
@@ -54,6 +59,11 @@ class LocalConfig(_Strict):
     health_interval_s: float = Field(2.0, gt=0, description="Seconds between health checks of a ready replica.")
     ready_timeout_s: float = Field(300.0, gt=0, description="Longest a replica may take to become ready.")
     restart: RestartPolicy = Field(default_factory=RestartPolicy)
+
+    @property
+    def worker_token_path(self) -> Path:
+        """Where the workers' token is kept: ``worker_token_file`` or ``<cache_dir>/worker-token``."""
+        return self.worker_token_file or self.cache_dir / "worker-token"
 
     @field_validator("api_keys")
     @classmethod

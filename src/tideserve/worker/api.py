@@ -34,15 +34,13 @@ from tideserve.httpcommon import ApiHandlers, add_api_routes, request_id_and_err
 from tideserve.metrics.gpu import GpuMetrics
 from tideserve.metrics.triton import TritonMetrics
 from tideserve.protocol import TranscriptionRequest, TranscriptionResult, kserve, openai, sagemaker
+from tideserve.protocol.internal import COMPUTE_HEADER, TOKEN_HEADER
 from tideserve.worker.timings import Usage
 from tideserve.worker.engine import RequestOptions
 from tideserve.worker.engine_client import EngineClient
 from tideserve.worker.prep import Prepared, PrepPool, prepare_audio, prepare_infer, prepare_invocation
 
 log = logging.getLogger("tideserve.worker")
-TOKEN_HEADER = "X-Tideserve-Token"
-#: Model time (ms) the request's windows used: its fair share of every execution they ran in.
-COMPUTE_HEADER = "X-Tideserve-Compute-Ms"
 
 
 class AudioBudget:
@@ -138,23 +136,36 @@ class WorkerService:
         )
 
 
+#: The only route a worker answers without its gateway's token: liveness (kubelet's liveness
+#: probe carries no secret, and the answer tells nothing but that the process serves HTTP).
+OPEN_PATHS = frozenset({"/v2/health/live"})
+
+
+def _token_matches(request: web.Request, expected: bytes) -> bool:
+    """Whether the request carries ``expected`` in ``X-Tideserve-Token`` or as a Bearer
+    credential, compared in constant time. aiohttp decodes header bytes that are not UTF-8 as
+    surrogate escapes: they are encoded back the same way, so such a token is refused, not a crash."""
+    sent = request.headers.get(TOKEN_HEADER)
+    if sent is None:
+        scheme, _, credentials = request.headers.get("Authorization", "").partition(" ")
+        sent = credentials if scheme.lower() == "bearer" else ""
+    return hmac.compare_digest(sent.encode("utf-8", "surrogateescape"), expected)
+
+
 def build_app(service: WorkerService, max_body_bytes: int, token: str | None = None,
               platform: str = "faster-whisper") -> web.Application:
-    """The aiohttp application of one worker. ``token``, when set, must be sent by callers in
-    the ``X-Tideserve-Token`` header (the gateway does) on every route but the two health
-    probes, which kubelet calls without secrets, and ``/metrics``, which Prometheus scrapes
-    directly; a missing, wrong or malformed (non-UTF-8) token is a 401."""
-    open_paths = ("/v2/health/live", "/v2/health/ready", "/metrics")
+    """The aiohttp application of one worker. ``token``, when set, must be sent on every route
+    but the liveness probe ``/v2/health/live`` (which says only that the process answers): in
+    the ``X-Tideserve-Token`` header (the gateway, the runtime's readiness checks and the
+    Kubernetes readiness probe send it) or as ``Authorization: Bearer TOKEN`` (what Prometheus's
+    scrape ``authorization`` sends for ``/metrics``). A missing, wrong or malformed (non-UTF-8)
+    token is a 401."""
     expected = token.encode() if token else b""
 
     @web.middleware
     async def internal_token(request: web.Request, handler):
-        if token and request.path not in open_paths:
-            # aiohttp decodes header bytes that are not UTF-8 as surrogate escapes: encode them
-            # back the same way, so such a token is compared (and refused), not a crash.
-            sent = request.headers.get(TOKEN_HEADER, "").encode("utf-8", "surrogateescape")
-            if not hmac.compare_digest(sent, expected):
-                raise UnauthorizedError("this worker only takes requests from its gateway")
+        if token and request.path not in OPEN_PATHS and not _token_matches(request, expected):
+            raise UnauthorizedError("this worker only takes requests from its gateway")
         return await handler(request)
 
     @web.middleware

@@ -120,8 +120,10 @@ def test_pod_security_probes_and_grace_period():
         assert pod["containers"][0]["lifecycle"] == {"preStop": {"exec": {"command": ["sleep", "5"]}}}
     worker = by(objs, "Deployment", "whisper-gpu-a10g")
     c = worker["spec"]["template"]["spec"]["containers"][0]
-    assert c["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
-    assert c["startupProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    # readiness needs the worker token, which httpGet cannot carry: an exec probe sends it
+    probe = ["python", "-m", "tideserve.worker.probe", "--port", "8000", "--timeout-s", "4"]
+    assert c["readinessProbe"]["exec"]["command"] == probe
+    assert c["startupProbe"]["exec"]["command"] == probe
     assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] == 900
     assert c["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     assert c["args"][c["args"].index("--drain-timeout-s") + 1] == "300"
@@ -131,6 +133,10 @@ def test_pod_security_probes_and_grace_period():
     env = {e["name"]: e for e in c["env"]}
     assert env["TIDESERVE_WORKER_TOKEN"]["valueFrom"] == {"secretKeyRef": {
         "name": "whisper-gpu-worker-token", "key": "token", "optional": True}}
+    # Prometheus scrapes the workers' /metrics with the same token, from the same Secret
+    (pm,) = by(objs, "PodMonitor")
+    assert pm["spec"]["podMetricsEndpoints"][0]["authorization"] == {
+        "type": "Bearer", "credentials": {"name": "whisper-gpu-worker-token", "key": "token"}}
 
 
 def test_services_pdb_scaledobject_monitors():
