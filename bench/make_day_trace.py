@@ -64,4 +64,7 @@ def main(traces: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path("../shared/traces"))
+    if len(sys.argv) != 2:
+        sys.exit("usage: python bench/make_day_trace.py TRACE_DIR  (the directory holding the Azure LLM inference "
+                 "traces, from github.com/Azure/AzurePublicDataset)")
+    main(Path(sys.argv[1]))

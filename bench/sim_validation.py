@@ -86,7 +86,9 @@ async def replay(url: str, reqs, bodies, status_every_s: float = 0.5):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--trace", default="/work/shared/traces/azure_llm_2023_conv.csv")
+    ap.add_argument("--trace", required=True,
+                    help="trace CSV; the committed results used the Azure LLM conversation trace 2023 "
+                         "(AzureLLMInferenceTrace_conv.csv, github.com/Azure/AzurePublicDataset)")
     ap.add_argument("--profile", default=str(ROOT / "bench" / "profiles" / "cpu-2core-tiny-en.json"))
     ap.add_argument("--thin", type=float, default=0.05)
     ap.add_argument("--max-trace-s", type=float, default=120.0)

@@ -2,8 +2,9 @@
 
     python keda_fake.py STUBS_DIR ADDRESS
 
-STUBS_DIR holds ``keda_externalscaler_pb2(_grpc).py``, compiled by the test from
-../shared/schemas/keda_externalscaler.proto. This runs as its own process, as KEDA does: the
+STUBS_DIR holds ``keda_externalscaler_pb2(_grpc).py``, compiled by the test from KEDA's
+``externalscaler.proto`` in its Go module at the version of scripts/k8s/versions (tests/upstream.py).
+This runs as its own process, as KEDA does: the
 scaler's own generated modules use the same protobuf package and could not share a process's
 descriptor pool with KEDA's.
 
