@@ -50,7 +50,5 @@ def require(extra: str, feature: str) -> None:
     work whose end needs it (e.g. a simulation whose report is plotted) is started. Finds the
     modules without importing them."""
     for name in EXTRAS[extra]:
-        if name == "pynvml":  # optional even with the extra: GPU discovery degrades to "no GPU"
-            continue
         if importlib.util.find_spec(name) is None:
             raise _missing(extra, feature, name)
