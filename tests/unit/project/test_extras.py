@@ -13,11 +13,10 @@ from typer.testing import CliRunner
 
 from tideserve.errors import MissingExtraError
 from tideserve.extras import EXTRAS, needs_extra, require
+from distributions import IMPORT_NAME
 
 REPO = Path(__file__).resolve().parents[3]
 OPTIONAL = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-IMPORT_NAME = {"boto3": "boto3", "huggingface-hub": "huggingface_hub", "kopf": "kopf", "kubernetes": "kubernetes",
-               "matplotlib": "matplotlib", "torch": "torch", "safetensors": "safetensors", "nvidia-ml-py": "pynvml"}
 
 
 def _hide(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
