@@ -14,6 +14,7 @@ PACKAGE = REPO / "src" / "tideserve"
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 CONTRACTS = PYPROJECT["tool"]["importlinter"]["contracts"]
 
+
 def _top_level_names() -> set[str]:
     names = set()
     for p in PACKAGE.iterdir():
