@@ -39,6 +39,7 @@ run: $(VENV)/.run-installed
 test: $(VENV)/.test-installed prometheus
 	$(VENV)/bin/ruff check src tests bench scripts
 	$(VENV)/bin/lint-imports --config pyproject.toml
+	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest -q
 
 # The pure unit tier: policies, spec, protocol, sources, gateway logic; no model, media stack,

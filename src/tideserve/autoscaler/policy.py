@@ -313,8 +313,8 @@ def decide_work(
             if r.state == "ready":
                 ready_cap += cap[p.name]
             else:
-                since = 0.0 if r.wanted_at is None else max(0.0, now - r.wanted_at)
-                starting.append((max(0.0, cold[p.name] - since), cap[p.name]))
+                waited = 0.0 if r.wanted_at is None else max(0.0, now - r.wanted_at)
+                starting.append((max(0.0, cold[p.name] - waited), cap[p.name]))
     lam = snapshot.arrival_rate_audio_s
     if snapshot.arrival_rate_at is not None:
         lam *= math.exp(-max(0.0, now - snapshot.arrival_rate_at) / RATE_TAU_S)

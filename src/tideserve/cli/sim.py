@@ -130,7 +130,8 @@ def simulate_cmd(
     try:
         profs = [load_profile(p) for p in paths]
         reqs = load_trace(trace, duration_rule, seed, thin, time_scale, max_trace_s)
-        opts = RunOptions(cluster=cluster, replica_slots=replica_slots, seed=seed, spot_discount=spot_discount,
+        opts = RunOptions(cluster="aws" if cluster == "aws" else "local",
+                          replica_slots=replica_slots, seed=seed, spot_discount=spot_discount,
                           spot_interruption_rate_per_h=spot_interruption_rate_per_h)
         pools = pools_for_backend(profs, list(paths), ep.spec.model.backend)
         cs = ColdStartCatalog() if model_bytes is None else ColdStartCatalog(model_bytes=model_bytes)

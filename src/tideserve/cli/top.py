@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from rich.console import Group
+from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
@@ -47,7 +47,7 @@ class Sampler:
                     r["id"] if r else "-", r["state"] if r else "-", str(r.get("outstanding", 0)) if r else "-",
                     str(r["restarts"]) if r else "-", str(r["uptime_s"]) if r else "-",
                 )
-        parts = [head, t]
+        parts: list[RenderableType] = [head, t]
         last = status.get("last_decision")
         if last:
             parts.append(Text(f"autoscaler: desired {dict(last['desired'])}: {last['reason']}"))

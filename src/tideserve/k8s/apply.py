@@ -439,15 +439,15 @@ def apply_endpoint(cluster: Cluster, owner: Owner, manifests: Iterable[dict[str,
     kinds = {_kind_key(res.api_version, res.kind) for res, _ in desired}
     for key in sorted(kinds | set(previous_kinds)):
         api_version, kind = _split_kind(key)
-        res = cluster.resource(api_version, kind)
-        if res is None:
+        served = cluster.resource(api_version, kind)
+        if served is None:
             continue  # not served (any more): nothing of that kind can exist
-        for item in cluster.list(res, owner.namespace if res.namespaced else None, owner.selector()):
+        for item in cluster.list(served, owner.namespace if served.namespaced else None, owner.selector()):
             if not _owned(item, owner):
                 continue
-            ref = ObjectRef(api_version, kind, owner.namespace if res.namespaced else None,
+            ref = ObjectRef(api_version, kind, owner.namespace if served.namespaced else None,
                             item["metadata"]["name"])
-            if ref not in keep and cluster.delete(res, ref.namespace, ref.name):
+            if ref not in keep and cluster.delete(served, ref.namespace, ref.name):
                 result.pruned.append(ref)
     result.kinds = sorted(kinds)
     return result

@@ -17,7 +17,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from tideserve.k8s import names
-from tideserve.spec.models import _DNS_LABEL, _Strict
+from tideserve.spec.models import _DNS_LABEL, CapacityType, _Strict
 
 _QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|M|G|T)?$"
 
@@ -49,6 +49,11 @@ class DisruptionBudget(_Strict):
         return self
 
 
+Architecture = Literal["amd64", "arm64"]
+_SPOT_FIRST: tuple[CapacityType, ...] = ("spot", "on-demand")
+_AMD64: tuple[Architecture, ...] = ("amd64",)
+
+
 class GpuFamily(_Strict):
     """One NodePool: instances with the given GPUs (``gpu_names``, Karpenter's
     ``karpenter.k8s.aws/instance-gpu-name``, e.g. a10g, l40s) and/or instance families (g5, g6e)."""
@@ -56,8 +61,8 @@ class GpuFamily(_Strict):
     name: str = Field(pattern=_DNS_LABEL, description="NodePool name suffix: tideserve-<name>.")
     gpu_names: list[str] = Field(default_factory=list)
     instance_families: list[str] = Field(default_factory=list)
-    capacity_types: list[Literal["on-demand", "spot"]] = Field(default_factory=lambda: ["spot", "on-demand"], min_length=1)
-    architectures: list[Literal["amd64", "arm64"]] = Field(default_factory=lambda: ["amd64"], min_length=1)
+    capacity_types: list[CapacityType] = Field(default_factory=lambda: list(_SPOT_FIRST), min_length=1)
+    architectures: list[Architecture] = Field(default_factory=lambda: list(_AMD64), min_length=1)
     limits: NodeLimits = Field(default_factory=NodeLimits)
     consolidation_policy: Literal["WhenEmpty", "WhenEmptyOrUnderutilized"] = Field(
         "WhenEmpty", description="WhenEmpty: only empty nodes are removed (no model reload elsewhere).")

@@ -136,6 +136,20 @@ def assess(pools: list[dict[str, Any]], gateway: dict[str, Any] | None,
     return Observation(True, f"gateway {gw_ready} ready; pools: " + ", ".join(ok), report, address)
 
 
+KopfLogger = logging.Logger | logging.LoggerAdapter[Any]
+"""The logger kopf passes to handlers."""
+
+
+def _namespaced(namespace: str | None) -> str:
+    """The namespace of an InferenceEndpoint event (the CRD is namespaced, so kopf always gives one).
+
+    Raises ``kopf.PermanentError`` if it is missing (a cluster-scoped copy of the CRD)."""
+    if not namespace:
+        raise kopf.PermanentError("InferenceEndpoint events must carry a namespace: the CRD is namespaced "
+                                  "(kubectl apply the CRD that `tideserve render` writes)")
+    return namespace
+
+
 def observe(cluster: Cluster, name: str, namespace: str, pools: list[dict[str, Any]]) -> Observation:
     """Read the gateway Deployment and Service and each pool's Deployment, then :func:`assess`.
     Raises ApplyError."""
@@ -222,10 +236,11 @@ def make_registry(cluster: Cluster, *, image: str | None = None, options: Render
     @kopf.on.resume(*resource, registry=registry)
     @kopf.on.create(*resource, registry=registry)
     @kopf.on.update(*resource, registry=registry)
-    def reconcile(body: Any, meta: Any, status: Any, namespace: str, name: str, uid: str, patch: Any,
-                  logger: logging.Logger, **_: Any) -> None:
+    def reconcile(body: Any, meta: Any, status: Any, namespace: str | None, name: str, uid: str, patch: Any,
+                  logger: KopfLogger, **_: Any) -> None:
         previous = list(status.get("conditions") or [])
         patch.status["observedGeneration"] = meta.get("generation")
+        namespace = _namespaced(namespace)
         opts = dataclasses.replace(base_options, namespace=namespace)
         manifests, reason, message = _render(body, render, opts)
         if manifests is None:
@@ -252,22 +267,22 @@ def make_registry(cluster: Cluster, *, image: str | None = None, options: Render
         _report(patch, status, obs, clock())
 
     @kopf.timer(*resource, interval=observe_interval_s, registry=registry)
-    def watch_readiness(spec: Any, meta: Any, status: Any, namespace: str, name: str, patch: Any,
-                        logger: logging.Logger, **_: Any) -> None:
+    def watch_readiness(spec: Any, meta: Any, status: Any, namespace: str | None, name: str, patch: Any,
+                        logger: KopfLogger, **_: Any) -> None:
         degraded = next((c for c in status.get("conditions") or [] if c.get("type") == "Degraded"), None)
         if degraded is None or degraded.get("status") != "False" or \
                 status.get("observedGeneration") != meta.get("generation"):
             return  # not applied yet, Degraded, or a new spec in progress: the create/update handler reports
         try:
-            obs = observe(cluster, name, namespace, list(spec.get("pools") or []))
+            obs = observe(cluster, name, _namespaced(namespace), list(spec.get("pools") or []))
         except ApplyError as exc:
             logger.warning("cannot read the state of %s: %s", name, exc)
             return
         _report(patch, status, obs, clock())
 
     @kopf.on.delete(*resource, registry=registry)
-    def cleanup(status: Any, namespace: str, name: str, uid: str, logger: logging.Logger, **_: Any) -> None:
-        owner = Owner(name=name, namespace=namespace, uid=uid)
+    def cleanup(status: Any, namespace: str | None, name: str, uid: str, logger: KopfLogger, **_: Any) -> None:
+        owner = Owner(name=name, namespace=_namespaced(namespace), uid=uid)
         try:
             deleted = delete_cluster_scoped(cluster, owner, status.get("appliedKinds") or [])
         except ApplyError as exc:
@@ -282,7 +297,7 @@ def make_registry(cluster: Cluster, *, image: str | None = None, options: Render
     @kopf.on.event("", "v1", "pods", registry=registry,
                    labels={names.LABEL_COMPONENT: "worker", names.LABEL_ENDPOINT: kopf.PRESENT},
                    annotations={DO_NOT_DISRUPT: kopf.PRESENT}, when=_pod_ready)
-    def release_ready_worker(patch: Any, name: str, logger: logging.Logger, **_: Any) -> None:
+    def release_ready_worker(patch: Any, name: str, logger: KopfLogger, **_: Any) -> None:
         patch.metadata.annotations[DO_NOT_DISRUPT] = None
         logger.info("worker pod %s is Ready: removed %s, Karpenter may consolidate its node again",
                     name, DO_NOT_DISRUPT)

@@ -267,7 +267,8 @@ def _model_mount(endpoint: InferenceEndpoint, options: RenderOptions) -> _ModelM
             opts.append(f"prefix {prefix.strip('/')}/")
         if options.s3_region:
             opts.append(f"region {options.s3_region}")
-        csi = {"driver": "s3.csi.aws.com", "volumeHandle": names.model_volume_name(endpoint.metadata.name, options.namespace),
+        csi: dict[str, Any] = {"driver": "s3.csi.aws.com",
+               "volumeHandle": names.model_volume_name(endpoint.metadata.name, options.namespace),
                "volumeAttributes": {"bucketName": bucket}}
         return _ModelMount(_pv_pvc(endpoint, options, csi, opts), [model_vol],
                            [{"name": "model", "mountPath": S3_MOUNT_PATH, "readOnly": True}], [],

@@ -265,14 +265,15 @@ def make_oracle(requests: Sequence[TraceRequest]) -> Decide:
         pools = tuple(replace(p, service_rate=caps[p.name]) for p in s.pools)
         first = next((n for n, k in place(1, pools, s.slots).items() if k), usable[0].name if usable else None)
         first_pool = next(p for p in s.pools if p.name == first)
-        cap = caps[first]
+        cap = caps[first_pool.name]
         cold = first_pool.cold_start_s or spec.cold_start_s
         budget = max(spec.slo_p95_s - (first_pool.min_latency_s or 0.0), 0.25 * spec.slo_p95_s)
-        if st.plan is None:
-            st = OracleState(oracle_plan(arrivals, cap, budget, cold, horizon),
-                             {"capacity_audio_s": cap, "cold_start_s": cold, "budget_s": budget})
-        k = min(len(st.plan) - 1, max(0, math.floor(now)))
-        want = st.plan[k]
+        plan = st.plan
+        if plan is None:
+            plan = oracle_plan(arrivals, cap, budget, cold, horizon)
+            st = OracleState(plan, {"capacity_audio_s": cap, "cold_start_s": cold, "budget_s": budget})
+        k = min(len(plan) - 1, max(0, math.floor(now)))
+        want = plan[k]
         backlog = s.pending_audio_s + sum(r.outstanding_audio_s for p in usable for r in p.replicas)
         need = math.ceil(backlog / (budget * cap) - 1e-9) if backlog > 0 else 0
         if s.pending > 0:

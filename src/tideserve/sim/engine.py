@@ -43,7 +43,7 @@ import math
 import random
 from dataclasses import dataclass, field
 from typing import Literal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from tideserve import core
 from tideserve.autoscaler import policy as autoscaler_policy
@@ -530,7 +530,7 @@ class Simulation:
         self.decisions += 1
         self._apply(decision.desired, decision.drain)
 
-    def _apply(self, desired: dict[str, int], drain: Sequence[str]) -> None:
+    def _apply(self, desired: Mapping[str, int], drain: Sequence[str]) -> None:
         """As the local runtime applies a decision (``core.plan_apply``): replicas named that do
         not serve yet stop, ready ones drain; then replicas are added until each pool has
         ``desired`` (those without a machine wait for the provisioner)."""

@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from tideserve.sim.errors import SimInputError
 
-FORMAT = "tideserve.profile/v1"
+FORMAT: Literal["tideserve.profile/v1"] = "tideserve.profile/v1"
 
 
 class _Strict(BaseModel):

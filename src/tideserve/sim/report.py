@@ -129,8 +129,9 @@ def write_report(out_dir: Path, runs: Sequence[PolicyRun], levers: Sequence[Leve
                          f"{100 * b.slo_attainment:.1f}% | - | {_s(b.p95_s)} |")
             continue
         o = lv.off.summary
-        pct = 100 * lv.saving_usd / o.cost_usd if o.cost_usd else 0.0
-        lines.append(f"| {lv.name} | {lv.note} | {o.cost_usd:.3f} | {b.cost_usd:.3f} | {lv.saving_usd:.3f} | {pct:.1f}% | "
+        saving = o.cost_usd - b.cost_usd if lv.saving_usd is None else lv.saving_usd
+        pct = 100 * saving / o.cost_usd if o.cost_usd else 0.0
+        lines.append(f"| {lv.name} | {lv.note} | {o.cost_usd:.3f} | {b.cost_usd:.3f} | {saving:.3f} | {pct:.1f}% | "
                      f"{100 * o.slo_attainment:.1f}% | {100 * b.slo_attainment:.1f}% | {_s(o.p95_s)} | {_s(b.p95_s)} |")
     peak = next(r for r in runs if r.name == "static-peak").summary
     if peak.cost_usd > 0:

@@ -204,15 +204,18 @@ class Replicas(_Strict):
         return self
 
 
+CapacityType = Literal["on-demand", "spot"]
+"""Karpenter's ``karpenter.sh/capacity-type`` values."""
+ON_DEMAND_ONLY: tuple[CapacityType, ...] = ("on-demand",)
+
+
 class Pool(_Strict):
     name: str = Field(pattern=_DNS_LABEL, description="Pool name, a DNS label (lower case, digits, '-').")
     accelerator: Accelerator = "cpu"
     target: str = Field(description="Engine target, e.g. cpu-x86_64-int8 or cuda-sm90-bf16.")
     replicas: Replicas = Field(default_factory=Replicas)
     max_concurrency: int = Field(8, ge=1, le=10_000, description="Requests one replica takes at once.")
-    capacity_types: list[Literal["on-demand", "spot"]] = Field(
-        default_factory=lambda: ["on-demand"], min_length=1
-    )
+    capacity_types: list[CapacityType] = Field(default_factory=lambda: list(ON_DEMAND_ONLY), min_length=1)
     cost_usd_per_h: float = Field(0.0, ge=0, description="Price of one replica's share of its machine, $/h.")
     prefetch: bool = Field(
         True, description="Fetch the pool's engine into the local cache (and the page cache) when the pool is "

@@ -93,12 +93,15 @@ class FasterWhisperBackend:
         t1 = time.perf_counter()
 
         encoded = self._model.encode(feats)
-        languages = [t.language or self._decoding.language for t in tasks]
-        if self._multilingual and any(lang is None for lang in languages):
-            detected = self._model.model.detect_language(encoded)
-            languages = [lang or det[0][0].strip("<|>") for lang, det in zip(languages, detected, strict=True)]
+        requested = [t.language or self._decoding.language for t in tasks]
+        languages: list[str]
         if not self._multilingual:
             languages = ["en"] * len(tasks)
+        elif any(lang is None for lang in requested):
+            detected = self._model.model.detect_language(encoded)
+            languages = [lang or det[0][0].strip("<|>") for lang, det in zip(requested, detected, strict=True)]
+        else:
+            languages = [lang for lang in requested if lang is not None]
         prompts, toks = [], []
         for task, lang in zip(tasks, languages, strict=True):
             tok = self._tokenizer(lang)

@@ -22,7 +22,7 @@ HOP = 160
 N_FRAMES = 3000  # 30 s
 
 
-def _hz_to_mel(f: np.ndarray) -> np.ndarray:
+def _hz_to_mel(f: np.ndarray | float) -> np.ndarray:
     """Slaney's mel scale: linear (3 bands per 200 Hz) below 1 kHz, logarithmic above."""
     f = np.asarray(f, dtype=np.float64)
     lin = f / (200.0 / 3)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from typing import cast
 from pathlib import Path
 
 import torch
@@ -150,6 +151,19 @@ class Decoder(nn.Module):
             DecoderLayer(d.d_model, d.decoder_attention_heads, d.decoder_ffn_dim) for _ in range(d.decoder_layers))
         self.layer_norm = nn.LayerNorm(d.d_model)
 
+    def blocks(self) -> list[DecoderLayer]:
+        """The decoder layers, typed (``nn.ModuleList`` iterates as plain ``nn.Module``)."""
+        return cast("list[DecoderLayer]", list(self.layers))
+
+
+class _Body(nn.Module):
+    """The ``model.encoder`` / ``model.decoder`` nesting of Hugging Face's state-dict names."""
+
+    def __init__(self, dims: WhisperDims) -> None:
+        super().__init__()
+        self.encoder = Encoder(dims)
+        self.decoder = Decoder(dims)
+
 
 class KVCache:
     """Preallocated K/V for ``max_batch`` rows: per decoder layer, self-attention
@@ -188,9 +202,7 @@ class Whisper(nn.Module):
         super().__init__()
         self.dims = dims
         self.attention = attention
-        self.model = nn.Module()
-        self.model.encoder = Encoder(dims)
-        self.model.decoder = Decoder(dims)
+        self.model = _Body(dims)
 
     @property
     def encoder(self) -> Encoder:
@@ -207,7 +219,7 @@ class Whisper(nn.Module):
         """Cross-attention K/V of ``encoded`` ``[B, 1500, d_model]`` into cache rows ``[:B]``, or
         into the rows listed by ``rows`` (``[B]`` int64, on the cache's device)."""
         b = encoded.shape[0]
-        for i, layer in enumerate(self.decoder.layers):
+        for i, layer in enumerate(self.decoder.blocks()):
             a = layer.encoder_attn
             k, v = a.split(a.k_proj(encoded)), a.split(a.v_proj(encoded))
             if rows is None:
@@ -230,7 +242,7 @@ class Whisper(nn.Module):
         span = span or self.dims.max_target_positions
         x = (dec.embed_tokens(tokens) + dec.embed_positions(positions))[:, None, :]  # [B, 1, D]
         visible = (torch.arange(span, device=tokens.device)[None, :] <= positions[:, None])[:, None, None, :]
-        for i, layer in enumerate(dec.layers):
+        for i, layer in enumerate(dec.blocks()):
             a = layer.self_attn
             h = layer.self_attn_layer_norm(x)
             q, k, v = a.split(a.q_proj(h)), a.split(a.k_proj(h)), a.split(a.v_proj(h))  # [B, H, 1, hd]
