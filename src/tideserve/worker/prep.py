@@ -13,7 +13,10 @@ import asyncio
 import dataclasses
 import multiprocessing
 import os
+import select
 import signal
+import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -91,9 +94,41 @@ def _warm() -> int:
     return os.getpid()
 
 
-def _init_process() -> None:
-    """In each prep process: Ctrl-C goes to the whole process group; the front shuts us down."""
+def _init_process(owner_pid: int) -> None:
+    """In each prep process: Ctrl-C goes to the whole process group; the front shuts us down,
+    and if it dies without doing so (SIGKILL, the OOM killer) we end too (``exit_with_owner``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    exit_with_owner(owner_pid)
+
+
+def exit_with_owner(owner_pid: int, poll_s: float = 1.0) -> threading.Thread:
+    """End this process (``os._exit(0)``) as soon as process ``owner_pid`` ends.
+
+    A prep process is a child of multiprocessing's fork server, not of the worker, and holds
+    both ends of its own task queue, so it never sees the worker die: without this, every
+    SIGKILLed worker left its fork server and prep processes behind. Waits on a pidfd (Linux
+    5.3+: readable when the process exits); elsewhere polls ``os.kill(pid, 0)`` every
+    ``poll_s`` seconds. Returns the daemon thread that waits."""
+    def wait() -> None:
+        try:
+            fd = os.pidfd_open(owner_pid)
+        except ProcessLookupError:
+            os._exit(0)
+        except (AttributeError, OSError):  # no pidfd on this kernel or platform
+            while True:
+                try:
+                    os.kill(owner_pid, 0)
+                except ProcessLookupError:
+                    os._exit(0)
+                except PermissionError:
+                    pass  # alive, owned by another user
+                time.sleep(poll_s)
+        select.select([fd], [], [])
+        os._exit(0)
+
+    t = threading.Thread(target=wait, daemon=True, name="exit-with-owner")
+    t.start()
+    return t
 
 
 class PrepPool:
@@ -114,7 +149,8 @@ class PrepPool:
         self.replaced = 0
 
     def _new_pool(self) -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(max_workers=self.processes, mp_context=self._ctx, initializer=_init_process)
+        return ProcessPoolExecutor(max_workers=self.processes, mp_context=self._ctx, initializer=_init_process,
+                                   initargs=(os.getpid(),))
 
     def start(self) -> None:
         """Start the processes now (not at the first request)."""
