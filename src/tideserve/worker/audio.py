@@ -186,10 +186,12 @@ def decode_pcm16(data: bytes, max_duration_s: float | None = None) -> np.ndarray
         fast = pcm16_wav(data, max_duration_s)
         if fast is not None:
             return fast
-    chunks = []
+    # One growing buffer, not a list of chunks joined at the end (that held the audio twice at
+    # the peak); large reallocations move pages (mremap) rather than copy them.
+    pcm = bytearray()
     for chunk in _decode_chunks(data, max_duration_s):
         _check_chunk(chunk)
-        chunks.append(np.clip(np.rint(chunk * 32768.0), -32768, 32767).astype(np.int16))
-    if not chunks or sum(len(c) for c in chunks) == 0:
+        pcm += np.clip(np.rint(chunk * 32768.0), -32768, 32767).astype(np.int16).tobytes()
+    if not pcm:
         raise BadInputError("the audio decodes to no samples; send a file with at least some sound")
-    return np.concatenate(chunks)
+    return np.frombuffer(pcm, dtype=np.int16)
