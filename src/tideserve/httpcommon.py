@@ -114,4 +114,5 @@ def add_api_routes(router: web.UrlDispatcher, h: ApiHandlers) -> None:
         router.add_post(prefix + "/infer", h.infer)
     router.add_post("/v1/audio/transcriptions", h.transcriptions)
     router.add_get("/v1/models", h.models)
+    router.add_get("/v1/models/{model}", h.models)
     router.add_get("/metrics", h.metrics)

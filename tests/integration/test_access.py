@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import ssl
 
 import httpx
@@ -35,13 +36,15 @@ def secured(tmp_path_factory):
 
 def test_no_key_is_401(secured):
     r = httpx.post(secured.url + "/invocations", json={"audio_data": ""}, verify=secured.verify)
-    assert r.status_code == 401
-    assert r.json()["code"] == "unauthorized" and "Authorization: Bearer" in r.json()["message"]
+    assert r.status_code == 401 and r.headers["WWW-Authenticate"] == 'Bearer realm="tideserve"'
+    assert r.json()["code"] == 401 and r.json()["error"] == "unauthorized"
+    assert "Authorization: Bearer" in r.json()["message"]
 
 
 def test_wrong_key_is_401(secured):
     r = httpx.get(secured.url + "/admin/status", headers={"Authorization": "Bearer nope"}, verify=secured.verify)
     assert r.status_code == 401 and r.json()["message"] == "invalid API key"
+    assert r.json()["code"] == "unauthorized" and r.headers["WWW-Authenticate"] == 'Bearer realm="tideserve"'
 
 
 def test_right_keys_pass(secured, en_clips):
@@ -148,3 +151,25 @@ def test_slow_header_connection_is_closed_by_the_gateway(tmp_path):
         assert time.monotonic() - started < 10
         with ep.client(timeout=10) as c:  # the gateway still serves others
             assert c.get("/v2/health/live").status_code == 200
+
+
+def test_sagemaker_runtime_clients_send_the_key_in_custom_attributes(secured, en_clips):
+    import boto3
+    import botocore.config
+    import botocore.exceptions
+
+    client = boto3.client("sagemaker-runtime", endpoint_url=secured.url, region_name="us-east-1",
+                          aws_access_key_id="x", aws_secret_access_key="x", verify=str(secured.tmp / "ca.pem"),
+                          config=botocore.config.Config(retries={"max_attempts": 0}))
+    clip = en_clips[0]
+    # boto3 signs Authorization with SigV4 (not verified by tideserve): without the attribute, 401.
+    with pytest.raises(botocore.exceptions.ClientError) as err:
+        client.invoke_endpoint(EndpointName="whisper", Body=clip.wav, ContentType="audio/wav")
+    assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 401
+    with pytest.raises(botocore.exceptions.ClientError) as err:
+        client.invoke_endpoint(EndpointName="whisper", Body=clip.wav, ContentType="audio/wav",
+                               CustomAttributes="tideserve-api-key=wrong")
+    assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 401
+    r = client.invoke_endpoint(EndpointName="whisper", Body=clip.wav, ContentType="audio/wav",
+                               CustomAttributes="trace=1; tideserve-api-key=key-from-file")
+    assert wer(clip.reference, json.loads(r["Body"].read())["transcribe_text"]) <= 0.15

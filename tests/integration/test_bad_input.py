@@ -24,7 +24,10 @@ def _error(r, status: int, code: str, *words: str) -> dict:
     assert r.status_code == status, r.text
     assert r.headers["content-type"].startswith("application/json")
     body = r.json()
-    assert body["code"] == code
+    if r.request.url.path == "/invocations":  # SageMaker style: code is always an integer
+        assert body["code"] == status and body["error"] == code, body
+    else:
+        assert body["code"] == code, body
     for w in words:
         assert w in body["message"], body["message"]
     assert body["request_id"] == r.headers["X-Request-Id"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import logging
 import time
 from typing import Protocol
@@ -25,6 +26,7 @@ from aiohttp import web
 
 from tideserve import __version__
 from tideserve.errors import (
+    BadInputError,
     RequestTimeoutError,
     TideserveError,
     UnauthorizedError,
@@ -36,7 +38,7 @@ from tideserve.replicas import ReplicaSource
 from tideserve.gateway.metrics import GatewayMetrics
 from tideserve.httpguard import read_body
 from tideserve.httpcommon import REQUEST_ID, ApiHandlers, add_api_routes, error_response, request_id_and_errors
-from tideserve.protocol import kserve
+from tideserve.protocol import kserve, openai, sagemaker
 from tideserve.protocol.errors import api_family
 from tideserve.protocol.internal import COMPUTE_HEADER, TOKEN_HEADER
 from tideserve.spec import InferenceEndpoint
@@ -49,7 +51,20 @@ OPEN_PATHS = frozenset({"/ping", "/v2/health/live", "/v2/health/ready"})
 
 
 def _is_inference_path(path: str) -> bool:
-    return path in ("/invocations", "/v1/audio/transcriptions") or (path.startswith("/v2/models/") and path.endswith("/infer"))
+    return path in ("/invocations", "/v1/audio/transcriptions") or (path.startswith("/v2/models/") and path.endswith("/infer")) \
+        or (path.startswith("/endpoints/") and path.endswith("/invocations"))
+
+
+def _api_key(request: web.Request) -> str | None:
+    """The API key a request carries: ``Authorization: Bearer KEY``, or on the SageMaker runtime
+    route (whose clients sign ``Authorization`` with SigV4) the ``tideserve-api-key``
+    CustomAttributes item."""
+    scheme, _, key = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and key:
+        return key
+    if request.path.startswith("/endpoints/"):
+        return sagemaker.api_key_from_custom_attributes(request.headers.get(sagemaker.CUSTOM_ATTRIBUTES))
+    return None
 
 
 class Runtime(ReplicaSource, Protocol):
@@ -81,14 +96,15 @@ def build_gateway_app(
     metrics.register_cost(ep_name, lambda: (
         (p["name"], costs.get(p["name"], 0.0), p["replica_seconds"]) for p in runtime.status()["pools"]))
     dispatcher = Dispatcher(runtime, gw.max_pending, gw.hold_timeout_s, clock)
+    stats = kserve.InferenceStats()
 
     @web.middleware
     async def auth(request: web.Request, handler):
         if keys and request.path not in OPEN_PATHS:
-            header = request.headers.get("Authorization", "")
-            scheme, _, key = header.partition(" ")
-            if scheme.lower() != "bearer" or not key:
-                raise UnauthorizedError("missing API key: send 'Authorization: Bearer <key>'")
+            key = _api_key(request)
+            if key is None:
+                raise UnauthorizedError("missing API key: send 'Authorization: Bearer <key>' (SageMaker runtime "
+                                        f"clients: CustomAttributes='{sagemaker.API_KEY_ATTRIBUTE}=<key>')")
             # The token exactly as sent (no stripping: keys hold no whitespace), compared in
             # constant time against every configured key.
             sent = key.encode("utf-8", "surrogateescape")
@@ -102,7 +118,7 @@ def build_gateway_app(
         # it after the answer, and a body not valid for its Content-Encoding then drops the
         # connection without an answer. Read it first, with the same limits: errors are 4xx.
         if request.body_exists and not (request.method == "POST" and _is_inference_path(request.path)):
-            await read_body(request, gw.max_body_bytes, gw.idle_timeout_s)
+            request["body"] = await read_body(request, gw.max_body_bytes, gw.idle_timeout_s)
         return await handler(request)
 
     @web.middleware
@@ -110,6 +126,11 @@ def build_gateway_app(
         started = time.monotonic()
         resp = await handler(request)
         if request.get("inference"):
+            total_s = time.monotonic() - started
+            if resp.status == 200:
+                stats.success(total_s, request.get("hold_ms", 0.0) / 1000, request.get("compute_s"), time.time())
+            else:
+                stats.failure(total_s)
             api = api_family(request.path)
             metrics.requests.labels(ep_name, request.get("pool", "none"), api, str(resp.status)).inc()
             metrics.latency.labels(ep_name, api).observe(time.monotonic() - started)
@@ -151,7 +172,8 @@ def build_gateway_app(
     app["dispatcher"] = dispatcher
     app["metrics"] = metrics
 
-    async def forward(request: web.Request) -> web.Response:
+    async def forward(request: web.Request, upstream_path: str | None = None) -> web.Response:
+        """Send ``request`` to a replica (at ``upstream_path``, default its own path)."""
         dispatcher.arrived()
         request["started"] = time.monotonic()
         try:
@@ -186,13 +208,14 @@ def build_gateway_app(
                     try:
                         sent = clock()
                         async with session.request(
-                            request.method, replica.url + request.path_qs, data=body, headers=headers
+                            request.method, replica.url + (upstream_path or request.path_qs), data=body, headers=headers
                         ) as resp:
                             data = await resp.read()
                             if resp.status == 200:
                                 dispatcher.record_service(replica.pool, clock() - sent)
                                 compute_ms = resp.headers.get(COMPUTE_HEADER)
                                 if compute_ms is not None:
+                                    request["compute_s"] = float(compute_ms) / 1000
                                     metrics.compute_seconds.labels(ep_name, replica.pool).inc(float(compute_ms) / 1000)
                                     metrics.request_seconds.labels(ep_name, replica.pool).inc(
                                         time.monotonic() - request["started"])
@@ -238,6 +261,15 @@ def build_gateway_app(
     async def transcriptions(request: web.Request) -> web.Response:
         return await forward(request)
 
+    @inference
+    async def endpoint_invocations(request: web.Request) -> web.Response:
+        # The SageMaker runtime API (boto3 invoke_endpoint with endpoint_url = this gateway).
+        name = request.match_info["name"]
+        if name != ep_name:
+            raise UnknownModelError(f"endpoint '{name}' is not served here; this gateway serves endpoint "
+                                    f"'{ep_name}': POST /endpoints/{ep_name}/invocations")
+        return await forward(request, "/invocations")
+
     # --- health and metadata ---------------------------------------------------------------
     async def ping(request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -263,8 +295,31 @@ def build_gateway_app(
         ok = runtime.accepting()
         return web.json_response({"name": model, "ready": ok, "replicas_ready": any_ready()}, status=200 if ok else 503)
 
+    async def model_config(request: web.Request) -> web.Response:
+        check_model(request.match_info["name"])
+        return web.json_response(kserve.model_config(
+            model, spec.model.backend, spec.batching.max_batch_size, spec.batching.max_queue_delay_ms,
+            [(p.name, p.accelerator, p.replicas.max) for p in spec.pools]))
+
+    async def model_stats(request: web.Request) -> web.Response:
+        name = request.match_info.get("name")
+        if name is not None:
+            check_model(name)
+        return web.json_response(stats.to_json(model))
+
+    async def repository_index(request: web.Request) -> web.Response:
+        body: bytes = request.get("body", b"")  # read by read_unused_body
+        try:
+            doc = json.loads(body) if body.strip() else {}
+        except (ValueError, RecursionError):
+            doc = None
+        if not isinstance(doc, dict) or not isinstance(doc.get("ready", False), bool):
+            raise BadInputError('the repository index request must be empty or a JSON object such as {"ready": true}')
+        ready_only = doc.get("ready", False)
+        return web.json_response(kserve.repository_index(model, runtime.accepting(), ready_only))
+
     async def models(request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": model, "object": "model", "owned_by": "tideserve"}]})
+        return web.json_response(openai.models_response(model, request.match_info.get("model")))
 
     # --- operations -------------------------------------------------------------------------
     async def metrics_h(request: web.Request) -> web.Response:
@@ -303,6 +358,12 @@ def build_gateway_app(
         model_metadata=model_meta, model_ready=model_ready, infer=infer, transcriptions=transcriptions,
         models=models, metrics=metrics_h,
     ))
+    for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
+        app.router.add_get(prefix + "/config", model_config)
+        app.router.add_get(prefix + "/stats", model_stats)
+    app.router.add_get("/v2/models/stats", model_stats)
+    app.router.add_post("/v2/repository/index", repository_index)
+    app.router.add_post("/endpoints/{name}/invocations", endpoint_invocations)
     app.router.add_get("/admin/status", admin_status)
     app.router.add_get("/admin/sd", admin_sd)
     return app

@@ -181,3 +181,86 @@ def format_infer(
     out["data"] = [result.text]
     head["outputs"].append(out)
     return json.dumps(head).encode(), {}, "application/json"
+
+
+# --- Triton's model configuration, statistics and repository extensions ---------------------
+# Shapes: triton-inference-server/server docs/protocol/extension_model_configuration.md,
+# extension_statistics.md and extension_model_repository.md (JSON of model_config.proto).
+
+
+def model_config(name: str, backend: str, max_batch_size: int, max_queue_delay_ms: float,
+                 pools: list[tuple[str, str, int]]) -> dict:
+    """``GET /v2/models/{name}/config`` in Triton's JSON form of ``ModelConfig``.
+
+    ``max_batch_size`` in Triton's sense is 0: clients send one request of shape [1] (the
+    batching across requests is the server's, given in ``parameters``). ``pools`` are
+    ``(name, accelerator, max replicas)``: one ``instance_group`` each (KIND_CPU for cpu)."""
+    tensor = {"data_type": "TYPE_STRING", "format": "FORMAT_NONE", "dims": [1], "is_shape_tensor": False}
+    return {
+        "name": name, "platform": "", "backend": backend,
+        "version_policy": {"latest": {"num_versions": 1}},
+        "max_batch_size": 0,
+        "input": [{"name": INPUT_AUDIO, **tensor, "optional": False},
+                  {"name": INPUT_PROMPT, **tensor, "optional": True}],
+        "output": [{"name": OUTPUT_TEXT, "data_type": "TYPE_STRING", "dims": [1], "label_filename": ""}],
+        "instance_group": [{"name": pool, "kind": "KIND_CPU" if accel == "cpu" else "KIND_GPU", "count": count}
+                           for pool, accel, count in pools],
+        "parameters": {"tideserve_max_batch_size": {"string_value": str(max_batch_size)},
+                       "tideserve_max_queue_delay_ms": {"string_value": f"{max_queue_delay_ms:g}"}},
+    }
+
+
+def repository_index(name: str, ready: bool, ready_only: bool = False) -> list[dict]:
+    """``POST /v2/repository/index``: the one model, READY or UNAVAILABLE (``ready_only``:
+    Triton's ``{"ready": true}`` filter)."""
+    if ready_only and not ready:
+        return []
+    return [{"name": name, "version": "1", "state": "READY" if ready else "UNAVAILABLE",
+             "reason": "" if ready else "no pool can serve requests (see /admin/status)"}]
+
+
+@dataclass
+class _Duration:
+    count: int = 0
+    ns: int = 0
+
+    def add(self, seconds: float) -> None:
+        self.count += 1
+        self.ns += int(seconds * 1e9)
+
+
+class InferenceStats:
+    """Per-model inference statistics as Triton's statistics extension reports them
+    (``GET /v2/models/{name}/stats``), counted over every inference API.
+
+    ``success(total_s, queue_s, compute_s, at_s)``: an answered request, its end-to-end time,
+    its time held for a replica (Triton's queue) and its compute time at the replica (seconds);
+    ``at_s`` is the wall-clock time (Unix seconds) for ``last_inference``. ``failure(total_s)``:
+    any other answer."""
+
+    def __init__(self) -> None:
+        self.ok, self.fail, self.queue, self.compute = _Duration(), _Duration(), _Duration(), _Duration()
+        self.last_inference_ms = 0
+
+    def success(self, total_s: float, queue_s: float, compute_s: float | None, at_s: float) -> None:
+        self.ok.add(total_s)
+        self.queue.add(queue_s)
+        if compute_s is not None:
+            self.compute.add(compute_s)
+        self.last_inference_ms = int(at_s * 1000)
+
+    def failure(self, total_s: float) -> None:
+        self.fail.add(total_s)
+
+    def to_json(self, name: str) -> dict:
+        zero = {"count": 0, "ns": 0}
+        return {"model_stats": [{
+            "name": name, "version": "1", "last_inference": self.last_inference_ms,
+            "inference_count": self.ok.count, "execution_count": self.ok.count,
+            "inference_stats": {
+                "success": vars(self.ok).copy(), "fail": vars(self.fail).copy(), "queue": vars(self.queue).copy(),
+                "compute_input": dict(zero), "compute_infer": vars(self.compute).copy(), "compute_output": dict(zero),
+                "cache_hit": dict(zero), "cache_miss": dict(zero),
+            },
+            "batch_stats": [],
+        }]}

@@ -18,6 +18,21 @@ RESPONSE_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
 _TIMESTAMP_FORMATS = {"verbose_json", "srt", "vtt"}
 
 
+def model_object(served_model: str) -> dict:
+    """The OpenAI ``Model`` object of the served model (``GET /v1/models[/{id}]``)."""
+    return {"id": served_model, "object": "model", "created": 0, "owned_by": "tideserve"}
+
+
+def models_response(served_model: str, model_id: str | None) -> dict:
+    """``GET /v1/models`` (``model_id`` None: the list) or ``GET /v1/models/{model_id}``.
+    Raises UnknownModelError (404) for a model this endpoint does not serve."""
+    if model_id is None:
+        return {"object": "list", "data": [model_object(served_model)]}
+    if model_id != served_model:
+        raise UnknownModelError(f"model '{model_id}' is not served here; this endpoint serves '{served_model}'")
+    return model_object(served_model)
+
+
 def parse_form(fields: dict[str, str], file_bytes: bytes | None, served_model: str) -> tuple[TranscriptionRequest, str]:
     """(request, response_format) from the form. Raises BadInputError / UnknownModelError;
     every text field must be valid text (no lone surrogates, which a part's charset such as

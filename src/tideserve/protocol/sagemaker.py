@@ -16,9 +16,21 @@ from tideserve.protocol.text import require_text
 from tideserve.protocol.types import TranscriptionRequest, TranscriptionResult
 
 
-def parse_invocation(body: bytes) -> TranscriptionRequest:
-    """Parse an /invocations body. Raises BadInputError naming the problem (also for a
-    ``whisper_prompt`` that is not valid text, such as a lone surrogate)."""
+RAW_AUDIO_TYPES = ("audio/", "application/octet-stream")
+"""Content types taken as the audio file itself (SageMaker runtime clients send the file as
+the body: ``invoke_endpoint(Body=f.read(), ContentType="audio/wav")``)."""
+
+
+def parse_invocation(body: bytes, content_type: str | None = None) -> TranscriptionRequest:
+    """Parse an /invocations body: the audio file itself when ``content_type`` is ``audio/*``
+    or ``application/octet-stream``, otherwise JSON ``{"audio_data", "whisper_prompt"}`` (any
+    other content type, as before, so ``curl -d`` works). Raises BadInputError naming the
+    problem (also for a ``whisper_prompt`` that is not valid text, such as a lone surrogate)."""
+    ctype = (content_type or "").split(";", 1)[0].strip().lower()
+    if ctype.startswith(RAW_AUDIO_TYPES):
+        if not body:
+            raise BadInputError(f"empty request body; with Content-Type {ctype} the body is the audio file itself")
+        return TranscriptionRequest(audio=body)
     if not body:
         raise BadInputError('empty request body; send JSON {"audio_data": "<base64 audio>"}')
     data = loads_json(body, "request body")
@@ -64,3 +76,22 @@ def decode_base64(text: str, field: str) -> bytes:
 
 def format_invocation(result: TranscriptionResult) -> dict:
     return {"code": 0, "message": "Success", "transcribe_text": result.text}
+
+
+CUSTOM_ATTRIBUTES = "X-Amzn-SageMaker-Custom-Attributes"
+"""The header boto3's ``invoke_endpoint(CustomAttributes=...)`` sends (SageMaker runtime API)."""
+API_KEY_ATTRIBUTE = "tideserve-api-key"
+
+
+def api_key_from_custom_attributes(value: str | None) -> str | None:
+    """The API key in a SageMaker ``CustomAttributes`` value such as
+    ``"tideserve-api-key=KEY"`` (items separated by ``;`` or ``,``, each ``name=value``), or
+    None. boto3 signs its requests with SigV4 in ``Authorization``, which tideserve does not
+    verify, so this attribute is how a SageMaker runtime client sends a tideserve API key."""
+    if not value:
+        return None
+    for item in value.replace(",", ";").split(";"):
+        name, sep, key = item.partition("=")
+        if sep and name.strip() == API_KEY_ATTRIBUTE and key.strip():
+            return key.strip()
+    return None

@@ -239,7 +239,8 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
 
     async def invocations(request: web.Request) -> web.Response:
         check_accepting()
-        _, result = await run(request, prepare_invocation, await request.read(), service.max_audio_s)
+        _, result = await run(request, prepare_invocation, await request.read(), request.headers.get("Content-Type"),
+                              service.max_audio_s)
         return web.json_response(sagemaker.format_invocation(result))
 
     # --- KServe v2 ---------------------------------------------------------------------
@@ -299,7 +300,7 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
         return web.Response(body=body, headers={"Content-Type": ctype})
 
     async def models(request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": name, "object": "model", "owned_by": "tideserve"}]})
+        return web.json_response(openai.models_response(name, request.match_info.get("model")))
 
     # --- operations ----------------------------------------------------------------------
     gpus = GpuMetrics()

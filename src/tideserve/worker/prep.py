@@ -70,9 +70,10 @@ def prepare_audio(req: TranscriptionRequest, max_audio_s: float | None, extra: A
     return Prepared(dataclasses.replace(req, audio=b""), pcm, tuple(cuts), extra, tuple(silent))
 
 
-def prepare_invocation(body: bytes, max_audio_s: float | None) -> Prepared:
-    """``POST /invocations`` (SageMaker style JSON with base64 audio)."""
-    return prepare_audio(sagemaker.parse_invocation(body), max_audio_s)
+def prepare_invocation(body: bytes, content_type: str | None, max_audio_s: float | None) -> Prepared:
+    """``POST /invocations`` (SageMaker style: JSON with base64 audio, or the audio file itself
+    with an audio content type)."""
+    return prepare_audio(sagemaker.parse_invocation(body, content_type), max_audio_s)
 
 
 def prepare_infer(body: bytes, header_length: str | None, max_audio_s: float | None) -> Prepared:

@@ -88,5 +88,5 @@ def test_request_timeout_is_504_and_the_forwarded_request_is_cancelled():
 
     status, body, in_flight = asyncio.run(main())
     assert status == 504, body
-    assert body["code"] == "timeout" and "request_timeout_s=0.5" in body["message"], body
+    assert body["code"] == 504 and body["error"] == "timeout" and "request_timeout_s=0.5" in body["message"], body
     assert in_flight == 0  # the replica's slot was released

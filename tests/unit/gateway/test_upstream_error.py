@@ -45,7 +45,7 @@ def test_replicas_that_drop_every_attempt_give_502_with_retry_after():
 
     status, retry_after, body = asyncio.run(main())
     assert status == 502, body
-    assert body["code"] == "upstream_error" and "retry the request" in body["message"]
+    assert body["code"] == 502 and body["error"] == "upstream_error" and "retry the request" in body["message"]
     assert retry_after == "1"
 
 

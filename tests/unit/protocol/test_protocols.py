@@ -164,10 +164,13 @@ def test_verbose_json_and_text():
 # --- errors ------------------------------------------------------------------------------------
 def test_error_bodies_per_api():
     assert api_family("/v2/models/x/infer") == "kserve" and api_family("/v1/audio/transcriptions") == "openai"
-    assert api_family("/invocations") == "sagemaker"
+    assert api_family("/invocations") == "sagemaker" and api_family("/endpoints/whisper/invocations") == "sagemaker"
+    assert api_family("/admin/status") == "admin" and api_family("/nowhere") == "admin"
     assert error_body("kserve", "bad_input", "m", "r")["error"] == "m"
     assert error_body("openai", "bad_input", "m", "r")["error"]["message"] == "m"
-    assert error_body("sagemaker", "bad_input", "m", "r") == {"code": "bad_input", "message": "m", "request_id": "r"}
+    assert error_body("sagemaker", "bad_input", "m", "r", 400) == {
+        "code": 400, "error": "bad_input", "message": "m", "request_id": "r"}  # one type for code: 0 on success
+    assert error_body("admin", "not_found", "m", "r", 404) == {"code": "not_found", "message": "m", "request_id": "r"}
 
 
 @pytest.mark.parametrize("body", [b"[" * 100_000, b'{"a":' * 50_000, b'{"audio_data": 1' + b"0" * 5000 + b"}"])
@@ -252,3 +255,30 @@ def test_openai_text_fields_with_lone_surrogate_are_bad_input(field):
     fields = {"model": "whisper-tiny.en", field: "x\ud800"}
     with pytest.raises(BadInputError, match=f"'form field {field}' is not valid text: character 1"):
         openai.parse_form(fields, b"RIFF", "whisper-tiny.en")
+
+
+def test_raw_audio_invocations_and_the_api_key_in_custom_attributes():
+    assert sagemaker.parse_invocation(b"RIFF....", "audio/wav").audio == b"RIFF...."
+    assert sagemaker.parse_invocation(b"\x00\x01", "application/octet-stream; x=1").audio == b"\x00\x01"
+    with pytest.raises(BadInputError, match="the body is the audio file itself"):
+        sagemaker.parse_invocation(b"", "audio/flac")
+    with pytest.raises(BadInputError, match="not valid JSON"):
+        sagemaker.parse_invocation(b"RIFF", "text/plain")  # anything else is the JSON form, as before
+    get = sagemaker.api_key_from_custom_attributes
+    assert get("tideserve-api-key=k1") == "k1" and get("a=b; tideserve-api-key = k2 ,c=d") == "k2"
+    assert get(None) is None and get("") is None and get("tideserve-api-key=") is None and get("other=k") is None
+
+
+def test_triton_repository_index_and_stats_shapes():
+    assert kserve.repository_index("m", ready=False, ready_only=True) == []
+    assert kserve.repository_index("m", ready=False)[0]["state"] == "UNAVAILABLE"
+    stats = kserve.InferenceStats()
+    stats.success(0.5, 0.1, 0.3, at_s=1000.0)
+    stats.success(0.25, 0.0, None, at_s=1001.0)
+    stats.failure(2.0)
+    s = stats.to_json("m")["model_stats"][0]
+    assert (s["inference_count"], s["last_inference"]) == (2, 1_001_000)
+    assert s["inference_stats"]["success"] == {"count": 2, "ns": 750_000_000}
+    assert s["inference_stats"]["fail"] == {"count": 1, "ns": 2_000_000_000}
+    assert s["inference_stats"]["queue"] == {"count": 2, "ns": 100_000_000}
+    assert s["inference_stats"]["compute_infer"] == {"count": 1, "ns": 300_000_000}
