@@ -5,7 +5,9 @@ SageMaker runtime API through boto3 ``invoke_endpoint``; OpenAI ``models.retriev
 from __future__ import annotations
 
 import base64
+import io
 import json
+import math
 
 import boto3
 import botocore.config
@@ -82,3 +84,24 @@ def test_openai_models_retrieve(endpoint):
     assert [m.id for m in client.models.list()] == [MODEL]
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("whisper-1")
+
+
+def test_openai_streaming_sends_a_delta_per_window_then_the_whole_text(endpoint, long_clip):
+    client = openai.OpenAI(base_url=endpoint.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    events = list(client.audio.transcriptions.create(
+        model=MODEL, file=("long.wav", io.BytesIO(long_clip.wav)), stream=True))
+    assert [e.type for e in events[-1:]] == ["transcript.text.done"]
+    deltas = [e.delta for e in events if e.type == "transcript.text.delta"]
+    text = events[-1].text
+    assert len(deltas) >= math.ceil(long_clip.duration_s / 30) - 1 >= 1  # windows are cut at quiet points, <= 30 s
+    assert "".join(deltas) == text
+    assert wer(long_clip.reference, text) <= MAX_WER
+
+
+def test_openai_streaming_errors_before_the_first_delta_are_plain_errors(endpoint, en_clips):
+    client = openai.OpenAI(base_url=endpoint.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    with pytest.raises(openai.BadRequestError, match="not a supported audio file"):
+        list(client.audio.transcriptions.create(model=MODEL, file=("x.wav", io.BytesIO(b"not audio")), stream=True))
+    with pytest.raises(openai.BadRequestError, match="use response_format json or text"):
+        client.audio.transcriptions.create(model=MODEL, file=("a.wav", io.BytesIO(en_clips[0].wav)), stream=True,
+                                           response_format="srt")

@@ -172,7 +172,7 @@ def build_gateway_app(
     app["dispatcher"] = dispatcher
     app["metrics"] = metrics
 
-    async def forward(request: web.Request, upstream_path: str | None = None) -> web.Response:
+    async def forward(request: web.Request, upstream_path: str | None = None) -> web.StreamResponse:
         """Send ``request`` to a replica (at ``upstream_path``, default its own path)."""
         dispatcher.arrived()
         request["started"] = time.monotonic()
@@ -210,6 +210,8 @@ def build_gateway_app(
                         async with session.request(
                             request.method, replica.url + (upstream_path or request.path_qs), data=body, headers=headers
                         ) as resp:
+                            if resp.status == 200 and resp.content_type == "text/event-stream":
+                                return await relay_events(request, resp, replica.pool, sent)
                             data = await resp.read()
                             if resp.status == 200:
                                 dispatcher.record_service(replica.pool, clock() - sent)
@@ -236,9 +238,34 @@ def build_gateway_app(
                 raise UpstreamError(f"the request failed on {len(failed)} replica(s): {', '.join(sorted(failed))}; "
                                     "they are being restarted, retry the request", retry_after_s=1)
         except TimeoutError:
-            raise RequestTimeoutError(
-                f"the request did not finish within request_timeout_s={gw.request_timeout_s:g}", retry_after_s=None
-            ) from None
+            err = RequestTimeoutError(
+                f"the request did not finish within request_timeout_s={gw.request_timeout_s:g}", retry_after_s=None)
+            stream: web.StreamResponse | None = request.get("stream")
+            if stream is None:
+                raise err from None
+            await stream.write(openai.error_event(err.code, err.message))  # the status line is already sent
+            await stream.write_eof()
+            return stream
+
+    async def relay_events(request: web.Request, resp: aiohttp.ClientResponse, pool: str,
+                           sent: float) -> web.StreamResponse:
+        """Pass a replica's server-sent events (OpenAI ``stream=true``) on as they come. A
+        replica lost mid-stream ends the stream with an error event (the status is sent)."""
+        out = web.StreamResponse(headers={"Content-Type": resp.headers["Content-Type"], "Cache-Control": "no-cache",
+                                          REQUEST_ID: request["request_id"]})
+        await out.prepare(request)
+        request["stream"] = out
+        try:
+            async for chunk in resp.content.iter_any():
+                await out.write(chunk)
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+            log.warning("replica stream broke: %s", exc)
+            await out.write(openai.error_event("upstream_error", "the replica serving this stream was lost; "
+                                               "resend the request"))
+        else:
+            dispatcher.record_service(pool, clock() - sent)
+        await out.write_eof()
+        return out
 
     def check_model(name: str) -> None:
         if name != model:
@@ -249,20 +276,20 @@ def build_gateway_app(
 
     # --- inference -----------------------------------------------------------------------
     @inference
-    async def invocations(request: web.Request) -> web.Response:
+    async def invocations(request: web.Request) -> web.StreamResponse:
         return await forward(request)
 
     @inference
-    async def infer(request: web.Request) -> web.Response:
+    async def infer(request: web.Request) -> web.StreamResponse:
         check_model(request.match_info["name"])
         return await forward(request)
 
     @inference
-    async def transcriptions(request: web.Request) -> web.Response:
+    async def transcriptions(request: web.Request) -> web.StreamResponse:
         return await forward(request)
 
     @inference
-    async def endpoint_invocations(request: web.Request) -> web.Response:
+    async def endpoint_invocations(request: web.Request) -> web.StreamResponse:
         # The SageMaker runtime API (boto3 invoke_endpoint with endpoint_url = this gateway).
         name = request.match_info["name"]
         if name != ep_name:

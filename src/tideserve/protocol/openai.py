@@ -125,3 +125,65 @@ def format_response(result: TranscriptionResult, fmt: str) -> tuple[bytes, str]:
         ],
     }
     return json.dumps(body).encode(), "application/json"
+
+
+# --- streaming (server-sent events, as OpenAI's transcription streaming) ---------------------
+# Events: {"type": "transcript.text.delta", "delta": "..."} as text is ready, then
+# {"type": "transcript.text.done", "text": "<the whole text>"}; each as one SSE "data:" line.
+STREAM_FORMATS = ("json", "text")
+
+
+def wants_stream(fields: dict[str, str]) -> bool:
+    """The form's ``stream`` field (``true``/``false``, as the openai client sends it; absent:
+    false). Raises BadInputError for another value, or for ``stream=true`` with a
+    ``response_format`` other than json or text (a stream carries text deltas only)."""
+    raw = (fields.get("stream") or "false").strip().lower()
+    if raw not in ("true", "false", "1", "0"):
+        raise BadInputError(f"stream must be true or false, got {fields.get('stream')!r}")
+    stream = raw in ("true", "1")
+    fmt = fields.get("response_format") or "json"
+    if stream and fmt not in STREAM_FORMATS:
+        raise BadInputError(f"stream=true sends text deltas; use response_format json or text, not {fmt!r}")
+    return stream
+
+
+def sse(event: dict) -> bytes:
+    """One server-sent event carrying ``event`` as JSON."""
+    return b"data: " + json.dumps(event, ensure_ascii=False).encode() + b"\n\n"
+
+
+def delta_event(delta: str) -> bytes:
+    return sse({"type": "transcript.text.delta", "delta": delta})
+
+
+def done_event(text: str) -> bytes:
+    return sse({"type": "transcript.text.done", "text": text})
+
+
+def error_event(code: str, message: str) -> bytes:
+    """An error after the stream started (the status line is already sent): the openai client
+    raises ``APIError`` with ``message`` for an event holding ``error``."""
+    return sse({"type": "error", "error": {"message": message, "type": "server_error", "code": code}})
+
+
+class DeltaOrder:
+    """Turns window texts finishing in any order into deltas in audio order: ``add(index,
+    text)`` returns the deltas that can be sent now (those of the windows from the first not
+    yet sent up to the first still missing). The deltas joined are the windows' non-empty
+    texts joined by one space, i.e. the final text."""
+
+    def __init__(self) -> None:
+        self._ready: dict[int, str] = {}
+        self._next = 0
+        self._started = False
+
+    def add(self, index: int, text: str) -> list[str]:
+        self._ready[index] = text
+        out = []
+        while self._next in self._ready:
+            t = self._ready.pop(self._next)
+            self._next += 1
+            if t:
+                out.append((" " if self._started else "") + t)
+                self._started = True
+        return out

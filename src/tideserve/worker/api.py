@@ -17,6 +17,7 @@ import asyncio
 import hmac
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -30,7 +31,7 @@ from tideserve.errors import (
     UnauthorizedError,
     UnknownModelError,
 )
-from tideserve.httpcommon import ApiHandlers, add_api_routes, request_id_and_errors
+from tideserve.httpcommon import REQUEST_ID, ApiHandlers, add_api_routes, request_id_and_errors
 from tideserve.metrics.gpu import GpuMetrics
 from tideserve.metrics.triton import TritonMetrics
 from tideserve.protocol import TranscriptionRequest, TranscriptionResult, kserve, openai, sagemaker
@@ -114,15 +115,19 @@ class WorkerService:
         finally:
             self.metrics.add("tideserve_worker_stage_duration_us", (time.monotonic() - t0) * 1e6, stage="prep")
 
-    async def transcribe(self, prepared: Prepared, usage: Usage | None = None) -> TranscriptionResult:
+    async def transcribe(self, prepared: Prepared, usage: Usage | None = None,
+                         on_text: Callable[[int, str], None] | None = None) -> TranscriptionResult:
         """Decode the prepared request's windows in the engine. ``usage`` collects the model
-        time it used. Raises BadInputError for a bad prompt or language, EngineDiedError."""
+        time it used; ``on_text(window index, text)`` is called as each window is done (in
+        any order). Raises BadInputError for a bad prompt or language, EngineDiedError."""
         req = prepared.request
         self.check(req)
         options = RequestOptions(req.prompt, req.language, req.timestamps)
         self.metrics.add("tideserve_worker_requests_in_batcher", 1)
         try:
-            results, compute_s = await self.engine.transcribe(prepared.segments(), options)
+            on_segment = None if on_text is None else (
+                lambda i, chain: on_text(i, " ".join(r.text for r in chain if r.text)))
+            results, compute_s = await self.engine.transcribe(prepared.segments(), options, on_segment)
         finally:
             self.metrics.add("tideserve_worker_requests_in_batcher", -1)
         if usage is not None:
@@ -192,7 +197,8 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
         if not ready():
             raise CapacityError("replica is not ready (loading or draining); retry on another replica", retry_after_s=1)
 
-    async def run(request: web.Request, prep_fn, *args) -> tuple[Prepared, TranscriptionResult]:
+    async def run(request: web.Request, prep_fn, *args,
+                  on_text: Callable[[int, str], None] | None = None) -> tuple[Prepared, TranscriptionResult]:
         st.in_flight += 1
         started = time.monotonic()
         usage = Usage()
@@ -209,7 +215,7 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
                         "(spec.gateway.max_audio_s_in_flight); retry", retry_after_s=1)
                 held = prepared.duration_s
                 service.metrics.set("tideserve_worker_audio_held_seconds", budget.held_s)
-            result = await service.transcribe(prepared, usage)
+            result = await service.transcribe(prepared, usage, on_text)
         except (BadInputError, PayloadTooLargeError):
             service.metrics.on_request(False, time.monotonic() - started, "REJECTED")
             raise
@@ -270,7 +276,7 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
         return web.Response(body=body, headers=headers, content_type=ctype)
 
     # --- OpenAI style ------------------------------------------------------------------
-    async def transcriptions(request: web.Request) -> web.Response:
+    async def transcriptions(request: web.Request) -> web.StreamResponse:
         check_accepting()
         if not request.content_type.startswith("multipart/form-data"):
             raise BadInputError("send multipart/form-data with fields 'file' and 'model'")
@@ -295,9 +301,62 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
             else:
                 fields[key] = str(value)
         req, fmt = openai.parse_form(fields, file_bytes, name)
+        if openai.wants_stream(fields):
+            return await stream_transcription(request, req)
         _, result = await run(request, prepare_audio, req, service.max_audio_s)
         body, ctype = openai.format_response(result, fmt)
         return web.Response(body=body, headers={"Content-Type": ctype})
+
+    async def stream_transcription(request: web.Request, req: TranscriptionRequest) -> web.StreamResponse:
+        """``stream=true``: server-sent events, a delta as each window is done (in audio order),
+        then the whole text. An error before the first delta is an ordinary JSON error answer;
+        after it (the status line is sent), an error event ends the stream."""
+        order = openai.DeltaOrder()
+        deltas: asyncio.Queue[str] = asyncio.Queue()
+
+        def on_text(index: int, text: str) -> None:
+            for d in order.add(index, text):
+                deltas.put_nowait(d)
+
+        job = asyncio.ensure_future(run(request, prepare_audio, req, service.max_audio_s, on_text=on_text))
+        resp: web.StreamResponse | None = None
+        try:
+            while True:
+                getter = asyncio.ensure_future(deltas.get())
+                await asyncio.wait({getter, job}, return_when=asyncio.FIRST_COMPLETED)
+                if not getter.done():
+                    getter.cancel()
+                    break  # the job ended; deltas left in the queue are sent below
+                if resp is None:
+                    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                                       REQUEST_ID: request["request_id"]})
+                    await resp.prepare(request)
+                await resp.write(openai.delta_event(getter.result()))
+            try:
+                _, result = job.result()
+            except Exception as err:
+                if resp is None:
+                    raise  # nothing sent yet: the usual JSON error answer
+                if isinstance(err, TideserveError):
+                    code, message = err.code, err.message
+                else:
+                    log.error("transcription failed after its stream started", exc_info=err)
+                    code, message = "internal", "internal error; the server log has the details"
+                await resp.write(openai.error_event(code, message))
+                await resp.write_eof()
+                return resp
+            if resp is None:
+                resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                                   REQUEST_ID: request["request_id"]})
+                await resp.prepare(request)
+            while not deltas.empty():
+                await resp.write(openai.delta_event(deltas.get_nowait()))
+            await resp.write(openai.done_event(result.text))
+            await resp.write_eof()
+            return resp
+        finally:
+            if not job.done():
+                job.cancel()
 
     async def models(request: web.Request) -> web.Response:
         return web.json_response(openai.models_response(name, request.match_info.get("model")))

@@ -282,3 +282,16 @@ def test_triton_repository_index_and_stats_shapes():
     assert s["inference_stats"]["fail"] == {"count": 1, "ns": 2_000_000_000}
     assert s["inference_stats"]["queue"] == {"count": 2, "ns": 100_000_000}
     assert s["inference_stats"]["compute_infer"] == {"count": 1, "ns": 300_000_000}
+
+
+def test_stream_field_and_deltas_in_audio_order():
+    assert openai.wants_stream({}) is False and openai.wants_stream({"stream": "true"}) is True
+    with pytest.raises(BadInputError, match="stream must be true or false"):
+        openai.wants_stream({"stream": "yes please"})
+    with pytest.raises(BadInputError, match="use response_format json or text"):
+        openai.wants_stream({"stream": "true", "response_format": "vtt"})
+    order = openai.DeltaOrder()
+    assert order.add(1, "world.") == []          # window 1 finished first: held until window 0
+    assert order.add(0, "Hello") == ["Hello", " world."]
+    assert order.add(2, "") == [] and order.add(3, "Bye.") == [" Bye."]  # an empty window adds nothing
+    assert openai.delta_event("a") == b'data: {"type": "transcript.text.delta", "delta": "a"}\n\n'
