@@ -13,7 +13,7 @@ from endpoint import ROOT
 from test_observability import running_prometheus
 
 from tideserve.metrics.dashboard import build_dashboard, dashboard_exprs
-from tideserve.metrics.panels import PANELS
+from tideserve.metrics.panels import PANELS, resolve
 from tideserve.metrics.parse import sample_value
 
 CAPTURED = ROOT / "bench" / "results" / "h200_worker_metrics.txt"
@@ -54,7 +54,7 @@ def test_every_gpu_panel_query_returns_the_h200_values(prom_on_h200_metrics):
     for title, expr in dashboard_exprs(build_dashboard()):
         if title not in gpu_titles:
             continue
-        result = prom.query(expr)
+        result = prom.query(resolve(expr))  # All endpoints and pools
         assert result, f"GPU panel {title!r}: {expr} returned no data on the H200 metrics"
         for series in result:
             uuid = series["metric"]["gpu_uuid"]

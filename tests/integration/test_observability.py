@@ -20,7 +20,7 @@ import yaml
 from endpoint import ROOT, EndpointProcess, write_endpoint
 
 from tideserve.metrics.dashboard import build_dashboard, dashboard_exprs
-from tideserve.metrics.panels import PANELS, alert_rules
+from tideserve.metrics.panels import PANELS, alert_rules, resolve
 
 N_GOOD = 6
 DASHBOARD = ROOT / "deploy" / "grafana" / "tideserve-dashboard.json"
@@ -130,17 +130,42 @@ def _traffic(ep: EndpointProcess, clips) -> dict[str, int]:
 
 
 def test_every_dashboard_query_returns_data(observed):
-    _, prom, _ = observed
+    ep, prom, _ = observed
     board = build_dashboard()
     gpu_titles = {p.title for p in PANELS if p.gpu}
+    name = yaml.safe_load(ep.file.read_text())["metadata"]["name"]
+    pools = {r["metric"]["pool"] for r in prom.query(f'tideserve_replicas{{endpoint="{name}"}}')}
+    assert pools == {"cpu"}  # what the pool variable's query lists for this endpoint
     checked = 0
     for title, expr in dashboard_exprs(board):
         if title in gpu_titles:
             continue
-        result = prom.query(expr)
-        assert result, f"panel {title!r}: {expr} returned no data"
+        assert prom.query(resolve(expr, endpoint=name, pool="cpu")), f"panel {title!r}: {expr} returned no data"
+        assert prom.query(resolve(expr)), f"panel {title!r}: {expr} returned no data with All selected"
+        # Every query is filtered by the variables: another endpoint's or pool's view is empty.
+        assert prom.query(resolve(expr, endpoint="no-such-endpoint")) in ([], [{"metric": {}, "value": [None, "NaN"]}]), title
         checked += 1
     assert checked == sum(len(p.queries) for p in PANELS if not p.gpu)
+
+
+def test_dashboard_variables_and_the_configmap_agree_with_the_file():
+    board = build_dashboard()
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert list(variables) == ["datasource", "endpoint", "pool"]
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    assert variables["pool"]["query"] == 'label_values(tideserve_replicas{endpoint=~"$endpoint"}, pool)'
+    assert all(v["multi"] and v["includeAll"] and v["allValue"] == ".*" for n, v in variables.items() if n != "datasource")
+    assert {json.dumps(p["datasource"]) for p in board["panels"]} == {'{"type": "prometheus", "uid": "${datasource}"}'}
+    assert all('endpoint=~"$endpoint"' in expr for _, expr in dashboard_exprs(board))
+    from tideserve.k8s.cluster import ClusterConfig, dashboard_config_map
+
+    doc = yaml.safe_load((ROOT / "examples" / "cluster.yaml").read_text())
+    config = ClusterConfig.model_validate({**doc, "grafana_datasource_uid": "prom-main"})
+    shipped = json.loads(dashboard_config_map(config)["data"]["tideserve-dashboard.json"])
+    file = json.loads(DASHBOARD.read_text())
+    assert shipped["panels"] == file["panels"]  # the same data source variable in every panel
+    assert shipped["templating"]["list"][0]["current"]["value"] == "prom-main"  # preselected on the cluster
+    assert "current" not in file["templating"]["list"][0]  # Grafana's default data source
 
 
 def test_counters_equal_the_traffic(observed):

@@ -351,9 +351,11 @@ def top(
 @render_app.command("dashboard")
 def render_dashboard(
     out_file: Path | None = typer.Option(None, "--out", help="write here instead of standard output"),
-    datasource_uid: str = typer.Option("${DS_PROMETHEUS}", help="Grafana Prometheus data source uid"),
+    datasource_uid: str | None = typer.Option(
+        None, help="preselect this Grafana Prometheus data source (uid); default: Grafana's default one"),
 ) -> None:
-    """The Grafana dashboard (JSON), generated from tideserve.metrics.panels."""
+    """The Grafana dashboard (JSON), generated from tideserve.metrics.panels, with data source,
+    endpoint and pool variables."""
     from tideserve.metrics.dashboard import build_dashboard
 
     text = json.dumps(build_dashboard(datasource_uid), indent=2, sort_keys=True) + "\n"

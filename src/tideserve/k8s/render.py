@@ -616,6 +616,12 @@ def _scaled_object(endpoint: InferenceEndpoint, pool: Pool, options: RenderOptio
     }
 
 
+def _pod_label_meta(label: str) -> str:
+    """Prometheus's Kubernetes discovery label for pod label ``label``
+    (``__meta_kubernetes_pod_label_<name>``, every character not [a-zA-Z0-9_] turned to ``_``)."""
+    return "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", label)
+
+
 def _monitors(endpoint: InferenceEndpoint, options: RenderOptions) -> list[dict]:
     ep = endpoint.metadata.name
     interval = f"{options.scrape_interval_s}s"
@@ -628,9 +634,16 @@ def _monitors(endpoint: InferenceEndpoint, options: RenderOptions) -> list[dict]
                 "selector": {"matchLabels": _selector(ep, "worker")},
                 # Workers answer /metrics only with their token (the operator's Secret), sent as a
                 # Bearer credential.
+                # The dashboard filters every series by endpoint and pool: workers' series get
+                # them from their pod's labels (as the embedded mode's service discovery gives them).
                 "podMetricsEndpoints": [{"port": "http", "path": "/metrics", "interval": interval,
                                          "authorization": {"type": "Bearer", "credentials": {
-                                             "name": names.token_secret_name(ep), "key": "token"}}}],
+                                             "name": names.token_secret_name(ep), "key": "token"}},
+                                         "relabelings": [
+                                             {"sourceLabels": [_pod_label_meta(names.LABEL_ENDPOINT)],
+                                              "targetLabel": "endpoint", "action": "replace"},
+                                             {"sourceLabels": [_pod_label_meta(names.LABEL_POOL)],
+                                              "targetLabel": "pool", "action": "replace"}]}],
             },
         },
         {
@@ -640,7 +653,9 @@ def _monitors(endpoint: InferenceEndpoint, options: RenderOptions) -> list[dict]
             "spec": {
                 # Matches the LoadBalancer Service; the scaler Service has no "http" port, so no targets.
                 "selector": {"matchLabels": _selector(ep, "gateway")},
-                "endpoints": [{"port": "http", "path": "/metrics", "interval": interval}],
+                # honorLabels: the gateway's series carry their own endpoint and pool labels,
+                # which must win over the operator's target label "endpoint" (the port name).
+                "endpoints": [{"port": "http", "path": "/metrics", "interval": interval, "honorLabels": True}],
             },
         },
     ]

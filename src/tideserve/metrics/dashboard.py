@@ -10,16 +10,22 @@ from grafana_foundation_sdk.builders import dashboard as gdash
 from grafana_foundation_sdk.builders import prometheus as gprom
 from grafana_foundation_sdk.builders import timeseries as gts
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
-from grafana_foundation_sdk.models.dashboard import DataSourceRef
+from grafana_foundation_sdk.models.dashboard import DataSourceRef, VariableOption, VariableRefresh
 
 from tideserve.metrics.panels import PANELS
 
 UID = "tideserve-endpoint"
 
 
-def build_dashboard(datasource_uid: str = "${DS_PROMETHEUS}") -> dict:
-    """The dashboard as a JSON-ready dict: one time-series panel per ``PanelSpec``."""
-    ds = DataSourceRef(type_val="prometheus", uid=datasource_uid)
+def build_dashboard(default_datasource_uid: str | None = None) -> dict:
+    """The dashboard as a JSON-ready dict: one time-series panel per ``PanelSpec``, and the
+    template variables ``datasource`` (a Prometheus data source; ``default_datasource_uid``
+    preselects one, else Grafana's default), ``endpoint`` and ``pool`` (multi-value, with All),
+    which every query filters on (``panels.m``)."""
+    ds = DataSourceRef(type_val="prometheus", uid="${datasource}")
+    source = gdash.DatasourceVariable("datasource").label("Data source").type("prometheus")
+    if default_datasource_uid is not None:
+        source = source.current(VariableOption(selected=True, text=default_datasource_uid, value=default_datasource_uid))
     board = (
         gdash.Dashboard("tideserve endpoint")
         .uid(UID)
@@ -28,8 +34,12 @@ def build_dashboard(datasource_uid: str = "${DS_PROMETHEUS}") -> dict:
                      "replicas, cold starts and cost of tideserve endpoints.")
         .refresh("10s")
         .time("now-1h", "now")
+        .with_variable(source)
+        .with_variable(_label_variable("endpoint", "Endpoint", "label_values(tideserve_replicas, endpoint)", ds))
+        .with_variable(_label_variable("pool", "Pool", 'label_values(tideserve_replicas{endpoint=~"$endpoint"}, pool)',
+                                       ds))
     )
-    for _i, spec in enumerate(PANELS):
+    for spec in PANELS:
         panel = (
             gts.Panel().title(spec.title).datasource(ds).unit(spec.unit).height(8).span(12)
         )
@@ -38,12 +48,14 @@ def build_dashboard(datasource_uid: str = "${DS_PROMETHEUS}") -> dict:
         for j, q in enumerate(spec.queries):
             panel = panel.with_target(gprom.Dataquery().expr(q.expr).legend_format(q.legend).ref_id(chr(65 + j)))
         board = board.with_panel(panel)
-    out = json.loads(json.dumps(board.build(), cls=JSONEncoder))
-    if datasource_uid == "${DS_PROMETHEUS}":
-        # Grafana's import form asks for the data source that ${DS_PROMETHEUS} stands for.
-        out["__inputs"] = [{"name": "DS_PROMETHEUS", "label": "Prometheus", "description": "",
-                            "type": "datasource", "pluginId": "prometheus", "pluginName": "Prometheus"}]
-    return out
+    return json.loads(json.dumps(board.build(), cls=JSONEncoder))
+
+
+def _label_variable(name: str, label: str, query: str, ds: DataSourceRef) -> gdash.QueryVariable:
+    """A multi-value query variable over a label's values, All = every value (regex ``.*``)."""
+    return (gdash.QueryVariable(name).label(label).query(query).datasource(ds).multi(True).include_all(True)
+            .all_value(".*").refresh(VariableRefresh.ON_DASHBOARD_LOAD)
+            .current(VariableOption(selected=True, text="All", value="$__all")))
 
 
 def dashboard_exprs(board: dict) -> list[tuple[str, str]]:
