@@ -1,6 +1,7 @@
-"""Regenerate the Python modules of tideserve's KEDA external-scaler protocol.
+"""Regenerate the Python modules of tideserve's gRPC protocols: KEDA's external scaler and
+the KServe v2 / Triton inference service.
 
-    python scripts/gen_proto.py            # writes src/tideserve/gateway/externalscaler_pb2{.py,.pyi,_grpc.py}
+    python scripts/gen_proto.py            # writes src/tideserve/gateway/{externalscaler,inference}_pb2{.py,.pyi,_grpc.py}
     python scripts/gen_proto.py --out DIR  # writes them under DIR/tideserve/gateway/ instead
 
 Uses grpcio-tools (pinned in requirements/test.lock), so the output is reproducible;
@@ -20,18 +21,24 @@ from pathlib import Path
 from grpc_tools import protoc
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-PROTO = "tideserve/gateway/externalscaler.proto"
+#: (proto, has a service whose gRPC module is generated)
+PROTOS = (("tideserve/gateway/externalscaler.proto", True), ("tideserve/gateway/inference.proto", False))
 
 
 def generate(out: Path) -> list[Path]:
-    """Run protoc on PROTO into ``out``; return the generated files. Raises RuntimeError on failure."""
+    """Run protoc on each of PROTOS into ``out``; return the generated files. Raises
+    RuntimeError on failure."""
     out.mkdir(parents=True, exist_ok=True)
-    code = protoc.main(["grpc_tools.protoc", f"-I{SRC}", f"--python_out={out}", f"--pyi_out={out}",
-                        f"--grpc_python_out={out}", str(SRC / PROTO)])
-    if code != 0:
-        raise RuntimeError(f"protoc failed on {SRC / PROTO} (exit {code})")
-    stem = out / PROTO.removesuffix(".proto")
-    return [Path(f"{stem}_pb2.py"), Path(f"{stem}_pb2.pyi"), Path(f"{stem}_pb2_grpc.py")]
+    files = []
+    for proto, service in PROTOS:
+        grpc_out = [f"--grpc_python_out={out}"] if service else []
+        code = protoc.main(["grpc_tools.protoc", f"-I{SRC}", f"--python_out={out}", f"--pyi_out={out}",
+                            *grpc_out, str(SRC / proto)])
+        if code != 0:
+            raise RuntimeError(f"protoc failed on {SRC / proto} (exit {code})")
+        stem = out / proto.removesuffix(".proto")
+        files += [Path(f"{stem}_pb2.py"), Path(f"{stem}_pb2.pyi")] + ([Path(f"{stem}_pb2_grpc.py")] if service else [])
+    return files
 
 
 def main() -> int:

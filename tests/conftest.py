@@ -73,6 +73,6 @@ def endpoint(tmp_path_factory: pytest.TempPathFactory) -> EndpointProcess:
     from endpoint import EndpointProcess, write_endpoint
 
     tmp = tmp_path_factory.mktemp("default-endpoint")
-    path = write_endpoint(tmp, min_replicas=None, gateway={"max_body_bytes": 8 * 1024 * 1024})
+    path = write_endpoint(tmp, min_replicas=None, gateway={"max_body_bytes": 8 * 1024 * 1024, "grpc_port": 0})
     with EndpointProcess(path, tmp) as ep:
         yield ep

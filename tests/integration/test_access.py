@@ -28,7 +28,7 @@ def secured(tmp_path_factory):
         "tls_cert_file": str(tmp / "server.pem"),
         "tls_key_file": str(tmp / "server.pem"),
     }
-    path = write_endpoint(tmp)
+    path = write_endpoint(tmp, gateway={"grpc_port": 0})
     ctx = ssl.create_default_context(cafile=str(tmp / "ca.pem"))
     with EndpointProcess(path, tmp, config=config, scheme="https", verify=ctx, api_key="secret-key-1") as ep:
         yield ep
@@ -173,3 +173,23 @@ def test_sagemaker_runtime_clients_send_the_key_in_custom_attributes(secured, en
     r = client.invoke_endpoint(EndpointName="whisper", Body=clip.wav, ContentType="audio/wav",
                                CustomAttributes="trace=1; tideserve-api-key=key-from-file")
     assert wer(clip.reference, json.loads(r["Body"].read())["transcribe_text"]) <= 0.15
+
+
+def test_grpc_over_tls_takes_the_api_key_from_metadata(secured, en_clips):
+    import numpy as np
+    import tritonclient.grpc as tgrpc
+    from tritonclient.utils import InferenceServerException
+
+    port = httpx.get(secured.url + "/admin/status", headers={"Authorization": "Bearer secret-key-1"},
+                     verify=secured.verify).json()["gateway"]["grpc_port"]
+    client = tgrpc.InferenceServerClient(url=f"127.0.0.1:{port}", ssl=True,
+                                         root_certificates=str(secured.tmp / "ca.pem"))
+    assert client.is_server_live()  # health stays open, as on HTTP
+    audio = tgrpc.InferInput("AUDIO", [1], "BYTES")
+    audio.set_data_from_numpy(np.array([en_clips[0].wav], dtype=np.object_))
+    for headers in (None, {"authorization": "Bearer wrong"}):
+        with pytest.raises(InferenceServerException) as err:
+            client.infer("whisper-tiny.en", [audio], headers=headers)
+        assert err.value.status() == "StatusCode.UNAUTHENTICATED"
+    result = client.infer("whisper-tiny.en", [audio], headers={"authorization": "Bearer key-from-file"})
+    assert wer(en_clips[0].reference, result.as_numpy("TEXT")[0].decode()) <= 0.15

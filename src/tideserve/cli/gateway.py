@@ -28,6 +28,7 @@ from tideserve.autoscaler.policy import place
 from tideserve.files import write_atomic
 from tideserve.gateway.app import build_gateway_app
 from tideserve.gateway.dispatch import Dispatcher
+from tideserve.gateway.grpc_server import InferenceGrpcServer
 from tideserve.gateway.scaler import ExternalScaler, ScalerServer
 from tideserve.httpguard import GuardedAppRunner
 from tideserve.k8s.names import WORKER_PORT, worker_dns
@@ -78,6 +79,8 @@ class KubeGateway:
     runner: web.AppRunner | None = None
     http_port: int | None = None
     scaler_port: int | None = None
+    grpc: InferenceGrpcServer | None = None
+    grpc_port: int | None = None
 
     async def start(self, host: str, port: int, scaler_port: int, autoscale: bool = True) -> None:
         """Listen for HTTP on ``host:port`` and gRPC on ``host:scaler_port`` (0: any free
@@ -94,7 +97,11 @@ class KubeGateway:
         try:
             await site.start()
             self.scaler_port = await self.server.start(host, scaler_port)
+            if gw.grpc_port is not None:  # the inference protocol over gRPC (spec.gateway.grpc_port)
+                self.grpc = InferenceGrpcServer(self.app["core"], gw.max_body_bytes)
+                self.grpc_port = self.app["grpc_port"] = await self.grpc.start(host, gw.grpc_port)
         except OSError:
+            await self.server.stop()
             await self.runner.cleanup()
             self.runner = None
             raise
@@ -110,6 +117,8 @@ class KubeGateway:
         if self.discovery is not None:
             await self.discovery.stop()
         await self.server.stop()
+        if self.grpc is not None:
+            await self.grpc.stop(self.endpoint.spec.gateway.request_timeout_s)
         self.runtime.stop()
         if self.runner is not None:
             await self.runner.cleanup()

@@ -16,6 +16,7 @@ from tideserve.autoscaler.loop import Autoscaler
 from tideserve.cli.engines import prepare_engine
 from tideserve.files import read_or_create_secret, write_atomic
 from tideserve.gateway.app import build_gateway_app
+from tideserve.gateway.grpc_server import InferenceGrpcServer
 from tideserve.httpguard import GuardedAppRunner
 from tideserve.runtime.local import LocalRuntime
 from tideserve.spec import InferenceEndpoint, LocalConfig
@@ -81,6 +82,19 @@ async def run_endpoint(
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     scheme = "https" if ctx else "http"
     url = f"{scheme}://{gw.host}:{port}"
+    grpc_server: InferenceGrpcServer | None = None
+    if gw.grpc_port is not None:
+        grpc_server = InferenceGrpcServer(app["core"], gw.max_body_bytes)
+        try:
+            tls = None
+            if cfg.tls_key_file is not None and cfg.tls_cert_file is not None:  # as the HTTP side (_ssl_context)
+                tls = (Path(cfg.tls_key_file).read_bytes(), Path(cfg.tls_cert_file).read_bytes())
+            app["grpc_port"] = await grpc_server.start(gw.host, gw.grpc_port, tls)
+        except (OSError, RuntimeError) as exc:
+            await runner.cleanup()
+            print(f"tideserve: cannot listen for gRPC on {gw.host}:{gw.grpc_port}: {exc}; "
+                  "stop what uses that port or set spec.gateway.grpc_port", file=sys.stderr)
+            return 1
     if port_file:
         write_atomic(port_file, str(port))
 
@@ -96,6 +110,8 @@ async def run_endpoint(
     if not starting.done():
         starting.cancel()
         log.info("stopping during start-up")
+        if grpc_server is not None:
+            await grpc_server.stop(0)
         await runner.cleanup()
         await runtime.stop()
         return 0
@@ -125,10 +141,13 @@ async def run_endpoint(
         "  Ctrl-C stops the endpoint and every replica.",
         file=sys.stderr, flush=True,
     )
-    log.info("gateway listening", extra={"url": url, "endpoint": endpoint.metadata.name, "run_dir": str(runtime.run_dir)})
+    log.info("gateway listening", extra={"url": url, "endpoint": endpoint.metadata.name, "run_dir": str(runtime.run_dir),
+                                         "grpc_port": app.get("grpc_port")})
     await stop.wait()
     log.info("stopping: draining requests and replicas")
     await autoscaler.stop()
+    if grpc_server is not None:
+        await grpc_server.stop(gw.request_timeout_s)
     await runner.cleanup()
     await runtime.stop()
     log.info("stopped")

@@ -18,8 +18,9 @@ import hmac
 import json
 import logging
 import time
-from typing import Protocol
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import aiohttp
 from aiohttp import web
@@ -75,6 +76,30 @@ class Runtime(ReplicaSource, Protocol):
     def scrape_targets(self) -> list[dict]: ...
 
 
+#: What one request's handling records (hold time, pool, replica, compute time): the aiohttp
+#: request itself, or a dict for gRPC.
+Ctx = MutableMapping[Any, Any]
+
+
+@dataclass(frozen=True)
+class GatewayCore:
+    """What another protocol front (the gRPC inference service) needs of the gateway, so that
+    it holds, limits, routes, retries, counts and authorizes exactly as HTTP does.
+
+    ``call(ctx, method, path, body, headers)``: see ``build_gateway_app``'s ``call``;
+    ``account(ctx, api, status, started)``: count an answered request; ``arrived()``: an
+    arrival for the autoscaler; ``key_ok(key)``: whether an API key opens the gateway (True
+    when none are configured); ``accepting()``: whether requests are accepted."""
+
+    endpoint: InferenceEndpoint
+    stats: kserve.InferenceStats
+    call: Callable[..., Awaitable[Any]]
+    account: Callable[[Ctx, str, int, float], None]
+    arrived: Callable[[], None]
+    key_ok: Callable[[str | None], bool]
+    accepting: Callable[[], bool]
+
+
 def build_gateway_app(
     endpoint: InferenceEndpoint,
     runtime: Runtime,
@@ -98,6 +123,14 @@ def build_gateway_app(
     dispatcher = Dispatcher(runtime, gw.max_pending, gw.hold_timeout_s, clock)
     stats = kserve.InferenceStats()
 
+    def key_ok(key: str | None) -> bool:
+        """The key exactly as sent (no stripping: keys hold no whitespace), compared in constant
+        time against every configured key; any key (or none) when none are configured."""
+        if not keys:
+            return True
+        sent = (key or "").encode("utf-8", "surrogateescape")
+        return any(hmac.compare_digest(sent, k) for k in keys)
+
     @web.middleware
     async def auth(request: web.Request, handler):
         if keys and request.path not in OPEN_PATHS:
@@ -105,10 +138,7 @@ def build_gateway_app(
             if key is None:
                 raise UnauthorizedError("missing API key: send 'Authorization: Bearer <key>' (SageMaker runtime "
                                         f"clients: CustomAttributes='{sagemaker.API_KEY_ATTRIBUTE}=<key>')")
-            # The token exactly as sent (no stripping: keys hold no whitespace), compared in
-            # constant time against every configured key.
-            sent = key.encode("utf-8", "surrogateescape")
-            if not any(hmac.compare_digest(sent, k) for k in keys):
+            if not key_ok(key):
                 raise UnauthorizedError("invalid API key")
         return await handler(request)
 
@@ -121,25 +151,28 @@ def build_gateway_app(
             request["body"] = await read_body(request, gw.max_body_bytes, gw.idle_timeout_s)
         return await handler(request)
 
+    def account(ctx: Ctx, api: str, status: int, started: float) -> None:
+        """Count one answered inference request (``ctx``: what ``call`` recorded about it) in
+        the metrics, the Triton statistics and the request log, whatever its protocol."""
+        total_s = time.monotonic() - started
+        if status == 200:
+            stats.success(total_s, ctx.get("hold_ms", 0.0) / 1000, ctx.get("compute_s"), time.time())
+        else:
+            stats.failure(total_s)
+        metrics.requests.labels(ep_name, ctx.get("pool", "none"), api, str(status)).inc()
+        metrics.latency.labels(ep_name, api).observe(total_s)
+        log.info(
+            "request",
+            extra={"endpoint": ep_name, "api": api, "status": status, "pool": ctx.get("pool"),
+                   "replica": ctx.get("replica"), "duration_ms": round(total_s * 1000, 1), "hold_ms": ctx.get("hold_ms")},
+        )
+
     @web.middleware
     async def count(request: web.Request, handler):
         started = time.monotonic()
         resp = await handler(request)
         if request.get("inference"):
-            total_s = time.monotonic() - started
-            if resp.status == 200:
-                stats.success(total_s, request.get("hold_ms", 0.0) / 1000, request.get("compute_s"), time.time())
-            else:
-                stats.failure(total_s)
-            api = api_family(request.path)
-            metrics.requests.labels(ep_name, request.get("pool", "none"), api, str(resp.status)).inc()
-            metrics.latency.labels(ep_name, api).observe(time.monotonic() - started)
-            log.info(
-                "request",
-                extra={"endpoint": ep_name, "api": api, "status": resp.status, "pool": request.get("pool"),
-                       "replica": request.get("replica"), "duration_ms": round((time.monotonic() - started) * 1000, 1),
-                       "hold_ms": request.get("hold_ms")},
-            )
+            account(request, api_family(request.path), resp.status, started)
         return resp
 
     # Error responses from inner middlewares and handlers become Responses in
@@ -183,13 +216,39 @@ def build_gateway_app(
         except TimeoutError:
             raise RequestTimeoutError(
                 f"the request body did not arrive within request_timeout_s={gw.request_timeout_s:g}") from None
-        audio_est = estimate_audio_s(len(body), request.headers)  # work estimate (dispatch.py says how)
-        dispatcher.arrived_work(audio_est)
         headers = {h: request.headers[h] for h in _FORWARD_REQUEST_HEADERS if h in request.headers}
-        headers[REQUEST_ID] = request["request_id"]
+        try:
+            out = await call(request, request.method, upstream_path or request.path_qs, body, headers,
+                             lambda resp, pool, sent: relay_events(request, resp, pool, sent))
+        except RequestTimeoutError as err:
+            stream: web.StreamResponse | None = request.get("stream")
+            if stream is None:
+                raise
+            await stream.write(openai.error_event(err.code, err.message))  # the status line is already sent
+            await stream.write_eof()
+            return stream
+        if isinstance(out, web.StreamResponse):
+            return out
+        status, out_headers, data = out
+        return web.Response(status=status, body=data, headers=out_headers)
+
+    async def call(ctx: Ctx, method: str, path: str, body: bytes, headers: dict[str, str],
+                   on_stream: Callable[[aiohttp.ClientResponse, str, float], Awaitable[web.StreamResponse]] | None = None,
+                   ) -> tuple[int, dict[str, str], bytes] | web.StreamResponse:
+        """Send one inference request to a replica, holding it while none can take it, retrying
+        another on a dropped connection or a 503: ``(status, response headers, body)`` of the
+        replica's answer, or what ``on_stream`` returns for a server-sent event stream. ``ctx``
+        (the aiohttp request, or a dict for gRPC) must hold ``request_id``; the hold time,
+        pool, replica and compute time are recorded there. Raises UpstreamError (502) when
+        every attempt lost its replica, RequestTimeoutError past ``request_timeout_s``,
+        CapacityError when nothing can take it (see Dispatcher.acquire)."""
+        ctx.setdefault("started", time.monotonic())
+        audio_est = estimate_audio_s(len(body), headers)  # work estimate (dispatch.py says how)
+        dispatcher.arrived_work(audio_est)
+        headers = {**headers, REQUEST_ID: ctx["request_id"]}
         if worker_token:
             headers[TOKEN_HEADER] = worker_token
-        session: aiohttp.ClientSession = request.app["session"]
+        session: aiohttp.ClientSession = app["session"]
         failed: set[str] = set()
         try:
             async with asyncio.timeout(gw.request_timeout_s):
@@ -201,31 +260,29 @@ def build_gateway_app(
                     finally:
                         metrics.pending.labels(ep_name).set(dispatcher.pending)
                     metrics.hold.labels(ep_name).observe(time.monotonic() - held)
-                    request["hold_ms"] = round((time.monotonic() - held) * 1000, 1)
-                    request["pool"], request["replica"] = replica.pool, replica.id
+                    ctx["hold_ms"] = round((time.monotonic() - held) * 1000, 1)
+                    ctx["pool"], ctx["replica"] = replica.pool, replica.id
                     metrics.routed.labels(ep_name, replica.pool).inc()
                     metrics.in_flight.labels(ep_name).set(dispatcher.in_flight())
                     try:
                         sent = clock()
-                        async with session.request(
-                            request.method, replica.url + (upstream_path or request.path_qs), data=body, headers=headers
-                        ) as resp:
-                            if resp.status == 200 and resp.content_type == "text/event-stream":
-                                return await relay_events(request, resp, replica.pool, sent)
+                        async with session.request(method, replica.url + path, data=body, headers=headers) as resp:
+                            if resp.status == 200 and resp.content_type == "text/event-stream" and on_stream:
+                                return await on_stream(resp, replica.pool, sent)
                             data = await resp.read()
                             if resp.status == 200:
                                 dispatcher.record_service(replica.pool, clock() - sent)
                                 compute_ms = resp.headers.get(COMPUTE_HEADER)
                                 if compute_ms is not None:
-                                    request["compute_s"] = float(compute_ms) / 1000
+                                    ctx["compute_s"] = float(compute_ms) / 1000
                                     metrics.compute_seconds.labels(ep_name, replica.pool).inc(float(compute_ms) / 1000)
                                     metrics.request_seconds.labels(ep_name, replica.pool).inc(
-                                        time.monotonic() - request["started"])
+                                        time.monotonic() - ctx["started"])
                             if resp.status == 503 and attempt < MAX_ATTEMPTS:
                                 failed.add(replica.id)  # draining or not ready yet: try another
                                 continue
                             out = {h: resp.headers[h] for h in _FORWARD_RESPONSE_HEADERS if h in resp.headers}
-                            return web.Response(status=resp.status, body=data, headers=out)
+                            return resp.status, out, data
                     except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
                         log.warning("replica %s failed: %s", replica.id, exc, extra={"replica": replica.id, "attempt": attempt})
                         failed.add(replica.id)
@@ -238,14 +295,9 @@ def build_gateway_app(
                 raise UpstreamError(f"the request failed on {len(failed)} replica(s): {', '.join(sorted(failed))}; "
                                     "they are being restarted, retry the request", retry_after_s=1)
         except TimeoutError:
-            err = RequestTimeoutError(
-                f"the request did not finish within request_timeout_s={gw.request_timeout_s:g}", retry_after_s=None)
-            stream: web.StreamResponse | None = request.get("stream")
-            if stream is None:
-                raise err from None
-            await stream.write(openai.error_event(err.code, err.message))  # the status line is already sent
-            await stream.write_eof()
-            return stream
+            raise RequestTimeoutError(
+                f"the request did not finish within request_timeout_s={gw.request_timeout_s:g}", retry_after_s=None
+            ) from None
 
     async def relay_events(request: web.Request, resp: aiohttp.ClientResponse, pool: str,
                            sent: float) -> web.StreamResponse:
@@ -371,6 +423,7 @@ def build_gateway_app(
         return web.json_response({
             "endpoint": ep_name, "model": model, "version": __version__,
             "gateway": {"pending": dispatcher.pending, "in_flight": dispatcher.in_flight(),
+                        "grpc_port": request.app.get("grpc_port"),
                         "max_pending": gw.max_pending, "request_timeout_s": gw.request_timeout_s,
                         "service_rates": {p: round(r, 4) for p, r in dispatcher.service_rates().items()}},
             **status,
@@ -392,5 +445,6 @@ def build_gateway_app(
     app.router.add_post("/v2/repository/index", repository_index)
     app.router.add_post("/endpoints/{name}/invocations", endpoint_invocations)
     app.router.add_get("/admin/status", admin_status)
+    app["core"] = GatewayCore(endpoint, stats, call, account, dispatcher.arrived, key_ok, runtime.accepting)
     app.router.add_get("/admin/sd", admin_sd)
     return app

@@ -475,6 +475,18 @@ def _worker_deployment(endpoint: InferenceEndpoint, pool: Pool, options: RenderO
     }
 
 
+def _inference_grpc_port(endpoint: InferenceEndpoint, key: str) -> list[dict]:
+    """The gateway's KServe v2 / Triton gRPC port (``spec.gateway.grpc_port``) as a container
+    port (``key`` = containerPort) or a Service port (``key`` = port), or nothing when it is off."""
+    port = endpoint.spec.gateway.grpc_port
+    if port is None:
+        return []
+    out: dict[str, Any] = {"name": "infer-grpc", key: port, "protocol": "TCP"}
+    if key == "port":
+        out.update(targetPort="infer-grpc", appProtocol="grpc")
+    return [out]
+
+
 def _gateway_deployment(endpoint: InferenceEndpoint, options: RenderOptions, config_hash: str) -> dict:
     ep, ns = endpoint.metadata.name, options.namespace
     container = {
@@ -485,7 +497,8 @@ def _gateway_deployment(endpoint: InferenceEndpoint, options: RenderOptions, con
                     "--port", str(names.GATEWAY_PORT), "--scaler-port", str(names.SCALER_PORT)],
         "env": _common_env(endpoint),
         "ports": [{"name": "http", "containerPort": names.GATEWAY_PORT, "protocol": "TCP"},
-                  {"name": "grpc", "containerPort": names.SCALER_PORT, "protocol": "TCP"}],
+                  {"name": "grpc", "containerPort": names.SCALER_PORT, "protocol": "TCP"},
+                  *_inference_grpc_port(endpoint, "containerPort")],
         "readinessProbe": _http_probe("/v2/health/ready", "http", 5, 2),
         "livenessProbe": _http_probe("/v2/health/live", "http", 10, 3),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(options.prestop_sleep_s)]}}},
@@ -548,7 +561,8 @@ def _services(endpoint: InferenceEndpoint, options: RenderOptions) -> list[dict]
         "spec": {
             "type": "LoadBalancer",
             "selector": _selector(ep, "gateway"),
-            "ports": [{"name": "http", "port": names.GATEWAY_PORT, "targetPort": "http", "protocol": "TCP"}],
+            "ports": [{"name": "http", "port": names.GATEWAY_PORT, "targetPort": "http", "protocol": "TCP"},
+                      *_inference_grpc_port(endpoint, "port")],
         },
     })
     out.append({
@@ -667,13 +681,18 @@ def render_endpoint(endpoint: InferenceEndpoint, options: RenderOptions = Render
 
     Raises SpecError (with field paths) when the options are invalid (namespace, load balancer
     scheme, image), a pool's target does not match its accelerator's
-    compute capability, an object name would exceed 63 characters, or a ``file://`` source is
-    not on FSx or the FSx options are missing.
+    compute capability, an object name would exceed 63 characters, a ``file://`` source is
+    not on FSx or the FSx options are missing, or ``spec.gateway.grpc_port`` is 0 or taken.
     """
     _check_options(options)
     for i, pool in enumerate(endpoint.spec.pools):
         check_pool(i, pool)
     _check_names(endpoint)
+    grpc_port = endpoint.spec.gateway.grpc_port
+    if grpc_port in (0, names.GATEWAY_PORT, names.SCALER_PORT):
+        raise SpecError("the endpoint cannot be rendered for Kubernetes:", [(
+            "spec.gateway.grpc_port", f"{grpc_port} is {'not a fixed port' if grpc_port == 0 else 'taken'} in the "
+            f"gateway pod (HTTP {names.GATEWAY_PORT}, KEDA scaler {names.SCALER_PORT}); use e.g. 8001, Triton's")])
     mount = _model_mount(endpoint, options)
     cm = _config_map(endpoint, options, mount)
     config_hash = hashlib.sha256(json.dumps(cm["data"], sort_keys=True).encode()).hexdigest()[:16]

@@ -264,3 +264,37 @@ class InferenceStats:
             },
             "batch_stats": [],
         }]}
+
+
+# --- the same inference over gRPC (the gateway's gRPC front forwards it as HTTP) -----------
+
+
+def binary_infer_body(request_id: str, inputs: list[tuple[str, str, list[int], bytes]]) -> tuple[bytes, int]:
+    """An HTTP ``/infer`` body in the binary-tensor form: ``inputs`` are ``(name, datatype,
+    shape, elements)`` where ``elements`` are BYTES elements serialized as ``pack_bytes_elements``
+    does (the layout of gRPC's ``raw_input_contents``); TEXT is asked for as binary. Returns
+    (body, the JSON header's length for ``Inference-Header-Content-Length``). The receiver's
+    ``parse_infer`` validates it."""
+    head = {"id": request_id,
+            "inputs": [{"name": n, "datatype": d, "shape": list(s), "parameters": {"binary_data_size": len(raw)}}
+                       for n, d, s, raw in inputs],
+            "outputs": [{"name": OUTPUT_TEXT, "parameters": {"binary_data": True}}]}
+    js = json.dumps(head).encode()
+    return js + b"".join(raw for *_, raw in inputs), len(js)
+
+
+def parse_binary_infer_response(body: bytes, header_length: str | None) -> bytes:
+    """The serialized ``TEXT`` elements (``pack_bytes_elements`` layout) of an ``/infer``
+    response asked for as binary (``binary_infer_body``). Raises ValueError when the body is
+    not such a response."""
+    if header_length is None:
+        raise ValueError(f"the response has no {HEADER_LENGTH} header")
+    n = int(header_length)
+    head = json.loads(body[:n])
+    offset = n
+    for out in head.get("outputs") or []:
+        size = int((out.get("parameters") or {}).get("binary_data_size", 0))
+        if out.get("name") == OUTPUT_TEXT:
+            return body[offset:offset + size]
+        offset += size
+    raise ValueError(f"the response has no {OUTPUT_TEXT} output")

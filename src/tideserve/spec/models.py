@@ -289,6 +289,10 @@ class Autoscaling(_Strict):
 class GatewaySpec(_Strict):
     host: str = Field("127.0.0.1", description="Address to bind; 127.0.0.1 keeps the endpoint local.")
     port: int = Field(8080, ge=0, le=65535, description="0 picks a free port.")
+    grpc_port: int | None = Field(
+        None, ge=0, le=65535,
+        description="Port of the KServe v2 / Triton gRPC inference protocol (tritonclient.grpc; Triton's own "
+                    "default is 8001); None: no gRPC. 0 picks a free port (`tideserve status` shows it).")
     hold_timeout_s: float = Field(
         120, gt=0, description="Longest a request waits for a ready replica with free capacity."
     )

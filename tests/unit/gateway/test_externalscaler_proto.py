@@ -14,7 +14,8 @@ from tideserve.gateway import externalscaler_pb2
 from upstream import upstream_file
 
 ROOT = Path(__file__).resolve().parents[3]
-GENERATED = ("externalscaler_pb2.py", "externalscaler_pb2.pyi", "externalscaler_pb2_grpc.py")
+GENERATED = ("externalscaler_pb2.py", "externalscaler_pb2.pyi", "externalscaler_pb2_grpc.py",
+             "inference_pb2.py", "inference_pb2.pyi")
 
 
 def test_regenerating_gives_the_committed_files(tmp_path):

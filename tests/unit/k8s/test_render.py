@@ -273,3 +273,22 @@ def test_gpu_pools_default_to_the_cuda_build_of_the_image():
     objs = render_endpoint(load_endpoint(TWO_POOLS), RenderOptions(image="reg/ts:1.0"))
     assert by(objs, "Deployment", "whisper-gpu-a10g")["spec"]["template"]["spec"]["containers"][0]["image"] == "reg/ts:1.0-cuda"
     assert by(objs, "Deployment", "whisper-gpu-gateway")["spec"]["template"]["spec"]["containers"][0]["image"] == "reg/ts:1.0"
+
+
+def test_the_inference_grpc_port_is_exposed_by_the_gateway_and_its_load_balancer():
+    ep = load_endpoint(TWO_POOLS)
+    with_grpc = ep.model_copy(update={"spec": ep.spec.model_copy(update={
+        "gateway": ep.spec.gateway.model_copy(update={"grpc_port": 8001})})})
+    objs = {(o["kind"], o["metadata"]["name"]): o for o in render_endpoint(with_grpc, OPTIONS)}
+    lb = objs[("Service", "whisper-gpu-gateway")]["spec"]["ports"]
+    assert {"name": "infer-grpc", "port": 8001, "targetPort": "infer-grpc", "protocol": "TCP",
+            "appProtocol": "grpc"} in lb
+    pod = objs[("Deployment", "whisper-gpu-gateway")]["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "infer-grpc", "containerPort": 8001, "protocol": "TCP"} in pod["ports"]
+    without = {(o["kind"], o["metadata"]["name"]): o for o in render_endpoint(ep, OPTIONS)}
+    assert [p["name"] for p in without[("Service", "whisper-gpu-gateway")]["spec"]["ports"]] == ["http"]
+    for bad in (0, 8080, 9090):
+        taken = ep.model_copy(update={"spec": ep.spec.model_copy(update={
+            "gateway": ep.spec.gateway.model_copy(update={"grpc_port": bad})})})
+        with pytest.raises(SpecError, match=r"spec\.gateway\.grpc_port"):
+            render_endpoint(taken, OPTIONS)

