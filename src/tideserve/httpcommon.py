@@ -17,6 +17,8 @@ from aiohttp import web
 
 from tideserve.errors import PayloadTooLargeError, TideserveError
 from tideserve.logs import request_id_var
+from tideserve import __version__
+from tideserve.protocol import openapi
 from tideserve.protocol.errors import api_family, error_response_parts
 
 REQUEST_ID = "X-Request-Id"
@@ -100,6 +102,25 @@ class ApiHandlers:
     metrics: Handler
 
 
+async def openapi_json(request: web.Request) -> web.Response:
+    """``GET /openapi.json``: the OpenAPI document of every route this server registered
+    (``protocol.openapi``; built once, at the first request, when every route is in)."""
+    doc = request.app.get(_OPENAPI)
+    if doc is None:
+        routes = [(r.method, r.resource.canonical) for r in request.app.router.routes() if r.resource is not None]
+        doc = openapi.document(routes, request.app.get(OPENAPI_TITLE, "tideserve"), __version__,
+                               request.app.get(OPENAPI_PATH_VALUES, {}))
+        request.app[_OPENAPI] = doc
+    return web.json_response(doc)
+
+
+#: ``app[OPENAPI_TITLE]``: the document's title (gateway or worker); ``app[OPENAPI_PATH_VALUES]``:
+#: the values each path parameter can take on this server (the served model's name, ...).
+OPENAPI_TITLE = "openapi_title"
+OPENAPI_PATH_VALUES = "openapi_path_values"
+_OPENAPI = "openapi_document"
+
+
 def add_api_routes(router: web.UrlDispatcher, h: ApiHandlers) -> None:
     """Register the shared API (DESIGN.md, "Interfaces users meet") on ``router``: SageMaker
     style, KServe v2 (with and without a version segment), OpenAI style and /metrics."""
@@ -113,6 +134,7 @@ def add_api_routes(router: web.UrlDispatcher, h: ApiHandlers) -> None:
         router.add_get(prefix + "/ready", h.model_ready)
         router.add_post(prefix + "/infer", h.infer)
     router.add_post("/v1/audio/transcriptions", h.transcriptions)
+    router.add_get("/openapi.json", openapi_json)
     router.add_get("/v1/models", h.models)
     router.add_get("/v1/models/{model}", h.models)
     router.add_get("/metrics", h.metrics)

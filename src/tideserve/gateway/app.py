@@ -38,7 +38,15 @@ from tideserve.gateway.dispatch import Dispatcher, estimate_audio_s
 from tideserve.replicas import ReplicaSource
 from tideserve.gateway.metrics import GatewayMetrics
 from tideserve.httpguard import read_body
-from tideserve.httpcommon import REQUEST_ID, ApiHandlers, add_api_routes, error_response, request_id_and_errors
+from tideserve.httpcommon import (
+    OPENAPI_PATH_VALUES,
+    OPENAPI_TITLE,
+    REQUEST_ID,
+    ApiHandlers,
+    add_api_routes,
+    error_response,
+    request_id_and_errors,
+)
 from tideserve.protocol import kserve, openai, sagemaker
 from tideserve.protocol.errors import api_family
 from tideserve.protocol.internal import COMPUTE_HEADER, TOKEN_HEADER
@@ -48,7 +56,7 @@ log = logging.getLogger("tideserve.gateway")
 MAX_ATTEMPTS = 3
 _FORWARD_REQUEST_HEADERS = ("Content-Type", kserve.HEADER_LENGTH, "Accept")
 _FORWARD_RESPONSE_HEADERS = ("Content-Type", kserve.HEADER_LENGTH, "Retry-After")
-OPEN_PATHS = frozenset({"/ping", "/v2/health/live", "/v2/health/ready"})
+OPEN_PATHS = frozenset({"/ping", "/v2/health/live", "/v2/health/ready", "/openapi.json"})
 
 
 def _is_inference_path(path: str) -> bool:
@@ -189,6 +197,8 @@ def build_gateway_app(
         return wrapped
 
     app = web.Application(client_max_size=gw.max_body_bytes, middlewares=[request_id_and_errors, auth, read_unused_body, count])
+    app[OPENAPI_TITLE] = f"tideserve gateway of endpoint {ep_name} (model {model})"
+    app[OPENAPI_PATH_VALUES] = {"name": [model], "model": [model], "version": ["1"], "endpoint": [ep_name]}
 
     async def on_startup(app: web.Application) -> None:
         app["session"] = aiohttp.ClientSession(
@@ -343,7 +353,7 @@ def build_gateway_app(
     @inference
     async def endpoint_invocations(request: web.Request) -> web.StreamResponse:
         # The SageMaker runtime API (boto3 invoke_endpoint with endpoint_url = this gateway).
-        name = request.match_info["name"]
+        name = request.match_info["endpoint"]
         if name != ep_name:
             raise UnknownModelError(f"endpoint '{name}' is not served here; this gateway serves endpoint "
                                     f"'{ep_name}': POST /endpoints/{ep_name}/invocations")
@@ -443,7 +453,7 @@ def build_gateway_app(
         app.router.add_get(prefix + "/stats", model_stats)
     app.router.add_get("/v2/models/stats", model_stats)
     app.router.add_post("/v2/repository/index", repository_index)
-    app.router.add_post("/endpoints/{name}/invocations", endpoint_invocations)
+    app.router.add_post("/endpoints/{endpoint}/invocations", endpoint_invocations)
     app.router.add_get("/admin/status", admin_status)
     app["core"] = GatewayCore(endpoint, stats, call, account, dispatcher.arrived, key_ok, runtime.accepting)
     app.router.add_get("/admin/sd", admin_sd)

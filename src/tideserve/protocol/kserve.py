@@ -17,6 +17,7 @@ import struct
 from dataclasses import dataclass
 
 from tideserve.errors import BadInputError
+from tideserve.protocol import schemas
 from tideserve.protocol.sagemaker import decode_base64, loads_json
 from tideserve.protocol.text import require_text
 from tideserve.protocol.types import TranscriptionRequest, TranscriptionResult
@@ -89,6 +90,7 @@ def parse_infer(body: bytes, header_length: str | None) -> InferRequest:
     data = loads_json(head, "inference request header")
     if not isinstance(data, dict) or not isinstance(data.get("inputs"), list):
         raise BadInputError("inference request must be a JSON object with an 'inputs' list")
+    schemas.validate(schemas.InferRequest, data, "the inference request")  # structure; meaning below
     if not isinstance(data.get("parameters") or {}, dict):
         raise BadInputError("'parameters' of the inference request must be an object")
     if not isinstance(data.get("outputs") or [], list):

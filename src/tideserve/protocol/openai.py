@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 from tideserve.errors import BadInputError, UnknownModelError
+from tideserve.protocol import schemas
 from tideserve.protocol.text import require_text
 from tideserve.protocol.types import TranscriptionRequest, TranscriptionResult
 
@@ -41,6 +42,9 @@ def parse_form(fields: dict[str, str], file_bytes: bytes | None, served_model: s
         require_text(value, f"form field {key}")
     if file_bytes is None:
         raise BadInputError("missing form field 'file': attach the audio file (multipart/form-data)")
+    if not fields.get("model"):
+        raise BadInputError(f"missing form field 'model'; this endpoint serves '{served_model}'")
+    schemas.validate(schemas.TranscriptionForm, {**fields, "file": file_bytes}, "the form")  # structure
     model = fields.get("model")
     if not model:
         raise BadInputError(f"missing form field 'model'; this endpoint serves '{served_model}'")

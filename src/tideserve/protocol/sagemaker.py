@@ -12,6 +12,7 @@ import binascii
 import json
 
 from tideserve.errors import BadInputError
+from tideserve.protocol.schemas import InvocationRequest, validate
 from tideserve.protocol.text import require_text
 from tideserve.protocol.types import TranscriptionRequest, TranscriptionResult
 
@@ -36,17 +37,10 @@ def parse_invocation(body: bytes, content_type: str | None = None) -> Transcript
     data = loads_json(body, "request body")
     if not isinstance(data, dict):
         raise BadInputError(f"request body must be a JSON object, got {type(data).__name__}")
-    if "audio_data" not in data:
-        raise BadInputError("missing field 'audio_data': put the base64-encoded audio file there")
-    audio_b64 = data["audio_data"]
-    if not isinstance(audio_b64, str):
-        raise BadInputError(f"'audio_data' must be a base64 string, got {type(audio_b64).__name__}")
-    prompt = data.get("whisper_prompt")
-    if prompt is not None and not isinstance(prompt, str):
-        raise BadInputError(f"'whisper_prompt' must be a string, got {type(prompt).__name__}")
-    if prompt is not None:
-        require_text(prompt, "whisper_prompt")
-    return TranscriptionRequest(audio=decode_base64(audio_b64, "audio_data"), prompt=prompt or None)
+    req = validate(InvocationRequest, data, "the request body")
+    if req.whisper_prompt is not None:
+        require_text(req.whisper_prompt, "whisper_prompt")
+    return TranscriptionRequest(audio=decode_base64(req.audio_data, "audio_data"), prompt=req.whisper_prompt or None)
 
 
 def loads_json(body: bytes, what: str):

@@ -31,7 +31,7 @@ from tideserve.errors import (
     UnauthorizedError,
     UnknownModelError,
 )
-from tideserve.httpcommon import REQUEST_ID, ApiHandlers, add_api_routes, request_id_and_errors
+from tideserve.httpcommon import OPENAPI_PATH_VALUES, OPENAPI_TITLE, REQUEST_ID, ApiHandlers, add_api_routes, request_id_and_errors
 from tideserve.metrics.gpu import GpuMetrics
 from tideserve.metrics.triton import TritonMetrics
 from tideserve.protocol import TranscriptionRequest, TranscriptionResult, kserve, openai, sagemaker
@@ -183,6 +183,8 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
 
     app = web.Application(client_max_size=max_body_bytes,
                           middlewares=[request_id_and_errors, internal_token, compute_header])
+    app[OPENAPI_TITLE] = f"tideserve worker (model {service.model_name}; only its gateway may call it)"
+    app[OPENAPI_PATH_VALUES] = {"name": [service.model_name], "model": [service.model_name], "version": ["1"]}
     name = service.model_name
     st = service.state
 

@@ -30,9 +30,9 @@ def test_invocation_empty_prompt_is_no_prompt_and_urlsafe_base64_works():
     (b"{nope", "not valid JSON"),
     (b"[1]", "must be a JSON object"),
     (b'{"x": 1}', "missing field 'audio_data'"),
-    (b'{"audio_data": 5}', "must be a base64 string"),
+    (b'{"audio_data": 5}', "'audio_data' in the request body is wrong: input should be a valid string"),
     (b'{"audio_data": "@@@@"}', "not valid base64"),
-    (b'{"audio_data": "AAAA", "whisper_prompt": 3}', "'whisper_prompt' must be a string"),
+    (b'{"audio_data": "AAAA", "whisper_prompt": 3}', "'whisper_prompt' in the request body is wrong"),
 ])
 def test_invocation_errors(body, words):
     with pytest.raises(BadInputError, match=words):
@@ -125,9 +125,9 @@ def test_openai_form():
     ({"model": "m"}, None, BadInputError, "'file'"),
     ({}, b"x", BadInputError, "'model'"),
     ({"model": "other"}, b"x", UnknownModelError, "'other' is not served"),
-    ({"model": "m", "response_format": "xml"}, b"x", BadInputError, "response_format 'xml'"),
+    ({"model": "m", "response_format": "xml"}, b"x", BadInputError, "'response_format' in the form is wrong: input should be 'json'"),
     ({"model": "m", "temperature": "0.7"}, b"x", BadInputError, "temperature 0"),
-    ({"model": "m", "temperature": "hot"}, b"x", BadInputError, "must be a number"),
+    ({"model": "m", "temperature": "hot"}, b"x", BadInputError, "'temperature' in the form is wrong: input should be a valid number"),
     ({"model": "m", "language": "english!"}, b"x", BadInputError, "ISO-639-1"),
 ])
 def test_openai_form_errors(fields, file, exc, words):
@@ -181,12 +181,13 @@ def test_pathological_json_is_bad_input(body):
 
 @pytest.mark.parametrize("doc,words", [
     ({"inputs": [{"name": "AUDIO", "datatype": "BYTES", "shape": [1], "parameters": [1], "data": ["AAAA"]}]},
-     "must be an object"),
-    ({"inputs": [], "parameters": "x"}, "'parameters' of the inference request"),
-    ({"inputs": [], "outputs": 5}, "'outputs' of the inference request must be a list"),
+     "'inputs.0.parameters' in the inference request is wrong: input should be a valid dictionary"),
+    ({"inputs": [], "parameters": "x"}, "'parameters' in the inference request is wrong"),
+    ({"inputs": [], "outputs": 5}, "'outputs' in the inference request is wrong: input should be a valid list"),
     ({"inputs": [{"name": "AUDIO", "datatype": "BYTES", "shape": [1], "data": ["AAAA"]}],
-      "outputs": [{"name": "TEXT", "parameters": ["binary_data"]}]}, "'parameters' of output"),
-    ({"inputs": [{"name": "AUDIO", "datatype": "BYTES", "shape": [1], "data": ["AAAA"]}], "outputs": [5]}, "each entry of 'outputs'"),
+      "outputs": [{"name": "TEXT", "parameters": ["binary_data"]}]}, "'outputs.0.parameters' in the inference request"),
+    ({"inputs": [{"name": "AUDIO", "datatype": "BYTES", "shape": [1], "data": ["AAAA"]}], "outputs": [5]}, "'outputs.0' in"),
+    ({"inputs": [{"name": "AUDIO", "datatype": "BYTES", "data": ["AAAA"]}]}, "missing field 'inputs.0.shape'"),
 ])
 def test_kserve_wrong_types_are_bad_input(doc, words):
     with pytest.raises(BadInputError, match=words):
@@ -288,6 +289,8 @@ def test_stream_field_and_deltas_in_audio_order():
     assert openai.wants_stream({}) is False and openai.wants_stream({"stream": "true"}) is True
     with pytest.raises(BadInputError, match="stream must be true or false"):
         openai.wants_stream({"stream": "yes please"})
+    with pytest.raises(BadInputError, match="'stream' in the form is wrong: input should be a valid boolean"):
+        openai.parse_form({"model": "m", "stream": "yes please"}, b"x", "m")
     with pytest.raises(BadInputError, match="use response_format json or text"):
         openai.wants_stream({"stream": "true", "response_format": "vtt"})
     order = openai.DeltaOrder()

@@ -1,0 +1,126 @@
+"""The shapes of the APIs' JSON and form bodies, as pydantic models: the parsers validate
+requests with them (``validate``) and ``protocol.openapi`` publishes their JSON Schemas, so the
+document served at ``/openapi.json`` and what the servers accept come from one definition.
+
+Only structure lives here (fields, types, enumerations); what a schema cannot say (that a
+base64 string decodes to audio, that text has no lone surrogate, tensor names and counts) is
+checked by the parsers after validation.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from tideserve.errors import BadInputError
+
+RESPONSE_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
+
+
+class _Body(BaseModel):
+    # Unknown keys are ignored, as the parsers always did; no coercion between JSON types.
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+# --- SageMaker style -------------------------------------------------------------------------
+class InvocationRequest(_Body):
+    """``POST /invocations`` (and ``/endpoints/{endpoint}/invocations``) as JSON."""
+
+    audio_data: str = Field(description="the base64-encoded audio file (WAV, FLAC, MP3, OGG, ...)")
+    whisper_prompt: str | None = Field(None, description="Whisper's initial prompt (text)")
+
+
+class InvocationResponse(_Body):
+    code: Literal[0] = 0
+    message: str = "Success"
+    transcribe_text: str
+
+
+# --- KServe v2 -------------------------------------------------------------------------------
+class InferInputTensor(_Body):
+    name: str = Field(description="AUDIO (the encoded audio file) or PROMPT (text)")
+    datatype: str = Field(description="BYTES")
+    shape: list[int] = Field(description="[1]")
+    parameters: dict[str, Any] | None = Field(None, description="binary_data_size with the binary tensor extension")
+    data: list[Any] | None = Field(None, description="the elements in JSON form; for AUDIO a base64 string")
+
+
+class InferRequestedOutput(_Body):
+    name: str = Field(description="TEXT")
+    parameters: dict[str, Any] | None = Field(None, description="binary_data: true for a binary answer")
+
+
+class InferRequest(_Body):
+    """``POST /v2/models/{name}/infer`` (the JSON header, when the binary extension is used)."""
+
+    id: str | None = None
+    parameters: dict[str, Any] | None = None
+    inputs: list[InferInputTensor]
+    outputs: list[InferRequestedOutput] | None = None
+
+
+class InferOutputTensor(_Body):
+    name: str
+    datatype: str
+    shape: list[int]
+    data: list[Any] | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class InferResponse(_Body):
+    model_name: str
+    model_version: str | None = None
+    id: str | None = None
+    outputs: list[InferOutputTensor]
+
+
+class RepositoryIndexRequest(_Body):
+    ready: bool = Field(False, description="list only models that are ready")
+
+
+# --- OpenAI style ----------------------------------------------------------------------------
+class TranscriptionForm(_Body):
+    """``POST /v1/audio/transcriptions`` (multipart/form-data): every field but ``file`` is text."""
+
+    model_config = ConfigDict(extra="allow", strict=False)
+    file: bytes = Field(description="the audio file", json_schema_extra={"format": "binary"})
+    model: str = Field(description="the served model's name")
+    prompt: str | None = None
+    language: str | None = Field(None, description="ISO-639-1 code, e.g. en")
+    response_format: Literal["json", "text", "verbose_json", "srt", "vtt"] = "json"
+    temperature: float | None = Field(None, description="only 0 (deterministic decoding)")
+    stream: bool | None = Field(None, description="server-sent events: transcript.text.delta, then .done")
+
+
+class TranscriptionJson(_Body):
+    text: str
+
+
+class ErrorBody(_Body):
+    """Every error answer (README, "Errors"). ``code``: the stable error code, or on the
+    SageMaker style routes the HTTP status (an integer, as their success answer's 0)."""
+
+    model_config = ConfigDict(extra="allow", strict=False)
+    code: str | int
+    message: str
+    request_id: str | None = None
+    error: str | dict[str, Any] | None = None
+
+
+def validate(model: type[BaseModel], data: Any, what: str) -> Any:
+    """``data`` (parsed JSON, or form fields) validated as ``model``; returns the model
+    instance. Raises BadInputError naming the first wrong field of ``what`` and what it
+    must be (its description when it has one)."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        field = model.model_fields.get(str(err["loc"][0])) if err["loc"] else None
+        hint = f": {field.description}" if field is not None and field.description else ""
+        if err["type"] == "missing":
+            raise BadInputError(f"missing field '{where}' in {what}{hint}") from None
+        got = type(err.get("input")).__name__
+        msg = err["msg"][:1].lower() + err["msg"][1:]
+        raise BadInputError(f"'{where}' in {what} is wrong: {msg} (got {got}){hint}") from None
