@@ -127,6 +127,26 @@ def _too_many_connections(limit: int) -> bytes:
             b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
 
 
+class ClientProtocolErrorFilter(logging.Filter):
+    """On aiohttp's server logger: a request that is not HTTP/1 at all (a client error, such as
+    the HTTP/2 preface of a gRPC client sent to the HTTP port) becomes one WARNING line naming
+    the problem, not an ERROR with a traceback. Other records pass unchanged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            text = f"{exc.message} {getattr(exc, 'headers', '') or ''}"
+            hint = ("an HTTP/2 (gRPC) client on the HTTP port; Triton's gRPC protocol is on "
+                    "spec.gateway.grpc_port") if "PRI" in text else "not a valid HTTP/1 request"
+            record.msg, record.args = "refused a bad request (%s): %s", (hint, str(exc).strip()[:200])
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+_PROTOCOL_FILTER = ClientProtocolErrorFilter()
+
+
 class GuardedAppRunner(web.AppRunner):
     """An ``AppRunner`` with :class:`ConnectionGuard` on its server and aiohttp's
     ``keepalive_timeout`` set to ``idle_timeout_s``. After ``setup()``, ``guard`` is the guard.
@@ -138,6 +158,9 @@ class GuardedAppRunner(web.AppRunner):
         if idle_timeout_s <= 0:
             raise ValueError(f"idle_timeout_s must be > 0, got {idle_timeout_s}")
         super().__init__(app, keepalive_timeout=idle_timeout_s, **kwargs)
+        server_log = logging.getLogger("aiohttp.server")
+        if _PROTOCOL_FILTER not in server_log.filters:
+            server_log.addFilter(_PROTOCOL_FILTER)
         self._header_timeout_s = header_timeout_s
         self._max_per_client = max_connections_per_client
         self.guard: ConnectionGuard | None = None

@@ -4,6 +4,7 @@ Real loopback sockets against a GuardedAppRunner (asyncio.run, no plugin)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import pytest
@@ -177,3 +178,23 @@ def test_a_body_not_valid_for_its_content_encoding_is_400(encoding):
             await runner.cleanup()
 
     asyncio.run(main())
+
+
+def test_an_http2_preface_is_one_warning_line_not_a_traceback(caplog):
+    async def main():
+        runner, port = await _serve()
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+            head = await asyncio.wait_for(reader.read(200), 5)
+            writer.close()
+            return head
+        finally:
+            await runner.cleanup()
+
+    with caplog.at_level(logging.INFO, logger="aiohttp.server"):
+        head = asyncio.run(main())
+    assert head.startswith(b"HTTP/1.0 400")
+    records = [r for r in caplog.records if r.name == "aiohttp.server"]
+    assert len(records) == 1 and records[0].levelno == logging.WARNING and records[0].exc_info is None
+    assert "spec.gateway.grpc_port" in records[0].getMessage()
