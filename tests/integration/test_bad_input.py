@@ -91,9 +91,9 @@ def test_unknown_model_kserve(endpoint, en_clips, served_after):
 
 def test_unknown_model_openai(endpoint, en_clips, served_after):
     with endpoint.client() as c:
-        r = c.post("/v1/audio/transcriptions", data={"model": "whisper-1"},
+        r = c.post("/v1/audio/transcriptions", data={"model": "whisper-large-v9"},
                    files={"file": ("a.wav", en_clips[0].wav, "audio/wav")})
-    body = _error(r, 404, "unknown_model", "whisper-1")
+    body = _error(r, 404, "unknown_model", "whisper-large-v9")
     assert body["error"]["code"] == "unknown_model"  # the openai client reads error.message
 
 

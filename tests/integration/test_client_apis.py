@@ -77,13 +77,19 @@ def test_sagemaker_runtime_invoke_endpoint_raw_audio_and_json(endpoint, en_clips
     assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 400
 
 
-def test_openai_models_retrieve(endpoint):
-    client = openai.OpenAI(base_url=endpoint.url + "/v1", api_key="unused", max_retries=0, timeout=30)
+def test_openai_models_retrieve_and_the_whisper_1_alias(endpoint, en_clips):
+    client = openai.OpenAI(base_url=endpoint.url + "/v1", api_key="unused", max_retries=0, timeout=120)
     model = client.models.retrieve(MODEL)
     assert model.id == MODEL and model.object == "model" and model.owned_by == "tideserve"
-    assert [m.id for m in client.models.list()] == [MODEL]
+    assert [m.id for m in client.models.list()] == [MODEL, "whisper-1"]  # the example's alias
+    assert client.models.retrieve("whisper-1").id == "whisper-1"
+    clip = en_clips[0]
+    text = client.audio.transcriptions.create(model="whisper-1", file=("a.wav", io.BytesIO(clip.wav))).text
+    assert wer(clip.reference, text) <= MAX_WER  # OpenAI code that names whisper-1 runs unmodified
+    meta = triton.InferenceServerClient(url=f"127.0.0.1:{endpoint.port}").get_model_metadata("whisper-1")
+    assert meta["name"] == MODEL  # the alias reaches the model on KServe too
     with pytest.raises(openai.NotFoundError):
-        client.models.retrieve("whisper-1")
+        client.models.retrieve("whisper-2")
 
 
 def test_openai_streaming_sends_a_delta_per_window_then_the_whole_text(endpoint, long_clip):

@@ -36,7 +36,7 @@ def test_the_gateway_document_lists_every_route_with_the_parsers_schemas(endpoin
     assert doc["openapi"] == "3.1.0" and doc["info"]["title"].startswith("tideserve gateway")
     assert _operations(doc) == _gateway_routes()
     infer = doc["paths"]["/v2/models/{name}/infer"]["post"]
-    assert infer["parameters"][0]["schema"]["enum"] == [MODEL]
+    assert infer["parameters"][0]["schema"]["enum"] == [MODEL, "whisper-1"]  # the model and its alias
     assert infer["requestBody"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/InferRequest"}
     components = doc["components"]["schemas"]
     assert components["InvocationRequest"] == schemas.InvocationRequest.model_json_schema(

@@ -198,7 +198,8 @@ def build_gateway_app(
 
     app = web.Application(client_max_size=gw.max_body_bytes, middlewares=[request_id_and_errors, auth, read_unused_body, count])
     app[OPENAPI_TITLE] = f"tideserve gateway of endpoint {ep_name} (model {model})"
-    app[OPENAPI_PATH_VALUES] = {"name": [model], "model": [model], "version": ["1"], "endpoint": [ep_name]}
+    names = [model, *spec.model.aliases]
+    app[OPENAPI_PATH_VALUES] = {"name": names, "model": names, "version": ["1"], "endpoint": [ep_name]}
 
     async def on_startup(app: web.Application) -> None:
         app["session"] = aiohttp.ClientSession(
@@ -330,7 +331,7 @@ def build_gateway_app(
         return out
 
     def check_model(name: str) -> None:
-        if name != model:
+        if not spec.model.serves(name):
             raise UnknownModelError(f"model '{name}' is not served here; this endpoint serves '{model}'")
 
     def any_ready() -> bool:
@@ -408,7 +409,7 @@ def build_gateway_app(
         return web.json_response(kserve.repository_index(model, runtime.accepting(), ready_only))
 
     async def models(request: web.Request) -> web.Response:
-        return web.json_response(openai.models_response(model, request.match_info.get("model")))
+        return web.json_response(openai.models_response(model, request.match_info.get("model"), spec.model.aliases))
 
     # --- operations -------------------------------------------------------------------------
     async def metrics_h(request: web.Request) -> web.Response:

@@ -76,7 +76,7 @@ class InferenceService:
         self.model = core.endpoint.spec.model.name
 
     def _check_model(self, name: str) -> None:
-        if name != self.model:
+        if not self.core.endpoint.spec.model.serves(name):
             raise UnknownModelError(f"model '{name}' is not served here; this endpoint serves '{self.model}'")
 
     # --- health and metadata ------------------------------------------------------------------
@@ -87,7 +87,7 @@ class InferenceService:
         return pb.ServerReadyResponse(ready=self.core.accepting())
 
     async def ModelReady(self, req: Any, ctx: dict) -> Any:
-        return pb.ModelReadyResponse(ready=req.name == self.model and self.core.accepting())
+        return pb.ModelReadyResponse(ready=self.core.endpoint.spec.model.serves(req.name) and self.core.accepting())
 
     async def ServerMetadata(self, req: Any, ctx: dict) -> Any:
         meta = kserve.server_metadata(__version__)

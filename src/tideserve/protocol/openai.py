@@ -9,6 +9,7 @@ Formats follow the OpenAI API reference (audio/createTranscription).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 from tideserve.errors import BadInputError, UnknownModelError
 from tideserve.protocol import schemas
@@ -24,17 +25,19 @@ def model_object(served_model: str) -> dict:
     return {"id": served_model, "object": "model", "created": 0, "owned_by": "tideserve"}
 
 
-def models_response(served_model: str, model_id: str | None) -> dict:
-    """``GET /v1/models`` (``model_id`` None: the list) or ``GET /v1/models/{model_id}``.
-    Raises UnknownModelError (404) for a model this endpoint does not serve."""
+def models_response(served_model: str, model_id: str | None, aliases: Sequence[str] = ()) -> dict:
+    """``GET /v1/models`` (``model_id`` None: the list, the model then its ``aliases``) or
+    ``GET /v1/models/{model_id}`` (the model or an alias). Raises UnknownModelError (404) for a
+    model this endpoint does not serve."""
     if model_id is None:
-        return {"object": "list", "data": [model_object(served_model)]}
-    if model_id != served_model:
+        return {"object": "list", "data": [model_object(m) for m in (served_model, *aliases)]}
+    if model_id != served_model and model_id not in aliases:
         raise UnknownModelError(f"model '{model_id}' is not served here; this endpoint serves '{served_model}'")
-    return model_object(served_model)
+    return model_object(model_id)
 
 
-def parse_form(fields: dict[str, str], file_bytes: bytes | None, served_model: str) -> tuple[TranscriptionRequest, str]:
+def parse_form(fields: dict[str, str], file_bytes: bytes | None, served_model: str,
+               aliases: Sequence[str] = ()) -> tuple[TranscriptionRequest, str]:
     """(request, response_format) from the form. Raises BadInputError / UnknownModelError;
     every text field must be valid text (no lone surrogates, which a part's charset such as
     ``unicode_escape`` can produce)."""
@@ -48,7 +51,7 @@ def parse_form(fields: dict[str, str], file_bytes: bytes | None, served_model: s
     model = fields.get("model")
     if not model:
         raise BadInputError(f"missing form field 'model'; this endpoint serves '{served_model}'")
-    if model != served_model:
+    if model != served_model and model not in aliases:
         raise UnknownModelError(f"model '{model}' is not served here; use '{served_model}'")
     fmt = fields.get("response_format") or "json"
     if fmt not in RESPONSE_FORMATS:

@@ -7,9 +7,9 @@ unknown fields so that a typo fails at load time instead of being silently ignor
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 #: Compute capability of each GPU model a pool may name (NVIDIA's CUDA GPUs table, developer.nvidia.com/cuda-gpus).
 GPU_COMPUTE_CAPABILITY: dict[str, str] = {
@@ -153,6 +153,10 @@ class ModelSpec(_Strict):
         description="The name clients use: /v2/models/{name}, the OpenAI 'model' field.",
         pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
     )
+    aliases: list[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]] = Field(
+        default_factory=list, max_length=16,
+        description="Other names clients may use for the model on every API (e.g. whisper-1, so that OpenAI "
+                    "code runs unmodified); GET /v1/models lists them.")
     task: Literal["transcription"] = "transcription"
     backend: Literal["faster-whisper", "torch"] = Field(
         "faster-whisper",
@@ -163,6 +167,19 @@ class ModelSpec(_Strict):
         description="pkg://<import package>/<subpath>, file:///path, s3://bucket/prefix or hf://org/name@revision."
     )
     decoding: Decoding = Field(default_factory=Decoding)
+
+    @model_validator(mode="after")
+    def _distinct_aliases(self) -> ModelSpec:
+        seen = {self.name}
+        for alias in self.aliases:
+            if alias in seen:
+                raise ValueError(f"alias '{alias}' repeats the model's name or another alias; list each name once")
+            seen.add(alias)
+        return self
+
+    def serves(self, name: str) -> bool:
+        """Whether ``name`` is the model's name or one of its aliases."""
+        return name == self.name or name in self.aliases
 
     @field_validator("source")
     @classmethod

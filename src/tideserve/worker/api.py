@@ -83,8 +83,10 @@ class WorkerService:
 
     def __init__(self, model_name: str, prep: PrepPool, engine: EngineClient, metrics: TritonMetrics,
                  max_audio_s: float | None = None, max_prompt_chars: int | None = None,
-                 languages: frozenset[str] = frozenset(), max_audio_s_in_flight: float | None = None) -> None:
+                 languages: frozenset[str] = frozenset(), max_audio_s_in_flight: float | None = None,
+                 aliases: tuple[str, ...] = ()) -> None:
         self.model_name = model_name
+        self.aliases = aliases
         self.max_audio_s = max_audio_s
         cap = max_audio_s_in_flight or (2 * max_audio_s if max_audio_s else None)
         self.budget = AudioBudget(cap) if cap else None
@@ -184,7 +186,8 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
     app = web.Application(client_max_size=max_body_bytes,
                           middlewares=[request_id_and_errors, internal_token, compute_header])
     app[OPENAPI_TITLE] = f"tideserve worker (model {service.model_name}; only its gateway may call it)"
-    app[OPENAPI_PATH_VALUES] = {"name": [service.model_name], "model": [service.model_name], "version": ["1"]}
+    names = [service.model_name, *service.aliases]
+    app[OPENAPI_PATH_VALUES] = {"name": names, "model": names, "version": ["1"]}
     name = service.model_name
     st = service.state
 
@@ -192,7 +195,7 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
         return st.ready and not st.draining and not service.engine.dead
 
     def check_model(model: str) -> None:
-        if model != name:
+        if model != name and model not in service.aliases:
             raise UnknownModelError(f"model '{model}' is not served here; this endpoint serves '{name}'")
 
     def check_accepting() -> None:
@@ -302,7 +305,7 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
                     file_bytes = value.file.read()
             else:
                 fields[key] = str(value)
-        req, fmt = openai.parse_form(fields, file_bytes, name)
+        req, fmt = openai.parse_form(fields, file_bytes, name, service.aliases)
         if openai.wants_stream(fields):
             return await stream_transcription(request, req)
         _, result = await run(request, prepare_audio, req, service.max_audio_s)
@@ -361,7 +364,7 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
                 job.cancel()
 
     async def models(request: web.Request) -> web.Response:
-        return web.json_response(openai.models_response(name, request.match_info.get("model")))
+        return web.json_response(openai.models_response(name, request.match_info.get("model"), service.aliases))
 
     # --- operations ----------------------------------------------------------------------
     gpus = GpuMetrics()
