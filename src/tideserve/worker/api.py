@@ -129,7 +129,7 @@ class WorkerService:
         try:
             on_segment = None if on_text is None else (
                 lambda i, chain: on_text(i, " ".join(r.text for r in chain if r.text)))
-            results, compute_s = await self.engine.transcribe(prepared.segments(), options, on_segment)
+            results, compute_s = await self.engine.transcribe(prepared.segments(), options, on_segment=on_segment)
         finally:
             self.metrics.add("tideserve_worker_requests_in_batcher", -1)
         if usage is not None:
