@@ -122,8 +122,7 @@ async def run_endpoint(
     cli_opts = f" --url {url}"
     if ctx:
         cli_opts += f" --cacert {cfg.tls_cert_file}"
-    if cfg.all_api_keys():
-        cli_opts += "  (with $TIDESERVE_API_KEY set)"
+    key_note = " (with $TIDESERVE_API_KEY set)" if cfg.all_api_keys() else ""
     mins = sum(p.replicas.min for p in endpoint.spec.pools)
     replicas_note = ("replicas start in the background" if mins else
                      "no replica runs until the first request, which is held while one starts")
@@ -134,10 +133,11 @@ async def run_endpoint(
     cacert = f" --cacert {cfg.tls_cert_file}" if ctx else ""
     print(
         f"tideserve: endpoint '{endpoint.metadata.name}' serves model '{endpoint.spec.model.name}' at {url}\n"
-        f"  {replicas_note}; `tideserve status{cli_opts}` shows them.\n"
+        f"  {replicas_note}; `tideserve status{cli_opts}`{key_note} shows them.\n"
         f"  try:  (printf '{{\"audio_data\": \"'; base64 -w0 clip.wav; printf '\"}}') | "
         f"curl{cacert} -X POST {url}/invocations{auth} -H 'Content-Type: application/json' --data-binary @-\n"
-        f"  or:   tideserve invoke {endpoint_file} clip.wav{cli_opts}\n"
+        f"  or:   tideserve invoke {endpoint_file} clip.wav{cli_opts}{key_note}\n"
+        + (f"  gRPC (KServe v2 / Triton): {gw.host}:{app['grpc_port']}\n" if app.get("grpc_port") else "") +
         "  Ctrl-C stops the endpoint and every replica.",
         file=sys.stderr, flush=True,
     )

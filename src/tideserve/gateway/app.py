@@ -165,7 +165,7 @@ def build_gateway_app(
         total_s = time.monotonic() - started
         if status == 200:
             stats.success(total_s, ctx.get("hold_ms", 0.0) / 1000, ctx.get("compute_s"), time.time())
-        else:
+        elif status != 404:  # a 404 named another model (or no route): not an inference of this one
             stats.failure(total_s)
         metrics.requests.labels(ep_name, ctx.get("pool", "none"), api, str(status)).inc()
         metrics.latency.labels(ep_name, api).observe(total_s)

@@ -199,7 +199,7 @@ def model_config(name: str, backend: str, max_batch_size: int, max_queue_delay_m
     ``(name, accelerator, max replicas)``: one ``instance_group`` each (KIND_CPU for cpu)."""
     tensor = {"data_type": "TYPE_STRING", "format": "FORMAT_NONE", "dims": [1], "is_shape_tensor": False}
     return {
-        "name": name, "platform": "", "backend": backend,
+        "name": name, "platform": backend, "backend": backend,  # as model_metadata's platform
         "version_policy": {"latest": {"num_versions": 1}},
         "max_batch_size": 0,
         "input": [{"name": INPUT_AUDIO, **tensor, "optional": False},

@@ -34,7 +34,8 @@ def parse_invocation(body: bytes, content_type: str | None = None) -> Transcript
         return TranscriptionRequest(audio=body)
     if not body:
         raise BadInputError('empty request body; send JSON {"audio_data": "<base64 audio>"}')
-    data = loads_json(body, "request body")
+    data = loads_json(body, "request body", '; send JSON {"audio_data": "<base64 audio>"}, or the audio file '
+                      "itself with Content-Type audio/* (or application/octet-stream)")
     if not isinstance(data, dict):
         raise BadInputError(f"request body must be a JSON object, got {type(data).__name__}")
     req = validate(InvocationRequest, data, "the request body")
@@ -43,13 +44,13 @@ def parse_invocation(body: bytes, content_type: str | None = None) -> Transcript
     return TranscriptionRequest(audio=decode_base64(req.audio_data, "audio_data"), prompt=req.whisper_prompt or None)
 
 
-def loads_json(body: bytes, what: str):
+def loads_json(body: bytes, what: str, hint: str = ""):
     """``json.loads`` whose every failure is a BadInputError naming ``what`` (also nesting too
-    deep for the parser and numbers too long to convert)."""
+    deep for the parser and numbers too long to convert); ``hint`` ends the message."""
     try:
         return json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadInputError(f"{what} is not valid JSON ({exc}); send {{\"audio_data\": \"<base64 audio>\"}}") from None
+        raise BadInputError(f"{what} is not valid JSON ({exc}){hint}") from None
     except RecursionError:
         raise BadInputError(f"{what} nests JSON too deeply") from None
     except ValueError as exc:  # e.g. an integer with more digits than Python converts

@@ -122,7 +122,10 @@ def run(fd: int) -> int:
 def main() -> int:
     p = argparse.ArgumentParser(prog="python -m tideserve.worker.zygote")
     p.add_argument("--fd", type=int, required=True, help="SOCK_SEQPACKET socket to the runtime")
-    return run(p.parse_args().fd)
+    try:
+        return run(p.parse_args().fd)
+    except (BrokenPipeError, ConnectionResetError):
+        return 0  # the runtime went away (stopped during start-up): nothing to report to
 
 
 if __name__ == "__main__":
