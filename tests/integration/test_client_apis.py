@@ -32,6 +32,7 @@ def test_triton_config_stats_and_repository_index(endpoint, en_clips):
     client = triton.InferenceServerClient(url=f"127.0.0.1:{endpoint.port}", network_timeout=120)
     config = client.get_model_config(MODEL)
     assert config["name"] == MODEL and config["max_batch_size"] == 0
+    assert config["platform"] == client.get_model_metadata(MODEL)["platform"] == "faster-whisper"
     assert [(t["name"], t["data_type"], t["dims"]) for t in config["input"]] == [
         ("AUDIO", "TYPE_STRING", [1]), ("PROMPT", "TYPE_STRING", [1])]
     assert [t["name"] for t in config["output"]] == ["TEXT"]
@@ -41,7 +42,10 @@ def test_triton_config_stats_and_repository_index(endpoint, en_clips):
     audio = triton.InferInput("AUDIO", [1], "BYTES")
     audio.set_data_from_numpy(np.array([en_clips[0].wav], dtype=np.object_), binary_data=True)
     client.infer(MODEL, [audio])
+    with pytest.raises(triton.InferenceServerException, match="not served here"):
+        client.infer("whisper-large", [audio])  # another model's request is not this one's failure
     after = client.get_inference_statistics(MODEL)["model_stats"][0]
+    assert after["inference_stats"]["fail"] == before["inference_stats"]["fail"]
     assert after["name"] == MODEL and after["version"] == "1"
     assert after["inference_count"] == before["inference_count"] + 1
     ok, ok0 = after["inference_stats"]["success"], before["inference_stats"]["success"]
