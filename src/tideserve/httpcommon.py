@@ -67,7 +67,9 @@ async def request_id_and_errors(request: web.Request, handler: Handler) -> web.S
         except web.HTTPMethodNotAllowed as exc:
             error = TideserveError(f"{request.method} is not allowed on {request.path}; use {', '.join(sorted(exc.allowed_methods))}")
             error.http_status, error.code = 405, "method_not_allowed"
-            return error_response(request, error)
+            resp = error_response(request, error)
+            resp.headers["Allow"] = ", ".join(sorted(exc.allowed_methods))  # RFC 9110, 15.5.6
+            return resp
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise

@@ -128,19 +128,36 @@ def _too_many_connections(limit: int) -> bytes:
 
 
 class ClientProtocolErrorFilter(logging.Filter):
-    """On aiohttp's server logger: a request that is not HTTP/1 at all (a client error, such as
-    the HTTP/2 preface of a gRPC client sent to the HTTP port) becomes one WARNING line naming
-    the problem, not an ERROR with a traceback. Other records pass unchanged."""
+    """On aiohttp's server logger: a client's protocol error (a request that is not HTTP/1 at
+    all, such as the HTTP/2 preface of a gRPC client sent to the HTTP port, or a body not valid
+    for its Content-Encoding that aiohttp drains after the answer) becomes one WARNING line
+    naming the problem, not an ERROR with a traceback; after the first, one line per
+    ``every`` such records (with the count), so that a client cannot flood the log. Other
+    records pass unchanged."""
+
+    def __init__(self, every: int = 100) -> None:
+        super().__init__()
+        self.every, self.count = every, 0
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, HttpProcessingError):
-            text = f"{exc.message} {getattr(exc, 'headers', '') or ''}"
-            hint = ("an HTTP/2 (gRPC) client on the HTTP port; Triton's gRPC protocol is on "
-                    "spec.gateway.grpc_port") if "PRI" in text else "not a valid HTTP/1 request"
-            record.msg, record.args = "refused a bad request (%s): %s", (hint, str(exc).strip()[:200])
-            record.levelno, record.levelname = logging.WARNING, "WARNING"
-            record.exc_info, record.exc_text = None, None
+        client_fault = isinstance(exc, HttpProcessingError | web.RequestPayloadError) or isinstance(
+            getattr(exc, "__cause__", None), HttpProcessingError)
+        if not client_fault:
+            return True
+        self.count += 1
+        if self.count != 1 and self.count % self.every:
+            return False
+        text = f"{getattr(exc, 'message', '')} {getattr(exc, 'headers', '') or ''}"
+        if "PRI" in text:
+            hint = "an HTTP/2 (gRPC) client on the HTTP port; Triton's gRPC protocol is on spec.gateway.grpc_port"
+        elif isinstance(exc, web.RequestPayloadError) or "encoding" in str(exc).lower():
+            hint = "a body not valid for its Content-Encoding"
+        else:
+            hint = "not a valid HTTP/1 request"
+        record.msg, record.args = "refused a bad request (%s; %d so far): %s", (hint, self.count, str(exc).strip()[:200])
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        record.exc_info, record.exc_text = None, None
         return True
 
 

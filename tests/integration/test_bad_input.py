@@ -121,6 +121,7 @@ def test_wrong_method(endpoint):
     with endpoint.client() as c:
         r = c.get("/invocations")
     _error(r, 405, "method_not_allowed", "POST")
+    assert r.headers["Allow"] == "POST"
 
 
 def test_language_the_model_does_not_know(endpoint, en_clips, served_after):

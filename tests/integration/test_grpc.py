@@ -4,6 +4,8 @@ tensors, errors as gRPC status codes, API keys in metadata over TLS."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import tritonclient.grpc as tgrpc
@@ -71,3 +73,70 @@ def test_errors_are_grpc_status_codes(client, en_clips, model, inputs, status, w
         client.infer(model, tensors)
     assert err.value.status() == status and words in err.value.message()
     assert client.infer(MODEL, [_audio(en_clips[0].wav)]).as_numpy("TEXT")[0]  # and the next one is served
+
+
+def _raw_stub(client_port: int):
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    return grpc.insecure_channel(f"127.0.0.1:{client_port}"), service_pb2, service_pb2_grpc
+
+
+def test_malformed_and_contradictory_requests_are_invalid_argument(endpoint, en_clips):
+    import grpc
+
+    port = endpoint.status()["gateway"]["grpc_port"]
+    channel, pb, pbg = _raw_stub(port)
+    raw_call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer",
+                                   request_serializer=lambda x: x, response_deserializer=lambda x: x)
+    with pytest.raises(grpc.RpcError) as err:
+        raw_call(b"\x12\x02\xc3\x28")  # model_version: invalid UTF-8 in a proto3 string
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "not a valid ModelInferRequest" in err.value.details()
+    stub = pbg.GRPCInferenceServiceStub(channel)
+    wav = en_clips[0].wav
+
+    def request(**kw):
+        r = pb.ModelInferRequest(model_name=MODEL, id="grpc-meta-test" if kw.pop("with_id", False) else "")
+        t = r.inputs.add(name="AUDIO", datatype="BYTES", shape=kw.pop("shape", [1]))
+        if kw.pop("inline", False):
+            t.contents.bytes_contents.append(wav)
+        r.raw_input_contents.append(len(wav).to_bytes(4, "little") + wav)
+        for name in kw.pop("outputs", []):
+            r.outputs.add(name=name)
+        if kw.pop("twice", False):
+            r.inputs.add(name="AUDIO", datatype="BYTES", shape=[1])
+            r.raw_input_contents.append(len(wav).to_bytes(4, "little") + wav)
+        return r
+
+    for kw, words in (({"inline": True}, "both contents and raw_input_contents"),
+                      ({"outputs": ["NOPE"]}, "unknown output 'NOPE'"),
+                      ({"shape": [2]}, "send shape [1]"),
+                      ({"twice": True}, "given twice")):
+        with pytest.raises(grpc.RpcError) as err:
+            stub.ModelInfer(request(**kw), timeout=60)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and words in err.value.details(), (kw, err.value)
+    answer, call = stub.ModelInfer.with_call(request(), metadata=(("x-request-id", "from-metadata-1"),), timeout=60)
+    assert dict(call.trailing_metadata())["x-request-id"] == "from-metadata-1" and answer.raw_output_contents
+    channel.close()
+
+
+def test_a_request_past_its_deadline_counts_as_a_failure_not_a_success(client, endpoint, long_clip):
+    import grpc
+
+    def counts() -> tuple[int, int]:
+        s = client.get_inference_statistics(MODEL, as_json=True)["model_stats"][0]["inference_stats"]
+        return int(s.get("success", {}).get("count", 0)), int(s.get("fail", {}).get("count", 0))
+
+    ok0, fail0 = counts()
+    port = endpoint.status()["gateway"]["grpc_port"]
+    channel, pb, pbg = _raw_stub(port)
+    r = pb.ModelInferRequest(model_name=MODEL)
+    r.inputs.add(name="AUDIO", datatype="BYTES", shape=[1]).contents.bytes_contents.append(long_clip.wav)
+    with pytest.raises(grpc.RpcError) as err:
+        pbg.GRPCInferenceServiceStub(channel).ModelInfer(r, timeout=0.3)  # the 40 s clip takes seconds
+    assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    channel.close()
+    deadline = time.monotonic() + 30  # the gateway accounts it when its handler is cancelled
+    while counts()[1] == fail0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert counts() == (ok0, fail0 + 1)

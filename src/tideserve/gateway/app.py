@@ -199,7 +199,7 @@ def build_gateway_app(
     app = web.Application(client_max_size=gw.max_body_bytes, middlewares=[request_id_and_errors, auth, read_unused_body, count])
     app[OPENAPI_TITLE] = f"tideserve gateway of endpoint {ep_name} (model {model})"
     names = [model, *spec.model.aliases]
-    app[OPENAPI_PATH_VALUES] = {"name": names, "model": names, "version": ["1"], "endpoint": [ep_name]}
+    app[OPENAPI_PATH_VALUES] = {"name": names, "model": names, "endpoint": [ep_name]}  # any version is served
 
     async def on_startup(app: web.Application) -> None:
         app["session"] = aiohttp.ClientSession(

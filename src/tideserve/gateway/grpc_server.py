@@ -16,6 +16,8 @@ trailing metadata ``x-request-id``.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -25,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from tideserve import __version__
 from tideserve.errors import TideserveError, UnauthorizedError, UnknownModelError
@@ -146,9 +149,14 @@ class InferenceService:
                                f"{len(req.inputs)} inputs; send one per input")
         inputs = []
         for i, t in enumerate(req.inputs):
+            if req.raw_input_contents and t.HasField("contents"):
+                raise _Failed(400, f"input '{t.name}' has both contents and raw_input_contents; send one of them")
             raw = req.raw_input_contents[i] if req.raw_input_contents else \
                 kserve.pack_bytes_elements(list(t.contents.bytes_contents))
             inputs.append((t.name, t.datatype, list(t.shape), raw))
+        for out in req.outputs:
+            if out.name != kserve.OUTPUT_TEXT:
+                raise _Failed(400, f"unknown output '{out.name}'; this model has output {kserve.OUTPUT_TEXT}")
         body, hlen = kserve.binary_infer_body(ctx["request_id"], inputs)
         headers = {"Content-Type": "application/octet-stream", kserve.HEADER_LENGTH: str(hlen)}
         status, out_headers, data = await self.core.call(ctx, "POST", f"/v2/models/{self.model}/infer", body, headers)
@@ -180,21 +188,38 @@ def _bearer(metadata: Any) -> str | None:
     return None
 
 
-def _handler(core: GatewayCore, service: InferenceService, method: str) -> Callable:
+def _metadata(metadata: Any, name: str) -> str | None:
+    for key, value in metadata or ():
+        if key.lower() == name:
+            return str(value)
+    return None
+
+
+def _handler(core: GatewayCore, service: InferenceService, method: str, message: Any) -> Callable:
+    """The handler of ``method``: it takes the raw request bytes and parses them as ``message``
+    itself, so that a malformed request is INVALID_ARGUMENT (not gRPC's UNKNOWN with a traceback)."""
     fn = getattr(service, method)
 
-    async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def handle(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
         metadata = context.invocation_metadata()
-        sent_id = getattr(request, "id", "") if method == "ModelInfer" else ""
-        rid = sent_id if _REQUEST_ID_RE.fullmatch(sent_id or "") else uuid.uuid4().hex
+        request: Any = None
+        with contextlib.suppress(DecodeError):  # answered INVALID_ARGUMENT below (after the key check)
+            request = message.FromString(raw)
+        sent_id = (getattr(request, "id", "") if method == "ModelInfer" else "") or _metadata(metadata, "x-request-id")
+        rid: str = sent_id if sent_id and _REQUEST_ID_RE.fullmatch(sent_id) else uuid.uuid4().hex
         ctx: dict = {"request_id": rid, "started": time.monotonic()}
         status = 200
         try:
             if method not in OPEN_METHODS and not core.key_ok(_bearer(metadata)):
                 raise UnauthorizedError("missing or invalid API key: send metadata 'authorization: Bearer <key>'")
+            if request is None:
+                raise _Failed(400, f"the request is not a valid {message.DESCRIPTOR.name} message")
             answer = await fn(request, ctx)
             context.set_trailing_metadata((("x-request-id", rid),))
             return answer
+        except asyncio.CancelledError:
+            status = ctx["status"] = 499  # the client cancelled or its deadline passed: not a success
+            raise
         except TideserveError as err:
             status = err.http_status
             retry = None if err.retry_after_s is None else str(max(1, round(err.retry_after_s)))
@@ -227,9 +252,9 @@ class InferenceGrpcServer:
 
     def __init__(self, core: GatewayCore, max_message_bytes: int) -> None:
         service = InferenceService(core)
-        handlers = {
+        handlers: dict[str, grpc.RpcMethodHandler] = {
             name: grpc.unary_unary_rpc_method_handler(
-                _handler(core, service, name), request_deserializer=req.FromString,
+                _handler(core, service, name, req), request_deserializer=None,  # raw bytes: parsed by the handler
                 response_serializer=resp.SerializeToString)
             for name, (req, resp) in METHODS.items()
         }

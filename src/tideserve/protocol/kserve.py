@@ -13,6 +13,7 @@ In the plain-JSON form, BYTES elements are strings; for ``AUDIO`` the string is 
 from __future__ import annotations
 
 import json
+import math
 import struct
 from dataclasses import dataclass
 
@@ -126,8 +127,13 @@ def parse_infer(body: bytes, header_length: str | None) -> InferRequest:
                         for x in flat]
         if len(elements) != 1:
             raise BadInputError(f"input '{name}' must hold exactly 1 element (shape [1]), got {len(elements)}")
+        shape = tensor.get("shape")
+        if not isinstance(shape, list) or any(not isinstance(d, int) or d < 1 for d in shape) or math.prod(shape) != 1:
+            raise BadInputError(f"input '{name}' has shape {shape!r} for its 1 element; send shape [1]")
         if name not in (INPUT_AUDIO, INPUT_PROMPT):
             raise BadInputError(f"unknown input '{name}'; this model takes {INPUT_AUDIO} and optional {INPUT_PROMPT}")
+        if name in values:
+            raise BadInputError(f"input '{name}' is given twice; send each input once")
         values[name] = elements[0]
     if INPUT_AUDIO not in values:
         raise BadInputError(f"missing input '{INPUT_AUDIO}' (BYTES, shape [1]: the encoded audio file)")

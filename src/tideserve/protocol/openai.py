@@ -144,7 +144,7 @@ def wants_stream(fields: dict[str, str]) -> bool:
     """The form's ``stream`` field (``true``/``false``, as the openai client sends it; absent:
     false). Raises BadInputError for another value, or for ``stream=true`` with a
     ``response_format`` other than json or text (a stream carries text deltas only)."""
-    raw = (fields.get("stream") or "false").strip().lower()
+    raw = (fields.get("stream") or "false").lower()
     if raw not in ("true", "false", "1", "0"):
         raise BadInputError(f"stream must be true or false, got {fields.get('stream')!r}")
     stream = raw in ("true", "1")

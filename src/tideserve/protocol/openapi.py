@@ -27,6 +27,7 @@ def _json(model: type) -> dict:
 
 
 _ANY_JSON = {"application/json": {"schema": {"type": "object"}}}
+_JSON_ARRAY = {"application/json": {"schema": {"type": "array", "items": {"type": "object"}}}}
 _TEXT = {"text/plain": {"schema": {"type": "string"}}}
 _AUDIO = {"audio/*": {"schema": {"type": "string", "format": "binary"}},
           "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
@@ -71,7 +72,7 @@ OPERATIONS: dict[tuple[str, str], Op] = {
     **{("GET", p + "/stats"): Op("Inference statistics (Triton)", "KServe v2", errors=(401, 404)) for p in _MODEL},
     ("GET", "/v2/models/stats"): Op("Inference statistics of every model (Triton)", "KServe v2"),
     ("POST", "/v2/repository/index"): Op("Model repository index (Triton)", "KServe v2",
-                                         body=_json(schemas.RepositoryIndexRequest), errors=(400, 401)),
+                                         body=_json(schemas.RepositoryIndexRequest), ok=_JSON_ARRAY, errors=(400, 401)),
     ("POST", "/v1/audio/transcriptions"): Op(
         "Transcribe (OpenAI style); stream=true answers server-sent events", "OpenAI",
         body={"multipart/form-data": {"schema": {"$ref": "#/components/schemas/TranscriptionForm"}}},
@@ -83,7 +84,7 @@ OPERATIONS: dict[tuple[str, str], Op] = {
     ("GET", "/metrics"): Op("Prometheus metrics", "operations", ok=_TEXT),
     ("GET", "/openapi.json"): Op("This document", "operations"),
     ("GET", "/admin/status"): Op("Endpoint, pools, replicas and the autoscaler's last decision", "operations"),
-    ("GET", "/admin/sd"): Op("Prometheus HTTP service discovery of the workers", "operations"),
+    ("GET", "/admin/sd"): Op("Prometheus HTTP service discovery of the workers", "operations", ok=_JSON_ARRAY),
     ("GET", "/admin/worker"): Op("One worker's state (workers only)", "operations"),
 }
 

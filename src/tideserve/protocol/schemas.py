@@ -27,7 +27,7 @@ class _Body(BaseModel):
 class InvocationRequest(_Body):
     """``POST /invocations`` (and ``/endpoints/{endpoint}/invocations``) as JSON."""
 
-    audio_data: str = Field(description="the base64-encoded audio file (WAV, FLAC, MP3, OGG, ...)")
+    audio_data: str = Field(min_length=1, description="the base64-encoded audio file (WAV, FLAC, MP3, OGG, ...)")
     whisper_prompt: str | None = Field(None, description="Whisper's initial prompt (text)")
 
 
@@ -85,12 +85,13 @@ class TranscriptionForm(_Body):
 
     model_config = ConfigDict(extra="allow", strict=False)
     file: bytes = Field(description="the audio file", json_schema_extra={"format": "binary"})
-    model: str = Field(description="the served model's name")
+    model: str = Field(min_length=1, description="the served model's name")
     prompt: str | None = None
     language: str | None = Field(None, description="ISO-639-1 code, e.g. en")
     response_format: Literal["json", "text", "verbose_json", "srt", "vtt"] = "json"
     temperature: float | None = Field(None, description="only 0 (deterministic decoding)")
-    stream: bool | None = Field(None, description="server-sent events: transcript.text.delta, then .done")
+    stream: str | None = Field(None, pattern=r"^(?i:true|false|1|0)$",
+                               description="true: server-sent events (transcript.text.delta, then .done)")
 
 
 class TranscriptionJson(_Body):
@@ -118,9 +119,11 @@ def validate(model: type[BaseModel], data: Any, what: str) -> Any:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
         field = model.model_fields.get(str(err["loc"][0])) if err["loc"] else None
-        hint = f": {field.description}" if field is not None and field.description else ""
         if err["type"] == "missing":
+            hint = f": {field.description}" if field is not None and field.description else ""
             raise BadInputError(f"missing field '{where}' in {what}{hint}") from None
+        if err["type"] == "string_too_short" and err.get("input") == "":
+            raise BadInputError(f"'{where}' in {what} is empty{': ' + field.description if field and field.description else ''}") from None
         got = type(err.get("input")).__name__
         msg = err["msg"][:1].lower() + err["msg"][1:]
-        raise BadInputError(f"'{where}' in {what} is wrong: {msg} (got {got}){hint}") from None
+        raise BadInputError(f"'{where}' in {what} is wrong: {msg} (got {got} {str(err.get('input'))[:40]!r})") from None

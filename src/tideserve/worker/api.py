@@ -187,7 +187,7 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
                           middlewares=[request_id_and_errors, internal_token, compute_header])
     app[OPENAPI_TITLE] = f"tideserve worker (model {service.model_name}; only its gateway may call it)"
     names = [service.model_name, *service.aliases]
-    app[OPENAPI_PATH_VALUES] = {"name": names, "model": names, "version": ["1"]}
+    app[OPENAPI_PATH_VALUES] = {"name": names, "model": names}  # any version is served
     name = service.model_name
     st = service.state
 
@@ -325,6 +325,7 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
 
         job = asyncio.ensure_future(run(request, prepare_audio, req, service.max_audio_s, on_text=on_text))
         resp: web.StreamResponse | None = None
+        getter: asyncio.Future[str] | None = None
         try:
             while True:
                 getter = asyncio.ensure_future(deltas.get())
@@ -360,6 +361,8 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
             await resp.write_eof()
             return resp
         finally:
+            if getter is not None and not getter.done():
+                getter.cancel()  # the handler was cancelled (client gone) while waiting
             if not job.done():
                 job.cancel()
 

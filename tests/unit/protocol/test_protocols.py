@@ -227,7 +227,7 @@ def test_invocation_surrogate_pair_is_text():
 
 
 def test_invocation_surrogate_in_audio_data_is_bad_input():
-    with pytest.raises(BadInputError, match="not valid base64"):
+    with pytest.raises(BadInputError, match="'audio_data' in the request body is wrong"):
         sagemaker.parse_invocation(b'{"audio_data": "AA\\ud800AA"}')
 
 
@@ -289,7 +289,7 @@ def test_stream_field_and_deltas_in_audio_order():
     assert openai.wants_stream({}) is False and openai.wants_stream({"stream": "true"}) is True
     with pytest.raises(BadInputError, match="stream must be true or false"):
         openai.wants_stream({"stream": "yes please"})
-    with pytest.raises(BadInputError, match="'stream' in the form is wrong: input should be a valid boolean"):
+    with pytest.raises(BadInputError, match="'stream' in the form is wrong: string should match pattern"):
         openai.parse_form({"model": "m", "stream": "yes please"}, b"x", "m")
     with pytest.raises(BadInputError, match="use response_format json or text"):
         openai.wants_stream({"stream": "true", "response_format": "vtt"})
