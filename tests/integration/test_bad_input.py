@@ -129,6 +129,17 @@ def test_language_the_model_does_not_know(endpoint, en_clips, served_after):
         r = c.post("/v1/audio/transcriptions", data={"model": "whisper-tiny.en", "language": "fr"},
                    files={"file": ("a.wav", en_clips[0].wav, "audio/wav")})
     _error(r, 400, "bad_input", "language 'fr' is not supported", "use one of en")
+    # The same on the other two APIs: a "language" field in /invocations, a LANGUAGE input in KServe.
+    audio = base64.b64encode(en_clips[0].wav).decode()
+    with endpoint.client() as c:
+        sm = c.post("/invocations", json={"audio_data": audio, "language": "fr"})
+        ks = c.post("/v2/models/whisper-tiny.en/infer", json={"inputs": [
+            {"name": "AUDIO", "datatype": "BYTES", "shape": [1], "data": [audio]},
+            {"name": "LANGUAGE", "datatype": "BYTES", "shape": [1], "data": ["fr"]}]})
+        ok = c.post("/invocations", json={"audio_data": audio, "language": "en"})
+    _error(sm, 400, "bad_input", "language 'fr' is not supported", "use one of en")
+    _error(ks, 400, "bad_input", "language 'fr' is not supported", "use one of en")
+    assert ok.status_code == 200 and ok.json()["transcribe_text"]
 
 
 def test_prompt_over_the_limit(endpoint, en_clips, served_after):

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from tideserve.errors import BadInputError
 from tideserve.protocol import schemas
 from tideserve.protocol.sagemaker import decode_base64, loads_json
-from tideserve.protocol.text import require_text
+from tideserve.protocol.text import language_code, require_text
 from tideserve.protocol.types import TranscriptionRequest, TranscriptionResult
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
-INPUT_AUDIO, INPUT_PROMPT, OUTPUT_TEXT = "AUDIO", "PROMPT", "TEXT"
+INPUT_AUDIO, INPUT_PROMPT, INPUT_LANGUAGE, OUTPUT_TEXT = "AUDIO", "PROMPT", "LANGUAGE", "TEXT"
 
 
 def model_metadata(name: str, platform: str) -> dict:
@@ -35,6 +35,7 @@ def model_metadata(name: str, platform: str) -> dict:
         "inputs": [
             {"name": INPUT_AUDIO, "datatype": "BYTES", "shape": [1]},
             {"name": INPUT_PROMPT, "datatype": "BYTES", "shape": [1], "optional": True},
+            {"name": INPUT_LANGUAGE, "datatype": "BYTES", "shape": [1], "optional": True},
         ],
         "outputs": [{"name": OUTPUT_TEXT, "datatype": "BYTES", "shape": [1]}],
     }
@@ -130,8 +131,9 @@ def parse_infer(body: bytes, header_length: str | None) -> InferRequest:
         shape = tensor.get("shape")
         if not isinstance(shape, list) or any(not isinstance(d, int) or d < 1 for d in shape) or math.prod(shape) != 1:
             raise BadInputError(f"input '{name}' has shape {shape!r} for its 1 element; send shape [1]")
-        if name not in (INPUT_AUDIO, INPUT_PROMPT):
-            raise BadInputError(f"unknown input '{name}'; this model takes {INPUT_AUDIO} and optional {INPUT_PROMPT}")
+        if name not in (INPUT_AUDIO, INPUT_PROMPT, INPUT_LANGUAGE):
+            raise BadInputError(f"unknown input '{name}'; this model takes {INPUT_AUDIO} and optional {INPUT_PROMPT}, "
+                                f"{INPUT_LANGUAGE}")
         if name in values:
             raise BadInputError(f"input '{name}' is given twice; send each input once")
         values[name] = elements[0]
@@ -141,6 +143,11 @@ def parse_infer(body: bytes, header_length: str | None) -> InferRequest:
         prompt = values[INPUT_PROMPT].decode() if INPUT_PROMPT in values else None
     except UnicodeDecodeError:
         raise BadInputError(f"input '{INPUT_PROMPT}' must be UTF-8 text") from None
+    try:
+        language = language_code(values[INPUT_LANGUAGE].decode(), f"input {INPUT_LANGUAGE}") \
+            if INPUT_LANGUAGE in values else None
+    except UnicodeDecodeError:
+        raise BadInputError(f"input '{INPUT_LANGUAGE}' must be UTF-8 text") from None
 
     binary_output = bool((data.get("parameters") or {}).get("binary_data_output", False))
     for out in data.get("outputs") or []:
@@ -154,7 +161,8 @@ def parse_infer(body: bytes, header_length: str | None) -> InferRequest:
         if "binary_data" in out_params:
             binary_output = bool(out_params["binary_data"])
     req_id = require_text(data["id"], "id") if isinstance(data.get("id"), str) else None
-    return InferRequest(TranscriptionRequest(audio=values[INPUT_AUDIO], prompt=prompt or None), req_id, binary_output)
+    return InferRequest(TranscriptionRequest(audio=values[INPUT_AUDIO], prompt=prompt or None, language=language),
+                        req_id, binary_output)
 
 
 def _flatten(x: list) -> list:
@@ -209,7 +217,8 @@ def model_config(name: str, backend: str, max_batch_size: int, max_queue_delay_m
         "version_policy": {"latest": {"num_versions": 1}},
         "max_batch_size": 0,
         "input": [{"name": INPUT_AUDIO, **tensor, "optional": False},
-                  {"name": INPUT_PROMPT, **tensor, "optional": True}],
+                  {"name": INPUT_PROMPT, **tensor, "optional": True},
+                  {"name": INPUT_LANGUAGE, **tensor, "optional": True}],
         "output": [{"name": OUTPUT_TEXT, "data_type": "TYPE_STRING", "dims": [1], "label_filename": ""}],
         "instance_group": [{"name": pool, "kind": "KIND_CPU" if accel == "cpu" else "KIND_GPU", "count": count}
                            for pool, accel, count in pools],

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from tideserve.errors import BadInputError, UnknownModelError
 from tideserve.protocol import schemas
-from tideserve.protocol.text import require_text
+from tideserve.protocol.text import language_code, require_text
 from tideserve.protocol.types import TranscriptionRequest, TranscriptionResult
 
 RESPONSE_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
@@ -64,9 +64,7 @@ def parse_form(fields: dict[str, str], file_bytes: bytes | None, served_model: s
             raise BadInputError(f"temperature must be a number, got {temp!r}") from None
         if t != 0.0:
             raise BadInputError("only temperature 0 is supported (deterministic decoding)")
-    language = fields.get("language") or None
-    if language is not None and not (2 <= len(language) <= 8 and language.replace("-", "").isalpha()):
-        raise BadInputError(f"language must be an ISO-639-1 code such as 'en', got {language!r}")
+    language = language_code(fields.get("language"), "language")
     req = TranscriptionRequest(
         audio=file_bytes,
         prompt=fields.get("prompt") or None,

@@ -13,7 +13,7 @@ import json
 
 from tideserve.errors import BadInputError
 from tideserve.protocol.schemas import InvocationRequest, validate
-from tideserve.protocol.text import require_text
+from tideserve.protocol.text import language_code, require_text
 from tideserve.protocol.types import TranscriptionRequest, TranscriptionResult
 
 
@@ -41,7 +41,8 @@ def parse_invocation(body: bytes, content_type: str | None = None) -> Transcript
     req = validate(InvocationRequest, data, "the request body")
     if req.whisper_prompt is not None:
         require_text(req.whisper_prompt, "whisper_prompt")
-    return TranscriptionRequest(audio=decode_base64(req.audio_data, "audio_data"), prompt=req.whisper_prompt or None)
+    return TranscriptionRequest(audio=decode_base64(req.audio_data, "audio_data"), prompt=req.whisper_prompt or None,
+                                language=language_code(req.language, "language"))
 
 
 def loads_json(body: bytes, what: str, hint: str = ""):

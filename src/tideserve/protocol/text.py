@@ -25,3 +25,14 @@ def require_text(value: str, field: str) -> str:
             "Multilingual Plane as a surrogate pair (\\ud83d\\ude00) or as the character itself"
         ) from None
     return value
+
+
+def language_code(value: str | None, field: str) -> str | None:
+    """``value`` as a language code (ISO-639-1 such as ``en``; 2-8 letters and ``-``), None when
+    absent or empty. Raises BadInputError naming ``field`` otherwise. Whether the model speaks
+    it is checked where the model is known (the worker, a 400 naming its languages)."""
+    if not value:
+        return None
+    if not (2 <= len(value) <= 8 and value.replace("-", "").isalpha() and value.isascii()):
+        raise BadInputError(f"'{field}' must be a language code such as 'en' (ISO-639-1), got {value[:20]!r}")
+    return value.lower()
