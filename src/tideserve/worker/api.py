@@ -105,9 +105,10 @@ class WorkerService:
                 "(spec.gateway.max_prompt_chars); Whisper uses only the last 223 tokens of a prompt"
             )
         if req.language is not None and req.language not in self.languages:
-            known = ", ".join(sorted(self.languages)[:12])
-            more = "..." if len(self.languages) > 12 else ""
-            raise BadInputError(f"language '{req.language}' is not supported by model '{self.model_name}'; use one of {known}{more}")
+            known = ", ".join(sorted(self.languages))  # every one (Whisper's 99 two-letter codes: ~400 characters)
+            raise BadInputError(f"language '{req.language}' is not supported by model '{self.model_name}'; use one of "
+                                f"{known} (or leave it out to detect it)" if len(self.languages) > 1 else
+                                f"language '{req.language}' is not supported by model '{self.model_name}'; use one of {known}")
 
     async def prepare(self, fn, *args) -> Prepared:
         """Run a ``worker.prep`` function in a prep process, timing the stage."""
