@@ -100,6 +100,7 @@ class ApiHandlers:
     model_ready: Handler
     infer: Handler
     transcriptions: Handler
+    translations: Handler
     models: Handler
     metrics: Handler
 
@@ -136,6 +137,7 @@ def add_api_routes(router: web.UrlDispatcher, h: ApiHandlers) -> None:
         router.add_get(prefix + "/ready", h.model_ready)
         router.add_post(prefix + "/infer", h.infer)
     router.add_post("/v1/audio/transcriptions", h.transcriptions)
+    router.add_post("/v1/audio/translations", h.translations)
     router.add_get("/openapi.json", openapi_json)
     router.add_get("/v1/models", h.models)
     router.add_get("/v1/models/{model}", h.models)

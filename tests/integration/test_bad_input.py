@@ -138,6 +138,12 @@ def test_language_the_model_does_not_know(endpoint, en_clips, served_after):
             {"name": "LANGUAGE", "datatype": "BYTES", "shape": [1], "data": ["fr"]}]})
         ok = c.post("/invocations", json={"audio_data": audio, "language": "en"})
     _error(sm, 400, "bad_input", "language 'fr' is not supported", "use one of en")
+    with endpoint.client() as c:  # and an English-only model does not translate, on any API
+        tr = c.post("/v1/audio/translations", data={"model": "whisper-tiny.en"},
+                    files={"file": ("a.wav", en_clips[0].wav, "audio/wav")})
+        tr_sm = c.post("/invocations", json={"audio_data": audio, "task": "translate"})
+    _error(tr, 400, "bad_input", "is English-only and cannot translate", "examples/whisper-base.yaml")
+    _error(tr_sm, 400, "bad_input", "is English-only and cannot translate")
     _error(ks, 400, "bad_input", "language 'fr' is not supported", "use one of en")
     assert ok.status_code == 200 and ok.json()["transcribe_text"]
 

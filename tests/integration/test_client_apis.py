@@ -34,7 +34,8 @@ def test_triton_config_stats_and_repository_index(endpoint, en_clips):
     assert config["name"] == MODEL and config["max_batch_size"] == 0
     assert config["platform"] == client.get_model_metadata(MODEL)["platform"] == "faster-whisper"
     assert [(t["name"], t["data_type"], t["dims"]) for t in config["input"]] == [
-        ("AUDIO", "TYPE_STRING", [1]), ("PROMPT", "TYPE_STRING", [1]), ("LANGUAGE", "TYPE_STRING", [1])]
+        ("AUDIO", "TYPE_STRING", [1]), ("PROMPT", "TYPE_STRING", [1]), ("LANGUAGE", "TYPE_STRING", [1]),
+        ("TASK", "TYPE_STRING", [1])]
     assert [t["name"] for t in config["output"]] == ["TEXT"]
     assert config["instance_group"] == [{"name": "cpu", "kind": "KIND_CPU", "count": 2}]
 

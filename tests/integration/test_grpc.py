@@ -35,9 +35,10 @@ def test_health_metadata_config_and_repository_index(client):
     meta = client.get_model_metadata(MODEL, as_json=True)
     assert [(t["name"], t["datatype"], t["shape"]) for t in meta["inputs"]] == [("AUDIO", "BYTES", ["1"]),
                                                                                 ("PROMPT", "BYTES", ["1"]),
-                                                                                ("LANGUAGE", "BYTES", ["1"])]
+                                                                                ("LANGUAGE", "BYTES", ["1"]),
+                                                                                ("TASK", "BYTES", ["1"])]
     config = client.get_model_config(MODEL, as_json=True)["config"]
-    assert config["name"] == MODEL and [i["data_type"] for i in config["input"]] == ["TYPE_STRING"] * 3
+    assert config["name"] == MODEL and [i["data_type"] for i in config["input"]] == ["TYPE_STRING"] * 4
     assert config["instance_group"] == [{"name": "cpu", "kind": "KIND_CPU", "count": 2}]
     index = client.get_model_repository_index(as_json=True)["models"]
     assert index == [{"name": MODEL, "version": "1", "state": "READY"}]  # empty reason is left out of JSON

@@ -72,3 +72,22 @@ def test_a_named_language_is_used_and_an_unknown_one_is_a_400(base):
     assert fr.status_code == 200 and fr.json()["language"] == "fr"
     assert bad.status_code == 400 and "language 'xx' is not supported" in bad.json()["message"]
     assert "fr" in bad.json()["message"] and "ja" in bad.json()["message"]  # it names the languages it can do
+
+
+@pytest.mark.parametrize("lang,clip", [("fr", "bonjour_monde"), ("ja", "konnichiwa_sekai"), ("zh", "nihao_shijie")])
+def test_translation_returns_english_on_every_api(base, lang, clip):
+    (wav,) = [w for w in _clips(lang) if w.stem == clip]
+    audio = wav.read_bytes()
+    import base64
+
+    with httpx.Client(base_url=base.url, timeout=120) as c:
+        oa = c.post("/v1/audio/translations", files={"file": (wav.name, audio)},
+                    data={"model": MODEL, "response_format": "verbose_json"})
+        sm = c.post("/invocations", json={"audio_data": base64.b64encode(audio).decode(), "task": "translate"})
+        ks = c.post(f"/v2/models/{MODEL}/infer", json={"inputs": [
+            {"name": "AUDIO", "datatype": "BYTES", "shape": [1], "data": [base64.b64encode(audio).decode()]},
+            {"name": "TASK", "datatype": "BYTES", "shape": [1], "data": ["translate"]}]})
+    assert oa.status_code == 200 and oa.json()["task"] == "translate" and oa.json()["language"] == lang, oa.text
+    for text in (oa.json()["text"], sm.json()["transcribe_text"], ks.json()["outputs"][0]["data"][0]):
+        words = set(_norm(text).split())
+        assert {"hello", "world"} <= words, (clip, text)  # English, from French, Japanese and Chinese speech

@@ -20,7 +20,8 @@ MODEL = "whisper-tiny.en"
 def _gateway_routes() -> set[tuple[str, str]]:
     return {("GET", "/ping"), ("POST", "/invocations"), ("POST", "/endpoints/{endpoint}/invocations"),
             ("GET", "/v2/health/live"), ("GET", "/v2/health/ready"), ("GET", "/v2"), ("GET", "/v2/models/stats"),
-            ("POST", "/v2/repository/index"), ("POST", "/v1/audio/transcriptions"), ("GET", "/v1/models"),
+            ("POST", "/v2/repository/index"), ("POST", "/v1/audio/transcriptions"), ("POST", "/v1/audio/translations"),
+            ("GET", "/v1/models"),
             ("GET", "/v1/models/{model}"), ("GET", "/metrics"), ("GET", "/openapi.json"), ("GET", "/admin/status"),
             ("GET", "/admin/sd")} | {
         (m, p + s) for p in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}")

@@ -47,7 +47,7 @@ def test_kserve_v2_with_tritonclient(endpoint, en_clips, long_clip):
     assert client.is_server_live() and client.is_server_ready()
     assert client.is_model_ready("whisper-tiny.en")  # at zero replicas too: requests are held
     meta = client.get_model_metadata("whisper-tiny.en")
-    assert [i["name"] for i in meta["inputs"]] == ["AUDIO", "PROMPT", "LANGUAGE"]
+    assert [i["name"] for i in meta["inputs"]] == ["AUDIO", "PROMPT", "LANGUAGE", "TASK"]
     for clip in _clips(en_clips, long_clip):
         audio = triton.InferInput("AUDIO", [1], "BYTES")
         audio.set_data_from_numpy(np.array([clip.wav], dtype=np.object_), binary_data=True)

@@ -60,7 +60,8 @@ OPEN_PATHS = frozenset({"/ping", "/v2/health/live", "/v2/health/ready", "/openap
 
 
 def _is_inference_path(path: str) -> bool:
-    return path in ("/invocations", "/v1/audio/transcriptions") or (path.startswith("/v2/models/") and path.endswith("/infer")) \
+    return path in ("/invocations", "/v1/audio/transcriptions", "/v1/audio/translations") \
+        or (path.startswith("/v2/models/") and path.endswith("/infer")) \
         or (path.startswith("/endpoints/") and path.endswith("/invocations"))
 
 
@@ -447,6 +448,7 @@ def build_gateway_app(
     add_api_routes(app.router, ApiHandlers(
         ping=ping, invocations=invocations, live=live, ready=ready, server_metadata=server_meta,
         model_metadata=model_meta, model_ready=model_ready, infer=infer, transcriptions=transcriptions,
+        translations=transcriptions,  # forwarded as it came: the worker tells the two apart
         models=models, metrics=metrics_h,
     ))
     for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):

@@ -24,7 +24,7 @@ from tideserve.protocol.text import language_code, require_text
 from tideserve.protocol.types import TranscriptionRequest, TranscriptionResult
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
-INPUT_AUDIO, INPUT_PROMPT, INPUT_LANGUAGE, OUTPUT_TEXT = "AUDIO", "PROMPT", "LANGUAGE", "TEXT"
+INPUT_AUDIO, INPUT_PROMPT, INPUT_LANGUAGE, INPUT_TASK, OUTPUT_TEXT = "AUDIO", "PROMPT", "LANGUAGE", "TASK", "TEXT"
 
 
 def model_metadata(name: str, platform: str) -> dict:
@@ -36,6 +36,7 @@ def model_metadata(name: str, platform: str) -> dict:
             {"name": INPUT_AUDIO, "datatype": "BYTES", "shape": [1]},
             {"name": INPUT_PROMPT, "datatype": "BYTES", "shape": [1], "optional": True},
             {"name": INPUT_LANGUAGE, "datatype": "BYTES", "shape": [1], "optional": True},
+            {"name": INPUT_TASK, "datatype": "BYTES", "shape": [1], "optional": True},
         ],
         "outputs": [{"name": OUTPUT_TEXT, "datatype": "BYTES", "shape": [1]}],
     }
@@ -131,9 +132,9 @@ def parse_infer(body: bytes, header_length: str | None) -> InferRequest:
         shape = tensor.get("shape")
         if not isinstance(shape, list) or any(not isinstance(d, int) or d < 1 for d in shape) or math.prod(shape) != 1:
             raise BadInputError(f"input '{name}' has shape {shape!r} for its 1 element; send shape [1]")
-        if name not in (INPUT_AUDIO, INPUT_PROMPT, INPUT_LANGUAGE):
+        if name not in (INPUT_AUDIO, INPUT_PROMPT, INPUT_LANGUAGE, INPUT_TASK):
             raise BadInputError(f"unknown input '{name}'; this model takes {INPUT_AUDIO} and optional {INPUT_PROMPT}, "
-                                f"{INPUT_LANGUAGE}")
+                                f"{INPUT_LANGUAGE}, {INPUT_TASK}")
         if name in values:
             raise BadInputError(f"input '{name}' is given twice; send each input once")
         values[name] = elements[0]
@@ -148,6 +149,9 @@ def parse_infer(body: bytes, header_length: str | None) -> InferRequest:
             if INPUT_LANGUAGE in values else None
     except UnicodeDecodeError:
         raise BadInputError(f"input '{INPUT_LANGUAGE}' must be UTF-8 text") from None
+    task = values.get(INPUT_TASK, b"transcribe") or b"transcribe"
+    if task not in (b"transcribe", b"translate"):
+        raise BadInputError(f"input '{INPUT_TASK}' must be transcribe or translate, got {task[:20]!r}")
 
     binary_output = bool((data.get("parameters") or {}).get("binary_data_output", False))
     for out in data.get("outputs") or []:
@@ -161,8 +165,8 @@ def parse_infer(body: bytes, header_length: str | None) -> InferRequest:
         if "binary_data" in out_params:
             binary_output = bool(out_params["binary_data"])
     req_id = require_text(data["id"], "id") if isinstance(data.get("id"), str) else None
-    return InferRequest(TranscriptionRequest(audio=values[INPUT_AUDIO], prompt=prompt or None, language=language),
-                        req_id, binary_output)
+    return InferRequest(TranscriptionRequest(audio=values[INPUT_AUDIO], prompt=prompt or None, language=language,
+                                             task=task.decode()), req_id, binary_output)
 
 
 def _flatten(x: list) -> list:
@@ -218,7 +222,8 @@ def model_config(name: str, backend: str, max_batch_size: int, max_queue_delay_m
         "max_batch_size": 0,
         "input": [{"name": INPUT_AUDIO, **tensor, "optional": False},
                   {"name": INPUT_PROMPT, **tensor, "optional": True},
-                  {"name": INPUT_LANGUAGE, **tensor, "optional": True}],
+                  {"name": INPUT_LANGUAGE, **tensor, "optional": True},
+                  {"name": INPUT_TASK, **tensor, "optional": True}],
         "output": [{"name": OUTPUT_TEXT, "data_type": "TYPE_STRING", "dims": [1], "label_filename": ""}],
         "instance_group": [{"name": pool, "kind": "KIND_CPU" if accel == "cpu" else "KIND_GPU", "count": count}
                            for pool, accel, count in pools],

@@ -37,7 +37,7 @@ def models_response(served_model: str, model_id: str | None, aliases: Sequence[s
 
 
 def parse_form(fields: dict[str, str], file_bytes: bytes | None, served_model: str,
-               aliases: Sequence[str] = ()) -> tuple[TranscriptionRequest, str]:
+               aliases: Sequence[str] = (), task: str = "transcribe") -> tuple[TranscriptionRequest, str]:
     """(request, response_format) from the form. Raises BadInputError / UnknownModelError;
     every text field must be valid text (no lone surrogates, which a part's charset such as
     ``unicode_escape`` can produce)."""
@@ -70,6 +70,7 @@ def parse_form(fields: dict[str, str], file_bytes: bytes | None, served_model: s
         prompt=fields.get("prompt") or None,
         language=language,
         timestamps=fmt in _TIMESTAMP_FORMATS,
+        task=task,
     )
     return req, fmt
 
@@ -98,8 +99,8 @@ def to_vtt(result: TranscriptionResult) -> str:
     return "\n".join(cues)
 
 
-def format_response(result: TranscriptionResult, fmt: str) -> tuple[bytes, str]:
-    """(body, content type) for ``response_format`` ``fmt``."""
+def format_response(result: TranscriptionResult, fmt: str, task: str = "transcribe") -> tuple[bytes, str]:
+    """(body, content type) for ``response_format`` ``fmt`` (``task`` names it in verbose_json)."""
     if fmt == "json":
         return json.dumps({"text": result.text}).encode(), "application/json"
     if fmt == "text":
@@ -109,7 +110,7 @@ def format_response(result: TranscriptionResult, fmt: str) -> tuple[bytes, str]:
     if fmt == "vtt":
         return to_vtt(result).encode(), "text/vtt; charset=utf-8"
     body = {
-        "task": "transcribe",
+        "task": task,
         "language": result.language,
         "duration": round(result.duration_s, 3),
         "text": result.text,

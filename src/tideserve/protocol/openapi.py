@@ -79,6 +79,12 @@ OPERATIONS: dict[tuple[str, str], Op] = {
         ok={**_json(schemas.TranscriptionJson), **_TEXT, "text/vtt": {"schema": {"type": "string"}},
             "text/event-stream": {"schema": {"type": "string"}}},
         errors=_INFER_ERRORS),
+    ("POST", "/v1/audio/translations"): Op(
+        "Translate into English (OpenAI style; multilingual models); stream=true answers server-sent events",
+        "OpenAI", body={"multipart/form-data": {"schema": {"$ref": "#/components/schemas/TranscriptionForm"}}},
+        ok={**_json(schemas.TranscriptionJson), **_TEXT, "text/vtt": {"schema": {"type": "string"}},
+            "text/event-stream": {"schema": {"type": "string"}}},
+        errors=_INFER_ERRORS),
     ("GET", "/v1/models"): Op("Models (OpenAI style)", "OpenAI"),
     ("GET", "/v1/models/{model}"): Op("One model (OpenAI style)", "OpenAI", errors=(401, 404)),
     ("GET", "/metrics"): Op("Prometheus metrics", "operations", ok=_TEXT),

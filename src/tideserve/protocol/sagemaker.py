@@ -42,7 +42,7 @@ def parse_invocation(body: bytes, content_type: str | None = None) -> Transcript
     if req.whisper_prompt is not None:
         require_text(req.whisper_prompt, "whisper_prompt")
     return TranscriptionRequest(audio=decode_base64(req.audio_data, "audio_data"), prompt=req.whisper_prompt or None,
-                                language=language_code(req.language, "language"))
+                                language=language_code(req.language, "language"), task=req.task or "transcribe")
 
 
 def loads_json(body: bytes, what: str, hint: str = ""):

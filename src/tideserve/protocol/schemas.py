@@ -30,6 +30,8 @@ class InvocationRequest(_Body):
     audio_data: str = Field(min_length=1, description="the base64-encoded audio file (WAV, FLAC, MP3, OGG, ...)")
     whisper_prompt: str | None = Field(None, description="Whisper's initial prompt (text)")
     language: str | None = Field(None, description="the spoken language, e.g. en (ISO-639-1); default: the model's")
+    task: Literal["transcribe", "translate"] | None = Field(
+        None, description="translate: into English (multilingual models); default transcribe")
 
 
 class InvocationResponse(_Body):

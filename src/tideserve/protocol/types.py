@@ -18,6 +18,7 @@ class TranscriptionRequest:
     prompt: str | None = None
     language: str | None = None
     timestamps: bool = False
+    task: str = "transcribe"  # or "translate": into English
 
 
 @dataclass(frozen=True)

@@ -104,6 +104,9 @@ class WorkerService:
                 f"prompt is {len(req.prompt)} characters, over the limit of {self.max_prompt_chars} "
                 "(spec.gateway.max_prompt_chars); Whisper uses only the last 223 tokens of a prompt"
             )
+        if req.task == "translate" and self.languages and self.languages <= {"en"}:
+            raise BadInputError(f"model '{self.model_name}' is English-only and cannot translate; serve a multilingual "
+                                "model (examples/whisper-base.yaml) for translations")
         if req.language is not None and req.language not in self.languages:
             known = ", ".join(sorted(self.languages))  # every one (Whisper's 99 two-letter codes: ~400 characters)
             raise BadInputError(f"language '{req.language}' is not supported by model '{self.model_name}'; use one of "
@@ -125,7 +128,7 @@ class WorkerService:
         any order). Raises BadInputError for a bad prompt or language, EngineDiedError."""
         req = prepared.request
         self.check(req)
-        options = RequestOptions(req.prompt, req.language, req.timestamps)
+        options = RequestOptions(req.prompt, req.language, req.timestamps, req.task)
         self.metrics.add("tideserve_worker_requests_in_batcher", 1)
         try:
             on_segment = None if on_text is None else (
@@ -283,6 +286,13 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
 
     # --- OpenAI style ------------------------------------------------------------------
     async def transcriptions(request: web.Request) -> web.StreamResponse:
+        return await transcribe_form(request, "transcribe")
+
+    async def translations(request: web.Request) -> web.StreamResponse:
+        return await transcribe_form(request, "translate")
+
+    async def transcribe_form(request: web.Request, task: str) -> web.StreamResponse:
+        """OpenAI ``/v1/audio/transcriptions`` (``task`` transcribe) and ``/translations``."""
         check_accepting()
         if not request.content_type.startswith("multipart/form-data"):
             raise BadInputError("send multipart/form-data with fields 'file' and 'model'")
@@ -306,11 +316,11 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
                     file_bytes = value.file.read()
             else:
                 fields[key] = str(value)
-        req, fmt = openai.parse_form(fields, file_bytes, name, service.aliases)
+        req, fmt = openai.parse_form(fields, file_bytes, name, service.aliases, task)
         if openai.wants_stream(fields):
             return await stream_transcription(request, req)
         _, result = await run(request, prepare_audio, req, service.max_audio_s)
-        body, ctype = openai.format_response(result, fmt)
+        body, ctype = openai.format_response(result, fmt, task)
         return web.Response(body=body, headers={"Content-Type": ctype})
 
     async def stream_transcription(request: web.Request, req: TranscriptionRequest) -> web.StreamResponse:
@@ -390,6 +400,7 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
     add_api_routes(app.router, ApiHandlers(
         ping=ping, invocations=invocations, live=live, ready=ready_h, server_metadata=server_meta,
         model_metadata=model_meta, model_ready=model_ready, infer=infer, transcriptions=transcriptions,
+        translations=translations,
         models=models, metrics=metrics,
     ))
     app.router.add_get("/admin/worker", admin)

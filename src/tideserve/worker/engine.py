@@ -63,11 +63,12 @@ DEFAULT_CHUNK_STEPS = 8
 
 @dataclass(frozen=True)
 class RequestOptions:
-    """What a request asks of every window: prompt, language, timestamps."""
+    """What a request asks of every window: prompt, language, timestamps, task."""
 
     prompt: str | None = None
     language: str | None = None
     timestamps: bool = False
+    task: str = "transcribe"
 
 
 @dataclass
@@ -117,7 +118,7 @@ class _Part:
 
     def task(self) -> WindowTask:
         o = self.options
-        return WindowTask(self.samples, self.offset_s, o.prompt, o.language, o.timestamps, self.temperature)
+        return WindowTask(self.samples, self.offset_s, o.prompt, o.language, o.timestamps, self.temperature, o.task)
 
 
 @dataclass

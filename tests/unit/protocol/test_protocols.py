@@ -258,6 +258,22 @@ def test_openai_text_fields_with_lone_surrogate_are_bad_input(field):
         openai.parse_form(fields, b"RIFF", "whisper-tiny.en")
 
 
+def test_task_on_every_api():
+    audio = base64.b64encode(b"RIFF").decode()
+    assert sagemaker.parse_invocation(json.dumps({"audio_data": audio, "task": "translate"}).encode()).task == "translate"
+    with pytest.raises(BadInputError, match="'task' in the request body is wrong"):
+        sagemaker.parse_invocation(json.dumps({"audio_data": audio, "task": "summarize"}).encode())
+    doc = {"inputs": [{"name": "AUDIO", "datatype": "BYTES", "shape": [1], "data": [audio]},
+                      {"name": "TASK", "datatype": "BYTES", "shape": [1], "data": ["translate"]}]}
+    assert kserve.parse_infer(json.dumps(doc).encode(), None).request.task == "translate"
+    doc["inputs"][1]["data"] = ["summarize"]
+    with pytest.raises(BadInputError, match="'TASK' must be transcribe or translate"):
+        kserve.parse_infer(json.dumps(doc).encode(), None)
+    req, _ = openai.parse_form({"model": "m"}, b"x", "m", task="translate")
+    assert req.task == "translate"
+    assert json.loads(openai.format_response(RESULT, "verbose_json", "translate")[0])["task"] == "translate"
+
+
 def test_raw_audio_invocations_and_the_api_key_in_custom_attributes():
     assert sagemaker.parse_invocation(b"RIFF....", "audio/wav").audio == b"RIFF...."
     assert sagemaker.parse_invocation(b"\x00\x01", "application/octet-stream; x=1").audio == b"\x00\x01"

@@ -16,7 +16,7 @@ class WindowTask:
     """One window (<= 30 s) of one request: 16 kHz mono ``samples`` (int16 PCM, or float32 in
     [-1, 1]) starting at ``offset_s`` in the file, with that request's prompt, language and
     timestamp wish, decoded at ``temperature`` (0: greedy/beam; > 0: sampling, Whisper's
-    fallback)."""
+    fallback); ``task`` is Whisper's task token (``transcribe`` or ``translate``)."""
 
     samples: np.ndarray
     offset_s: float = 0.0
@@ -24,6 +24,7 @@ class WindowTask:
     language: str | None = None
     timestamps: bool = False
     temperature: float = 0.0
+    task: str = "transcribe"  # or "translate" (into English; multilingual models only)
 
     @property
     def duration_s(self) -> float:

@@ -66,15 +66,15 @@ class FasterWhisperBackend:
         self._decoding = decoding
         self._multilingual = bool(self._model.model.is_multilingual)
         self.languages = frozenset(_LANGUAGE_CODES) if self._multilingual else frozenset({"en"})
-        self._tokenizers: dict[str | None, Tokenizer] = {}
+        self._tokenizers: dict[tuple[str | None, str], Tokenizer] = {}
         base = self._tokenizer(decoding.language or "en")
         self._suppress = list(get_suppressed_tokens(base, [-1]))
 
-    def _tokenizer(self, language: str | None) -> Tokenizer:
-        key = language if self._multilingual else None
+    def _tokenizer(self, language: str | None, task: str = "transcribe") -> Tokenizer:
+        key = (language if self._multilingual else None, task if self._multilingual else "transcribe")
         tok = self._tokenizers.get(key)
         if tok is None:
-            tok = Tokenizer(self._model.hf_tokenizer, self._multilingual, task="transcribe", language=key or "en")
+            tok = Tokenizer(self._model.hf_tokenizer, self._multilingual, task=key[1], language=key[0] or "en")
             self._tokenizers[key] = tok
         return tok
 
@@ -104,7 +104,7 @@ class FasterWhisperBackend:
             languages = [lang for lang in requested if lang is not None]
         prompts, toks = [], []
         for task, lang in zip(tasks, languages, strict=True):
-            tok = self._tokenizer(lang)
+            tok = self._tokenizer(lang, task.task)
             previous = prompt_ids(tok, task.prompt)
             with_timestamps = task.timestamps or not self._decoding.without_timestamps
             prompts.append(self._model.get_prompt(tok, previous, without_timestamps=not with_timestamps))

@@ -65,9 +65,9 @@ def special_tokens(tok: Tokenizer) -> SpecialTokens:
 
 
 def prompt_tokens(tok: Tokenizer, special: SpecialTokens, multilingual: bool, language: str | None,
-                  timestamps: bool, previous: str | None) -> list[int]:
+                  timestamps: bool, previous: str | None, task: str = "transcribe") -> list[int]:
     """Whisper's decoder prompt: [<|startofprev|> previous…] <|startoftranscript|>
-    [<|lang|> <|transcribe|>] [<|notimestamps|>]. The previous text keeps its last 223 tokens
+    [<|lang|> <|transcribe|> or <|translate|>] [<|notimestamps|>]. The previous text keeps its last 223 tokens
     and is encoded as plain text: a client's "<|endoftext|>" or "<|startoftranscript|>" becomes
     ordinary tokens, never control tokens (OpenAI Whisper's tokenizer refuses special tokens in
     text by default; here they are neutralised instead of failing the request)."""
@@ -78,7 +78,7 @@ def prompt_tokens(tok: Tokenizer, special: SpecialTokens, multilingual: bool, la
         out = [_token(tok, "<|startofprev|>"), *ids[-(MAX_LENGTH // 2 - 1):]]
     out.append(special.sot)
     if multilingual:
-        out += [_token(tok, f"<|{language or 'en'}|>"), _token(tok, "<|transcribe|>")]
+        out += [_token(tok, f"<|{language or 'en'}|>"), _token(tok, f"<|{task}|>")]
     if not timestamps:
         out.append(special.no_timestamps)
     return out
@@ -130,9 +130,10 @@ class TorchWhisperBackend:
         # H200 (6.7 s -> 14.0 s, 18 graphs) and did not change a 64-request burst's p50
         # (1.11 s vs 1.15 s), so scale-from-zero is served better lazily.
 
-    def prompt(self, language: str | None, timestamps: bool, previous: str | None) -> list[int]:
+    def prompt(self, language: str | None, timestamps: bool, previous: str | None,
+               task: str = "transcribe") -> list[int]:
         """Whisper's decoder prompt (see ``prompt_tokens``)."""
-        return prompt_tokens(self.tokenizer, self.special, self.multilingual, language, timestamps, previous)
+        return prompt_tokens(self.tokenizer, self.special, self.multilingual, language, timestamps, previous, task)
 
     # --- continuous batching (worker.engine drives these) -----------------------------------
 
@@ -143,7 +144,7 @@ class TorchWhisperBackend:
     def _prompts(self, tasks: list[WindowTask]) -> tuple[list[str], list[bool], list[list[int]]]:
         languages = [t.language or self.decoding.language or "en" for t in tasks]
         with_ts = [t.timestamps or not self.decoding.without_timestamps for t in tasks]
-        prompts = [self.prompt(lang, ts, t.prompt) for t, lang, ts in zip(tasks, languages, with_ts, strict=True)]
+        prompts = [self.prompt(lang, ts, t.prompt, t.task) for t, lang, ts in zip(tasks, languages, with_ts, strict=True)]
         return languages, with_ts, prompts
 
     @torch.inference_mode()
