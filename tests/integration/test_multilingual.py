@@ -54,7 +54,7 @@ def test_each_language_comes_back_in_its_language_and_script(base, lang):
                        data={"model": MODEL, "response_format": "verbose_json"}, timeout=120)
         assert r.status_code == 200, r.text
         body, ref = r.json(), wav.with_suffix(".txt").read_text().strip()
-        assert body["language"] == lang, (wav.name, body)
+        assert body["language"] == lang and 0 < body["language_probability"] <= 1, (wav.name, body)
         assert jiwer.cer(_norm(ref), _norm(body["text"]) or "-") <= MAX_CER, (wav.name, body["text"], ref)
         if lang in ("ja", "zh"):
             assert CJK.search(body["text"]), (wav.name, body["text"])  # in its script, not romanized
@@ -70,6 +70,7 @@ def test_a_named_language_is_used_and_an_unknown_one_is_a_400(base):
                      data={"model": MODEL, "language": "xx"})
     assert _norm(ok.json()["transcribe_text"]) == "bonjour le monde"
     assert fr.status_code == 200 and fr.json()["language"] == "fr"
+    assert "language_probability" not in fr.json()  # named, not detected
     assert bad.status_code == 400 and "language 'xx' is not supported" in bad.json()["message"]
     assert "fr" in bad.json()["message"] and "ja" in bad.json()["message"]  # it names the languages it can do
 
@@ -88,6 +89,7 @@ def test_translation_returns_english_on_every_api(base, lang, clip):
             {"name": "AUDIO", "datatype": "BYTES", "shape": [1], "data": [base64.b64encode(audio).decode()]},
             {"name": "TASK", "datatype": "BYTES", "shape": [1], "data": ["translate"]}]})
     assert oa.status_code == 200 and oa.json()["task"] == "translate" and oa.json()["language"] == lang, oa.text
+    assert ks.json()["parameters"]["language"] == lang and 0 < ks.json()["parameters"]["language_probability"] <= 1
     for text in (oa.json()["text"], sm.json()["transcribe_text"], ks.json()["outputs"][0]["data"][0]):
         words = set(_norm(text).split())
         assert {"hello", "world"} <= words, (clip, text)  # English, from French, Japanese and Chinese speech

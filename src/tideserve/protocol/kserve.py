@@ -188,7 +188,10 @@ def format_infer(
 ) -> tuple[bytes, dict[str, str], str]:
     """(body, extra headers, content type) of the inference response."""
     text = result.text.encode()
-    head: dict = {"model_name": model_name, "model_version": "1", "outputs": []}
+    head: dict = {"model_name": model_name, "model_version": "1", "outputs": [],
+                  "parameters": {"language": result.language}}  # response parameters (KServe v2)
+    if result.language_probability is not None:
+        head["parameters"]["language_probability"] = round(result.language_probability, 4)
     if req.id is not None:
         head["id"] = req.id
     out: dict = {"name": OUTPUT_TEXT, "datatype": "BYTES", "shape": [1]}

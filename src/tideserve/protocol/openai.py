@@ -112,6 +112,8 @@ def format_response(result: TranscriptionResult, fmt: str, task: str = "transcri
     body = {
         "task": task,
         "language": result.language,
+        **({"language_probability": round(result.language_probability, 4)}
+           if result.language_probability is not None else {}),
         "duration": round(result.duration_s, 3),
         "text": result.text,
         "segments": [

@@ -42,3 +42,5 @@ class TranscriptionResult:
     language: str
     duration_s: float
     segments: list[Segment] = field(default_factory=list)
+    #: The probability of ``language`` when the model detected it (first window); None when given.
+    language_probability: float | None = None

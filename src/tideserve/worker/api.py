@@ -139,9 +139,11 @@ class WorkerService:
         if usage is not None:
             usage.compute_s += compute_s
         language = results[0].language if results else (req.language or "en")
+        probability = results[0].language_probability if results else None
         return TranscriptionResult(
             text=" ".join(r.text for r in results if r.text),
             language=language,
+            language_probability=probability,
             duration_s=prepared.duration_s,
             segments=[s for r in results for s in r.segments],
         )

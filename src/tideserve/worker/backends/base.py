@@ -49,6 +49,8 @@ class WindowResult:
     compression_ratio: float = 0.0
     #: True when the window was judged silence (its text is then empty).
     silent: bool = False
+    #: The probability of ``language`` when the model detected it (None when it was given).
+    language_probability: float | None = None
     temperature: float = 0.0
 
 

@@ -14,6 +14,8 @@ fallback is not applied (deterministic decoding at temperature 0).
 
 from __future__ import annotations
 
+import dataclasses
+
 import time
 from pathlib import Path
 
@@ -95,11 +97,13 @@ class FasterWhisperBackend:
         encoded = self._model.encode(feats)
         requested = [t.language or self._decoding.language for t in tasks]
         languages: list[str]
+        probabilities: list[float | None] = [None] * len(tasks)
         if not self._multilingual:
             languages = ["en"] * len(tasks)
         elif any(lang is None for lang in requested):
-            detected = self._model.model.detect_language(encoded)
+            detected = self._model.model.detect_language(encoded)  # per window: [(token, probability)], best first
             languages = [lang or det[0][0].strip("<|>") for lang, det in zip(requested, detected, strict=True)]
+            probabilities = [None if lang else float(det[0][1]) for lang, det in zip(requested, detected, strict=True)]
         else:
             languages = [lang for lang in requested if lang is not None]
         prompts, toks = [], []
@@ -137,7 +141,8 @@ class FasterWhisperBackend:
             for i, r in zip(idx, res, strict=True):
                 decoded[i] = r
         t2 = time.perf_counter()
-        out = [self._window_result(task, tok, lang, r) for task, tok, lang, r in zip(tasks, toks, languages, decoded, strict=True)]
+        out = [dataclasses.replace(self._window_result(task, tok, lang, r), language_probability=p)
+               for task, tok, lang, r, p in zip(tasks, toks, languages, decoded, probabilities, strict=True)]
         t3 = time.perf_counter()
         return out, ExecutionTimings(input_s=t1 - t0, infer_s=t2 - t1, output_s=t3 - t2)
 
