@@ -116,3 +116,19 @@ def test_openai_streaming_errors_before_the_first_delta_are_plain_errors(endpoin
     with pytest.raises(openai.BadRequestError, match="use response_format json or text"):
         client.audio.transcriptions.create(model=MODEL, file=("a.wav", io.BytesIO(en_clips[0].wav)), stream=True,
                                            response_format="srt")
+
+
+def test_word_timestamps_are_monotonic_inside_the_audio_and_spell_the_text(endpoint, long_clip):
+    client = openai.OpenAI(base_url=endpoint.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    result = client.audio.transcriptions.create(model=MODEL, file=("long.wav", io.BytesIO(long_clip.wav)),
+                                                response_format="verbose_json", timestamp_granularities=["word"])
+    words = result.words
+    assert words and len(words) >= 20  # the 40 s clip, over two windows
+    for w in words:
+        assert 0 <= w.start <= w.end <= long_clip.duration_s + 0.01, w
+    starts = [w.start for w in words]
+    assert starts == sorted(starts)  # monotonic across windows
+    assert wer(result.text, "".join(w.word for w in words)) <= 0.05  # the words are the text
+    with pytest.raises(openai.BadRequestError, match="needs response_format verbose_json"):
+        client.audio.transcriptions.create(model=MODEL, file=("a.wav", io.BytesIO(long_clip.wav)),
+                                           response_format="json", timestamp_granularities=["word"])

@@ -36,8 +36,13 @@ def models_response(served_model: str, model_id: str | None, aliases: Sequence[s
     return model_object(model_id)
 
 
+GRANULARITIES = "timestamp_granularities[]"
+"""The form field (repeated) that asks for ``word`` and/or ``segment`` timestamps."""
+
+
 def parse_form(fields: dict[str, str], file_bytes: bytes | None, served_model: str,
-               aliases: Sequence[str] = (), task: str = "transcribe") -> tuple[TranscriptionRequest, str]:
+               aliases: Sequence[str] = (), task: str = "transcribe",
+               granularities: Sequence[str] = ()) -> tuple[TranscriptionRequest, str]:
     """(request, response_format) from the form. Raises BadInputError / UnknownModelError;
     every text field must be valid text (no lone surrogates, which a part's charset such as
     ``unicode_escape`` can produce)."""
@@ -47,7 +52,8 @@ def parse_form(fields: dict[str, str], file_bytes: bytes | None, served_model: s
         raise BadInputError("missing form field 'file': attach the audio file (multipart/form-data)")
     if not fields.get("model"):
         raise BadInputError(f"missing form field 'model'; this endpoint serves '{served_model}'")
-    schemas.validate(schemas.TranscriptionForm, {**fields, "file": file_bytes}, "the form")  # structure
+    schemas.validate(schemas.TranscriptionForm, {**fields, "file": file_bytes, GRANULARITIES: list(granularities) or None},
+                     "the form")  # structure
     model = fields.get("model")
     if not model:
         raise BadInputError(f"missing form field 'model'; this endpoint serves '{served_model}'")
@@ -71,7 +77,13 @@ def parse_form(fields: dict[str, str], file_bytes: bytes | None, served_model: s
         language=language,
         timestamps=fmt in _TIMESTAMP_FORMATS,
         task=task,
+        words="word" in granularities,
     )
+    for g in granularities:
+        if g not in ("word", "segment"):
+            raise BadInputError(f"timestamp_granularities[] must be word or segment, got {g[:20]!r}")
+    if granularities and fmt != "verbose_json":
+        raise BadInputError("timestamp_granularities[] needs response_format verbose_json (they are returned there)")
     return req, fmt
 
 
@@ -132,6 +144,9 @@ def format_response(result: TranscriptionResult, fmt: str, task: str = "transcri
             for i, s in enumerate(result.segments)
         ],
     }
+    words = [w for s in result.segments for w in s.words]
+    if words:  # asked for with timestamp_granularities[]=word
+        body["words"] = [{"word": w.word, "start": round(w.start_s, 3), "end": round(w.end_s, 3)} for w in words]
     return json.dumps(body).encode(), "application/json"
 
 

@@ -93,6 +93,8 @@ class TranscriptionForm(_Body):
     language: str | None = Field(None, description="ISO-639-1 code, e.g. en")
     response_format: Literal["json", "text", "verbose_json", "srt", "vtt"] = "json"
     temperature: float | None = Field(None, description="only 0 (deterministic decoding)")
+    timestamp_granularities: list[Literal["word", "segment"]] | None = Field(
+        None, alias="timestamp_granularities[]", description="word: words with times (verbose_json)")
     stream: str | None = Field(None, pattern=r"^(?i:true|false|1|0)$",
                                description="true: server-sent events (transcript.text.delta, then .done)")
 

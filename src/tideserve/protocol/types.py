@@ -19,6 +19,18 @@ class TranscriptionRequest:
     language: str | None = None
     timestamps: bool = False
     task: str = "transcribe"  # or "translate": into English
+    words: bool = False  # word timestamps (timestamp_granularities[]=word)
+
+
+@dataclass(frozen=True)
+class Word:
+    """One word and its times in seconds from the start of the audio (cross-attention
+    alignment, as Whisper's word timestamps); ``probability`` is the model's for its tokens."""
+
+    start_s: float
+    end_s: float
+    word: str
+    probability: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -32,6 +44,7 @@ class Segment:
     avg_logprob: float | None = None
     no_speech_prob: float | None = None
     compression_ratio: float | None = None
+    words: tuple[Word, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -128,7 +128,7 @@ class WorkerService:
         any order). Raises BadInputError for a bad prompt or language, EngineDiedError."""
         req = prepared.request
         self.check(req)
-        options = RequestOptions(req.prompt, req.language, req.timestamps, req.task)
+        options = RequestOptions(req.prompt, req.language, req.timestamps, req.task, req.words)
         self.metrics.add("tideserve_worker_requests_in_batcher", 1)
         try:
             on_segment = None if on_text is None else (
@@ -318,7 +318,11 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
                     file_bytes = value.file.read()
             else:
                 fields[key] = str(value)
-        req, fmt = openai.parse_form(fields, file_bytes, name, service.aliases, task)
+        granularities = [str(v) for v in form.getall(openai.GRANULARITIES, [])]
+        req, fmt = openai.parse_form(fields, file_bytes, name, service.aliases, task, granularities)
+        if req.words and platform != "faster-whisper":
+            raise BadInputError(f"word timestamps are not available on the {platform} backend yet; ask for segment "
+                                "timestamps (timestamp_granularities[]=segment) or serve the model with faster-whisper")
         if openai.wants_stream(fields):
             return await stream_transcription(request, req)
         _, result = await run(request, prepare_audio, req, service.max_audio_s)

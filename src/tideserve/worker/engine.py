@@ -69,6 +69,7 @@ class RequestOptions:
     language: str | None = None
     timestamps: bool = False
     task: str = "transcribe"
+    words: bool = False
 
 
 @dataclass
@@ -118,7 +119,8 @@ class _Part:
 
     def task(self) -> WindowTask:
         o = self.options
-        return WindowTask(self.samples, self.offset_s, o.prompt, o.language, o.timestamps, self.temperature, o.task)
+        return WindowTask(self.samples, self.offset_s, o.prompt, o.language, o.timestamps, self.temperature, o.task,
+                          o.words)
 
 
 @dataclass

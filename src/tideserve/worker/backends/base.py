@@ -25,6 +25,7 @@ class WindowTask:
     timestamps: bool = False
     temperature: float = 0.0
     task: str = "transcribe"  # or "translate" (into English; multilingual models only)
+    words: bool = False  # align words in the segments (faster-whisper backend)
 
     @property
     def duration_s(self) -> float:

@@ -28,6 +28,7 @@ from faster_whisper.transcribe import get_suppressed_tokens
 
 from tideserve.errors import EngineMismatchError
 from tideserve.spec.models import Decoding, Target
+from tideserve.protocol.types import Word
 from tideserve.worker.backends.base import WindowResult, WindowTask
 from tideserve.worker.backends.whisper_text import MAX_LENGTH as _MAX_LENGTH
 from tideserve.worker.backends.whisper_text import TIME_PRECISION_S as _TIME_PRECISION_S
@@ -143,8 +144,26 @@ class FasterWhisperBackend:
         t2 = time.perf_counter()
         out = [dataclasses.replace(self._window_result(task, tok, lang, r), language_probability=p)
                for task, tok, lang, r, p in zip(tasks, toks, languages, decoded, probabilities, strict=True)]
+        for i, task in enumerate(tasks):
+            if task.words and out[i].segments:
+                one = encoded if len(tasks) == 1 else ctranslate2.StorageView.from_array(np.asarray(encoded)[[i]])
+                out[i] = self._with_words(task, toks[i], one, out[i])
         t3 = time.perf_counter()
         return out, ExecutionTimings(input_s=t1 - t0, infer_s=t2 - t1, output_s=t3 - t2)
+
+    def _with_words(self, task: WindowTask, tok: Tokenizer, encoded, result: WindowResult) -> WindowResult:
+        """``result`` with each segment's words timed by faster-whisper's cross-attention alignment
+        (``WhisperModel.add_word_timestamps``: the alignment heads and dynamic time warping, as
+        Whisper's word timestamps), with its default punctuation merging."""
+        fps = self._model.frames_per_second
+        subs = [{"seek": round(task.offset_s * fps), "start": s.start_s, "end": s.end_s, "tokens": list(s.tokens)}
+                for s in result.segments]
+        self._model.add_word_timestamps([subs], tok, encoded, len(task.samples) // 160, _PREPEND, _APPEND,
+                                        last_speech_timestamp=task.offset_s)
+        segments = [dataclasses.replace(s, start_s=sub["start"], end_s=sub["end"], words=tuple(
+            Word(w["start"], w["end"], w["word"], float(w["probability"])) for w in sub.get("words") or ()))
+            for s, sub in zip(result.segments, subs, strict=True)]
+        return dataclasses.replace(result, segments=segments)
 
     def _window_result(self, task: WindowTask, tok: Tokenizer, language: str, res) -> WindowResult:
         tokens = [t for t in res.sequences_ids[0]]
@@ -152,6 +171,12 @@ class FasterWhisperBackend:
         d = self._decoding
         return window_result(task, tokens, language, avg_logprob, res.no_speech_prob, tok.eot, tok.timestamp_begin,
                              tok.decode, d.no_speech_threshold, d.log_prob_threshold, d.compression_ratio_threshold)
+
+
+# faster-whisper's transcribe() defaults (which are Whisper's): punctuation joined to the next or
+# the previous word.
+_PREPEND = "\"'“¿([{-"
+_APPEND = "\"'.。,，!！?？:：”)]}、"  # noqa: RUF001 (full-width marks on purpose: CJK punctuation)
 
 
 def _float32(samples: np.ndarray) -> np.ndarray:
