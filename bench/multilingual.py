@@ -39,7 +39,14 @@ def norm(s: str) -> str:
 
 
 def serve(example: str, port: int, tmp: Path) -> tuple[subprocess.Popen, dict]:
+    torch = example.endswith("+torch")
+    example = example.removesuffix("+torch")
     doc = yaml.safe_load((ROOT / "examples" / example).read_text())
+    if torch:  # the same model on the torch backend (greedy, fp32 on the CPU), built by `up`
+        doc["spec"]["model"]["backend"] = "torch"
+        doc["spec"]["model"]["decoding"]["beam_size"] = 1
+        doc["spec"]["pools"][0]["target"] = "cpu-x86_64-fp32"
+        example = "torch-" + example
     doc["spec"]["pools"][0]["replicas"] = {"min": 1, "max": 1}
     doc["spec"]["gateway"]["port"] = port
     (tmp / example).write_text(yaml.safe_dump(doc))
@@ -56,8 +63,9 @@ def startup_s(log: Path) -> float | None:
     return float(m.group(1)) if m else None
 
 
-def run(example: str, clips: list[tuple[str, Path]], port: int, tmp: Path) -> list[dict]:
+def run(example: str, clips: list[tuple[str, Path]], port: int, tmp: Path, named_language: bool = False) -> list[dict]:
     up, doc = serve(example, port, tmp)
+    log_name = ("torch-" if example.endswith("+torch") else "") + example.removesuffix("+torch")
     model = doc["spec"]["model"]["name"]
     url = f"http://127.0.0.1:{port}/v1/audio/transcriptions"
     try:
@@ -71,20 +79,21 @@ def run(example: str, clips: list[tuple[str, Path]], port: int, tmp: Path) -> li
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
-                raise SystemExit(f"{example} did not serve; see {tmp / (example + '.log')}")
+                raise SystemExit(f"{example} did not serve; see {tmp / (log_name + '.log')}")
             time.sleep(0.5)
         rows = []
         for lang, wav in clips:
             t = time.perf_counter()
             r = httpx.post(url, files={"file": (wav.name, wav.read_bytes())},
-                           data={"model": model, "response_format": "verbose_json"}, timeout=300)
+                           data={"model": model, "response_format": "verbose_json",
+                                 **({"language": lang} if named_language else {})}, timeout=300)
             seconds = time.perf_counter() - t
             body = r.json()
             ref = wav.with_suffix(".txt").read_text().strip()
             rows.append({"lang": lang, "clip": wav.stem, "detected": body.get("language"), "text": body.get("text"),
                          "reference": ref, "cer": round(jiwer.cer(norm(ref), norm(body.get("text", "")) or "-"), 3),
                          "seconds": round(seconds, 3), "counting": wav.stem in COUNTING})
-        rows[0]["replica_startup_s"] = startup_s(tmp / f"{example}.log")
+        rows[0]["replica_startup_s"] = startup_s(tmp / f"{log_name}.log")
         return rows
     finally:
         up.send_signal(signal.SIGINT)
@@ -104,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     base = run("whisper-base.yaml", clips, args.port, tmp)
     english = [(lang, wav) for lang, wav in clips if lang == "en"]
     tiny = run("whisper-tiny-en.yaml", english, args.port, tmp)
+    # The torch backend does not detect languages: each clip is sent with its language named.
+    torch_rows = run("whisper-base.yaml+torch", clips, args.port, tmp, named_language=True)
     speech = [r for r in base if not r["counting"]]
     per_lang = {}
     for lang in sorted({r["lang"] for r in base}):
@@ -118,12 +129,20 @@ def main(argv: list[str] | None = None) -> int:
         "seconds_per_english_clip": {"base": round(statistics.mean(r["seconds"] for r in base if r["lang"] == "en"), 3),
                                      "tiny.en": round(statistics.mean(r["seconds"] for r in tiny), 3)},
         "clips": base,
+        "torch_clips": [],
     }
     out["base_over_tiny_seconds"] = round(out["seconds_per_english_clip"]["base"] / out["seconds_per_english_clip"]["tiny.en"], 2)
     out["replica_startup_s"] = {"base": base[0]["replica_startup_s"], "tiny.en": tiny[0]["replica_startup_s"]}
+    out["torch_backend_named_language"] = {
+        lang: round(statistics.mean(r["cer"] for r in torch_rows if r["lang"] == lang and not r["counting"]), 3)
+        for lang in sorted({r["lang"] for r in torch_rows})}
+    out["faster_whisper_named_language_beam5_vs_torch_greedy_note"] = (
+        "faster-whisper rows detect the language and decode with beam 5 (the example's settings); the torch rows "
+        "name the language and decode greedily (the torch backend's only mode)")
     print(json.dumps({k: v for k, v in out.items() if k != "clips"}, indent=2, ensure_ascii=False))
     for r in base:
         print(f"{r['lang']} {r['clip']:16s} detected={r['detected']} cer={r['cer']:.2f} {r['text'][:50]!r}")
+    out["torch_clips"] = torch_rows
     if args.json:
         args.json.write_text(json.dumps(out, indent=2, ensure_ascii=False) + "\n")
     return 0
