@@ -128,6 +128,8 @@ def test_word_timestamps_are_monotonic_inside_the_audio_and_spell_the_text(endpo
         assert 0 <= w.start <= w.end <= long_clip.duration_s + 0.01, w
     starts = [w.start for w in words]
     assert starts == sorted(starts)  # monotonic across windows
+    segments = [(s.start, s.end) for s in result.segments]
+    assert segments == sorted(segments) and all(0 <= a <= b <= long_clip.duration_s + 0.01 for a, b in segments)
     assert wer(result.text, "".join(w.word for w in words)) <= 0.05  # the words are the text
     with pytest.raises(openai.BadRequestError, match="needs response_format verbose_json"):
         client.audio.transcriptions.create(model=MODEL, file=("a.wav", io.BytesIO(long_clip.wav)),
