@@ -176,6 +176,12 @@ class LoadTracker:
     def last_arrival(self) -> float | None:
         return self._last_arrival
 
+    def mark_active(self) -> None:
+        """The service was already serving now (a replay cut out of a running one, as the
+        simulator's warm start assumes): the idle timer starts now, as if a request had just
+        arrived; nothing is counted (no inter-arrival gap, no work)."""
+        self._last_arrival = self.clock()
+
     def arrival_rate_audio_s(self) -> tuple[float, float]:
         """``(rate, at)``: audio seconds arriving per second over about the ``RATE_TAU_S``
         before ``at``, the time of the last arrival. A reader decays it to its own ``now``

@@ -569,6 +569,10 @@ class Simulation:
             self._new_node(prov_catalog.local_node(self.opt.replica_slots, self.opt.local_cost_usd_per_h),
                            "on-demand", 0.0, 0.0)
         reps = {pool: [self._new_replica(pool, RS.READY) for _ in range(k)] for pool, k in sorted(warm.items()) if k > 0}
+        if reps and self.opt.static is None:
+            # Warm replicas stand for a service that was running before the replay starts: it
+            # was not idle at t = 0 (else the first decision scaled the warm replicas to zero).
+            self.load.mark_active()
         if self.opt.cluster == "local":
             node = next(iter(self.nodes.values()))
             for r in (r for rs in reps.values() for r in rs):

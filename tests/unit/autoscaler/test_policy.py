@@ -136,3 +136,26 @@ def test_the_replica_with_the_least_work_is_drained():
 def test_decision_is_pure():
     s, st = snap(pending=5, in_flight=3, last=1.0, pools=[pool(n=2)]), ScalingState(((0.5, 3),))
     assert decide(s, SPEC, st, 2.0) == decide(s, SPEC, st, 2.0)
+
+
+def test_a_ready_replica_moved_to_a_cheaper_pool_is_kept_until_its_replacement_is_ready():
+    """Make before break: placement prefers the cheaper a10g pool, but the ready l40s replica
+    serves until the a10g one is ready (it used to be drained at once: requests then waited the
+    whole cold start). Where the machine has no slot for both, nothing is kept."""
+    from tideserve.autoscaler.policy import PoolSnapshot, ReplicaSnapshot, Snapshot, settle
+
+    def snap(a10g: tuple, l40s: tuple, slots=None) -> Snapshot:
+        return Snapshot(pending=3, in_flight=0, last_arrival=0.0, slots=slots, pools=(
+            PoolSnapshot("a10g", 0, 4, cost_usd_per_h=1.0, service_rate=1.0, replicas=a10g),
+            PoolSnapshot("l40s", 0, 4, cost_usd_per_h=2.0, service_rate=1.0, replicas=l40s)))
+
+    l40s_ready = (ReplicaSnapshot("l40s-1", "ready"),)
+    first = settle(snap((), l40s_ready), 1, "need 1")
+    assert first.desired == {"a10g": 1, "l40s": 1} and first.drain == ()
+    assert "keeps 1 ready replica(s) of l40s until a10g has its new ones ready" in first.reason
+    starting = settle(snap((ReplicaSnapshot("a10g-1", "starting"),), l40s_ready), 1, "need 1")
+    assert starting.desired == {"a10g": 1, "l40s": 1}
+    ready = settle(snap((ReplicaSnapshot("a10g-1", "ready"),), l40s_ready), 1, "need 1")
+    assert ready.desired == {"a10g": 1, "l40s": 0} and ready.drain == ("l40s-1",)
+    no_slot = settle(snap((), l40s_ready, slots=1), 1, "need 1")
+    assert no_slot.desired == {"a10g": 1, "l40s": 0}

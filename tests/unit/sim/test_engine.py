@@ -198,3 +198,14 @@ def test_spot_interruption_two_minute_notice_and_on_demand_replacement():
     assert first.ended_s == pytest.approx(notice + 120.0)
     assert second.capacity_type == "on-demand" and notice <= second.launched_s < notice + 2.5
     assert res.spot_interruptions == 1 and all(r.status == "ok" for r in res.requests)
+
+
+def test_a_warm_replica_stands_for_a_running_service_and_is_not_scaled_to_zero_at_t0():
+    """Warm start (a replay cut out of a running service): one ready replica at t = 0 and the
+    first request 5 s later is served by it, without a cold start. The first decision used to
+    see "no request arrival yet" and scale the warm replica to zero at t = 0."""
+    spec = make_spec()
+    res = simulate(spec, [TraceRequest(0, 5.0, 5.0)], [fixed_profile()],
+                   RunOptions(coldstart=CATALOG, warm={"cpu": 1}))
+    assert [(r.status, r.latency_s, r.held) for r in res.requests] == [("ok", 2.0, False)]
+    assert res.replica_starts == 0
