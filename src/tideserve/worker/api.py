@@ -39,7 +39,15 @@ from tideserve.protocol.internal import COMPUTE_HEADER, TOKEN_HEADER
 from tideserve.worker.timings import Usage
 from tideserve.worker.engine import RequestOptions
 from tideserve.worker.engine_client import EngineClient
-from tideserve.worker.prep import Prepared, PrepPool, prepare_audio, prepare_infer, prepare_invocation
+from tideserve.worker.prep import (
+    Prepared,
+    PrepPool,
+    PrepProcessDied,
+    prepare_audio,
+    prepare_for_engine,
+    prepare_infer,
+    prepare_invocation,
+)
 
 log = logging.getLogger("tideserve.worker")
 
@@ -48,8 +56,9 @@ class AudioBudget:
     """Decoded audio a replica holds at once, in seconds of audio (issue 15: memory bounded by the
     audio). ``take(seconds)`` reserves, ``give(seconds)`` returns; a reservation that would pass
     ``capacity_s`` is refused, unless nothing is held (so one file up to ``max_audio_s`` always
-    runs). Held memory is then at most ``capacity_s`` x 32 KB/s x 2 copies (int16 PCM, 16 kHz, in
-    this process and in the engine), plus the files the prep processes are decoding.
+    runs). Held memory is then at most ``capacity_s`` x 32 KB/s (int16 PCM, 16 kHz, in the engine;
+    prep processes hand it there, so this process holds none), plus the files the prep processes
+    are decoding and at most one decoded file per prep process waiting for this check.
     Raises ValueError for a capacity <= 0."""
 
     def __init__(self, capacity_s: float) -> None:
@@ -114,12 +123,35 @@ class WorkerService:
                                 f"language '{req.language}' is not supported by model '{self.model_name}'; use one of {known}")
 
     async def prepare(self, fn, *args) -> Prepared:
-        """Run a ``worker.prep`` function in a prep process, timing the stage."""
+        """Run a ``worker.prep`` function in a prep process, timing the stage. When the engine
+        has a handoff socket the prep process sends the audio to the engine itself
+        (``prepare_for_engine``; the result's ``engine_rid`` says under which id): the caller then
+        passes the result to ``transcribe`` or ``discard``. A prep process that dies is replaced
+        and the request tried once more, under a new id. Raises what ``fn`` raises,
+        CapacityError (503) when prep processes died twice or the engine cannot be reached."""
         t0 = time.monotonic()
         try:
-            return await self.prep.run(fn, *args)
+            if self.prep.handoff is None or self.engine.handoff != self.prep.handoff:
+                return await self.prep.run(fn, *args)
+            for attempt in range(2):
+                rid = self.engine.new_rid()
+                try:
+                    return await self.prep.run_once(prepare_for_engine, rid, fn, *args,
+                                                    orphaned=self.discard)
+                except PrepProcessDied:
+                    # Its audio may or may not have reached the engine: drop it there (a drop
+                    # that arrives first is remembered until the audio does, or never matters).
+                    self.engine.drop(rid)
+                    if attempt:
+                        raise
+            raise AssertionError("unreachable")
         finally:
             self.metrics.add("tideserve_worker_stage_duration_us", (time.monotonic() - t0) * 1e6, stage="prep")
+
+    def discard(self, prepared: Prepared) -> None:
+        """Release a prepared request that will not be transcribed (its audio in the engine)."""
+        if prepared.engine_rid is not None:
+            self.engine.drop(prepared.engine_rid)
 
     async def transcribe(self, prepared: Prepared, usage: Usage | None = None,
                          on_text: Callable[[int, str], None] | None = None) -> TranscriptionResult:
@@ -127,13 +159,21 @@ class WorkerService:
         time it used; ``on_text(window index, text)`` is called as each window is done (in
         any order). Raises BadInputError for a bad prompt or language, EngineDiedError."""
         req = prepared.request
-        self.check(req)
+        try:
+            self.check(req)
+        except BadInputError:
+            self.discard(prepared)
+            raise
         options = RequestOptions(req.prompt, req.language, req.timestamps, req.task, req.words)
         self.metrics.add("tideserve_worker_requests_in_batcher", 1)
         try:
             on_segment = None if on_text is None else (
                 lambda i, chain: on_text(i, " ".join(r.text for r in chain if r.text)))
-            results, compute_s = await self.engine.transcribe(prepared.segments(), options, on_segment=on_segment)
+            if prepared.engine_rid is not None:
+                results, compute_s = await self.engine.transcribe_handed(
+                    prepared.engine_rid, len(prepared.cuts), options, on_segment=on_segment)
+            else:
+                results, compute_s = await self.engine.transcribe(prepared.segments(), options, on_segment=on_segment)
         finally:
             self.metrics.add("tideserve_worker_requests_in_batcher", -1)
         if usage is not None:
@@ -220,6 +260,7 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
             budget = service.budget
             if budget is not None:
                 if not budget.take(prepared.duration_s):
+                    service.discard(prepared)
                     raise CapacityError(
                         f"this replica holds {budget.held_s:.0f} s of decoded audio and this request has "
                         f"{prepared.duration_s:.0f} s more, past its budget of {budget.capacity_s:g} s "

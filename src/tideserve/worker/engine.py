@@ -27,6 +27,14 @@ so a long file's windows interleave with short requests instead of running ahead
 Messages (pickled tuples over ``multiprocessing`` connections):
 front -> engine: ``("submit", rid, segments, options)`` with ``segments`` a list of
 ``(int16 array, offset_s, silent)`` and ``options`` a ``RequestOptions``; ``("cancel", rid)``; ``("stop",)``.
+The audio need not pass through the front: a prep process sends ``("audio", rid, pcm, cuts,
+silent)`` straight to the engine (``pcm`` int16, ``cuts`` ``(start, end)`` sample indices per
+window, ``silent`` a flag per window) over its own connection to the engine's handoff socket
+(``HandoffListener``), and the front then sends ``("start", rid, options)`` to run it or
+``("drop", rid)`` to discard it (a request refused after its audio was decoded). The two halves
+arrive on different connections in either order; ``EngineLoop.handle`` joins them by ``rid``.
+On the H200 the front carried every request's PCM twice (from the prep process, to the engine)
+and was the served path's limit at one full core (issue 12).
 engine -> front: ``("ready", info)`` or ``("failed", kind, message)`` once at start;
 ``("segment", rid, index, results, compute_s)`` when a segment's chain is complete;
 ``("error", rid, kind, message)`` when a request failed; every message after ``ready`` is
@@ -51,6 +59,7 @@ from tideserve.spec.models import Decoding
 from tideserve.worker.backends.base import WindowResult, WindowTask
 from tideserve.worker.batching import QueuedItem, cut_batch, round_robin
 from tideserve.worker.longform import Accept, follow_up, is_digital_silence
+from tideserve.worker.windows import windows_of
 
 log = logging.getLogger("tideserve.worker.engine")
 SAMPLE_RATE = 16_000
@@ -157,6 +166,13 @@ class EngineLoop:
         self.requests: dict[int, _Request] = {}
         self.active: dict[Any, _Part] = {}  # backend handle (slot) -> part
         self.stats = EngineStats()
+        # Joining a prep process's ("audio", ...) with the front's ("start"/"drop", ...): the
+        # half that came first waits here. ``_dropped`` holds rids whose audio is still on its
+        # way but whose request is already gone (the front only drops or cancels a rid whose
+        # prep process has sent its audio, so each entry is matched once and removed).
+        self._audio: dict[int, list[tuple]] = {}
+        self._starts: dict[int, RequestOptions] = {}
+        self._dropped: set[int] = set()
 
     # --- messages ------------------------------------------------------------------------
 
@@ -165,11 +181,40 @@ class EngineLoop:
         op = msg[0]
         if op == "submit":
             self.submit(msg[1], msg[2], msg[3])
+        elif op == "audio":
+            self._on_audio(msg[1], windows_of(msg[2], msg[3], msg[4]))
+        elif op == "start":
+            self._on_start(msg[1], msg[2])
+        elif op == "drop":
+            if self._audio.pop(msg[1], None) is None:
+                self._dropped.add(msg[1])
         elif op == "cancel":
             self.cancel(msg[1])
+            if self._starts.pop(msg[1], None) is not None:  # started, its audio not here yet
+                self._dropped.add(msg[1])
         elif op == "stop":
             return False
         return True
+
+    def _on_audio(self, rid: int, segments: list[tuple]) -> None:
+        if rid in self._dropped:
+            self._dropped.discard(rid)
+        elif rid in self._starts:
+            self.submit(rid, segments, self._starts.pop(rid))
+        else:
+            self._audio[rid] = segments
+
+    def _on_start(self, rid: int, options: RequestOptions) -> None:
+        segments = self._audio.pop(rid, None)
+        if segments is None:
+            self._starts[rid] = options
+        else:
+            self.submit(rid, segments, options)
+
+    @property
+    def waiting_halves(self) -> int:
+        """Requests of which only the audio or only the start has arrived (operations, tests)."""
+        return len(self._audio) + len(self._starts) + len(self._dropped)
 
     def submit(self, rid: int, segments: list[tuple], options: RequestOptions) -> None:
         """Queue request ``rid``: ``segments`` of ``(int16 PCM, offset_s)`` or ``(int16 PCM,
@@ -407,32 +452,85 @@ class EngineConfig:
     max_queue_delay_s: float
     cpu_threads: int = 0
     chunk_steps: int = DEFAULT_CHUNK_STEPS
+    #: ``(AF_UNIX path, authkey)`` of the socket on which prep processes hand over decoded audio
+    #: (``HandoffListener``); None: audio comes only with ``submit`` from the front.
+    handoff: tuple[str, bytes] | None = None
+
+
+class HandoffListener:
+    """The engine's socket for prep processes' ``("audio", ...)`` messages.
+
+    Binds ``address`` (an AF_UNIX path) with ``authkey`` (``multiprocessing.connection``'s
+    HMAC challenge: another local user's process cannot connect). A thread accepts connections;
+    each gets a reader thread that puts every message on ``put``. Readers block in ``recv``
+    outside the interpreter lock; unpickling the PCM is one copy. A prep process that dies
+    mid-message only ends its own connection. Raises OSError if ``address`` cannot be bound."""
+
+    def __init__(self, address: str, authkey: bytes, put: Callable[[tuple], None]) -> None:
+        from multiprocessing.connection import Listener
+
+        self._listener = Listener(address, family="AF_UNIX", authkey=authkey)
+        self._put = put
+        threading.Thread(target=self._accept, name="engine-handoff", daemon=True).start()
+
+    def _accept(self) -> None:
+        from multiprocessing import AuthenticationError
+
+        while True:
+            try:
+                conn = self._listener.accept()
+            except (AuthenticationError, EOFError, ConnectionError):
+                continue  # not one of ours, or it went away during the handshake
+            except OSError:
+                return  # the listener was closed
+            threading.Thread(target=self._read, args=(conn,), name="engine-handoff-reader", daemon=True).start()
+
+    def _read(self, conn: Any) -> None:
+        try:
+            while True:
+                msg = conn.recv()
+                if isinstance(msg, tuple) and msg and msg[0] == "audio":
+                    self._put(msg)
+        except (EOFError, OSError, ValueError):
+            pass  # the prep process ended (or was replaced)
+        except Exception:
+            log.exception("a prep process sent a message the engine cannot read; its connection is closed")
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        self._listener.close()
 
 
 def engine_main(inbox: Any, outbox: Any, config: EngineConfig) -> None:
-    """Entry point of the engine process: load the backend, say ``ready`` (or ``failed``), then
-    serve messages until ``stop`` or the front goes away. ``inbox``/``outbox``: the two ends
-    of ``multiprocessing`` pipes (``recv``/``send``)."""
+    """Entry point of the engine process: bind the handoff socket (when configured), load the
+    backend, say ``ready`` (or ``failed``), then serve messages until ``stop`` or the front goes
+    away. ``inbox``/``outbox``: the two ends of ``multiprocessing`` pipes (``recv``/``send``)."""
     from tideserve.worker.backends import backend_class
 
     send_lock = threading.Lock()
+    messages: queue.SimpleQueue = queue.SimpleQueue()
 
     def emit(msg: tuple) -> None:
         with send_lock:
             outbox.send(msg)
 
+    handoff: HandoffListener | None = None
     try:
+        if config.handoff is not None:
+            handoff = HandoffListener(config.handoff[0], config.handoff[1], messages.put)
         backend = backend_class(config.backend)(
             config.model_dir, config.target, config.decoding, cpu_threads=config.cpu_threads,
             max_batch_size=config.max_batch_size)
     except BaseException as exc:
         emit(("failed", type(exc).__name__, str(exc) or traceback.format_exc(limit=3)))
+        if handoff is not None:
+            handoff.close()
         return
     emit(("ready", {"languages": sorted(backend.languages),
                     "continuous": all(hasattr(backend, a) for a in ("admit", "run", "finished", "release"))}))
     loop = EngineLoop(backend, config.decoding, config.max_batch_size, config.max_queue_delay_s, emit,
                       chunk_steps=config.chunk_steps)
-    messages: queue.SimpleQueue = queue.SimpleQueue()
 
     def receive() -> None:
         # recv() blocks in a syscall without the interpreter lock; unpickling the int16 PCM is a copy.
@@ -468,3 +566,5 @@ def engine_main(inbox: Any, outbox: Any, config: EngineConfig) -> None:
                 log.exception("engine loop failed")
                 for rid in list(loop.requests):
                     loop._fail(rid, RuntimeError("the engine failed; see the worker log"))
+    if handoff is not None:
+        handoff.close()

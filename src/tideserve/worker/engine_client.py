@@ -13,10 +13,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import dataclasses
 import itertools
 import multiprocessing
 import os
+import secrets
+import shutil
 import signal
+import tempfile
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,9 +85,20 @@ class _Pending:
 
 
 class EngineClient:
-    """Start the engine process for ``config``; ``on_stats(EngineStats)`` receives its counters."""
+    """Start the engine process for ``config``; ``on_stats(EngineStats)`` receives its counters.
 
-    def __init__(self, config: EngineConfig, on_stats: Callable[[EngineStats], None] | None = None) -> None:
+    ``handoff`` (default on): the engine also listens on a Unix socket in a private temporary
+    directory (``handoff``: its ``(path, authkey)``, for ``PrepPool(handoff=...)``), so that prep
+    processes send decoded audio to it directly and this process never carries PCM."""
+
+    def __init__(self, config: EngineConfig, on_stats: Callable[[EngineStats], None] | None = None,
+                 handoff: bool = True) -> None:
+        self._handoff_dir: str | None = None
+        if handoff and config.handoff is None:
+            self._handoff_dir = tempfile.mkdtemp(prefix="tideserve-engine-")
+            config = dataclasses.replace(config, handoff=(os.path.join(self._handoff_dir, "handoff.sock"),
+                                                          secrets.token_bytes(32)))
+        self.handoff = config.handoff
         ctx = multiprocessing.get_context("fork")
         to_engine_r, self._to_engine = ctx.Pipe(duplex=False)
         self._from_engine, from_engine_w = ctx.Pipe(duplex=False)
@@ -172,6 +187,19 @@ class EngineClient:
         """Requests sent to the engine and not yet answered."""
         return len(self._pending)
 
+    def new_rid(self) -> int:
+        """A fresh request id (for ``worker.prep.prepare_for_engine``, then ``transcribe_handed``)."""
+        return next(self._ids)
+
+    def drop(self, rid: int) -> None:
+        """Discard the audio a prep process handed to the engine as ``rid`` (a request refused
+        or gone before it started). Safe from any thread."""
+        if not self.dead:
+            try:
+                self._send(("drop", rid))
+            except (OSError, EOFError, ValueError):
+                self.dead = True
+
     async def transcribe(self, segments: Sequence[tuple[Any, float] | tuple[Any, float, bool | None]],
                          options: RequestOptions,
                          on_segment: Callable[[int, list[WindowResult]], None] | None = None,
@@ -181,16 +209,31 @@ class EngineClient:
         results in audio order and the model seconds the request used. Cancelling the caller
         cancels the request in the engine (queued windows dropped, decoding rows stopped).
         Raises BadInputError / PayloadTooLargeError from the engine, EngineDiedError."""
+        return await self._run(next(self._ids), len(segments), ("submit", None, segments, options), on_segment,
+                               offload=True)
+
+    async def transcribe_handed(self, rid: int, segments: int, options: RequestOptions,
+                                on_segment: Callable[[int, list[WindowResult]], None] | None = None,
+                                ) -> tuple[list[WindowResult], float]:
+        """As ``transcribe``, for audio a prep process already sent to the engine as ``rid``
+        (``worker.prep.prepare_for_engine``) in ``segments`` windows."""
+        return await self._run(rid, segments, ("start", None, options), on_segment, offload=False)
+
+    async def _run(self, rid: int, segments: int, msg: tuple,
+                   on_segment: Callable[[int, list[WindowResult]], None] | None, offload: bool,
+                   ) -> tuple[list[WindowResult], float]:
         if self.dead:
             raise EngineDiedError("the engine process has exited; retry on another replica", retry_after_s=1)
         loop = asyncio.get_running_loop()
-        rid = next(self._ids)
-        pending = _Pending(loop.create_future(), len(segments), on_segment=on_segment)
+        msg = (msg[0], rid, *msg[2:])
+        pending = _Pending(loop.create_future(), segments, on_segment=on_segment)
         self._pending[rid] = pending
         try:
-            # The send copies the PCM into the pipe; off the event loop, as a big one can block briefly.
             try:
-                await loop.run_in_executor(None, self._send, ("submit", rid, segments, options))
+                if offload:  # the send copies the PCM into the pipe: off the event loop, it can block briefly
+                    await loop.run_in_executor(None, self._send, msg)
+                else:  # a few hundred bytes
+                    self._send(msg)
             except (OSError, EOFError, ValueError):  # the pipe is gone: the engine died
                 self.dead = True
                 raise EngineDiedError("the engine process has exited; retry on another replica", retry_after_s=1) from None
@@ -216,3 +259,5 @@ class EngineClient:
             if self.process.is_alive() and self.process.pid is not None:  # alive: started, so it has a pid
                 os.kill(self.process.pid, signal.SIGKILL)
                 self.process.join(1.0)
+        if self._handoff_dir is not None:
+            shutil.rmtree(self._handoff_dir, ignore_errors=True)

@@ -3,8 +3,13 @@
 Everything here is Python and FFmpeg work on the CPU that must not share an interpreter lock
 with the engine loop or the HTTP front (issue 12): body parsing (JSON, base64, KServe binary
 tensors), audio decoding and resampling to 16 kHz int16 PCM, and cutting the audio into <= 30 s
-windows at quiet points. The front hands each body to a ``PrepPool`` process and gets back a
-``Prepared``: small fields plus the PCM (one copy through a pipe, no per-sample Python work).
+windows at quiet points. The front hands each body to a ``PrepPool`` process; when the pool
+knows the engine's handoff socket (``worker.engine.HandoffListener``), the prep process sends
+the PCM straight to the engine under the request's id (``prepare_for_engine``) and the front
+gets back a ``Prepared`` of small fields only, so the PCM never passes through the front (on
+the H200 carrying it there twice made the front the served path's limit; issue 12). Without a
+handoff socket the ``Prepared`` carries the PCM (one copy through a pipe, no per-sample Python
+work).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from tideserve.protocol import kserve, sagemaker
 from tideserve.protocol.types import TranscriptionRequest
 from tideserve.worker.audio import SAMPLE_RATE, decode_pcm16
 from tideserve.worker.longform import is_digital_silence
-from tideserve.worker.windows import split_windows
+from tideserve.worker.windows import split_windows, windows_of
 
 
 @dataclass(frozen=True)
@@ -46,16 +51,20 @@ class Prepared:
     #: Per window: digital silence (``worker.longform.is_digital_silence``), judged here so that
     #: the engine process spends no time on it.
     silent: tuple[bool, ...] = ()
+    #: Set when the PCM was sent to the engine under this request id (``prepare_for_engine``):
+    #: then ``pcm`` is empty and the front starts (or drops) the request by this id.
+    engine_rid: int | None = None
 
     @property
     def duration_s(self) -> float:
-        return len(self.pcm) / SAMPLE_RATE
+        return (self.cuts[-1][1] if self.cuts else len(self.pcm)) / SAMPLE_RATE
 
     def segments(self) -> list[tuple[np.ndarray, float, bool | None]]:
         """The windows as ``(pcm slice, offset_s, silent)`` (views, no copy; ``silent`` None when
-        not judged)."""
-        flags = self.silent or (None,) * len(self.cuts)
-        return [(self.pcm[a:b], a / SAMPLE_RATE, f) for (a, b), f in zip(self.cuts, flags, strict=True)]
+        not judged). Raises ValueError when the PCM went to the engine (``engine_rid``)."""
+        if self.engine_rid is not None:
+            raise ValueError(f"the audio of this request was handed to the engine as request {self.engine_rid}")
+        return windows_of(self.pcm, self.cuts, self.silent)
 
 
 def prepare_audio(req: TranscriptionRequest, max_audio_s: float | None, extra: Any = None) -> Prepared:
@@ -83,6 +92,39 @@ def prepare_infer(body: bytes, header_length: str | None, max_audio_s: float | N
     return prepare_audio(parsed.request, max_audio_s, extra=slim)
 
 
+#: In a prep process: the engine's handoff socket ``(path, authkey)`` (set by the pool's
+#: initializer) and this process's connection to it (opened at first use).
+_handoff: tuple[str, bytes] | None = None
+_engine_conn: Any = None
+_NO_PCM = np.zeros(0, np.int16)
+
+
+def prepare_for_engine(rid: int, fn: Callable[..., Prepared], *args: Any) -> Prepared:
+    """In a prep process: ``fn(*args)``, then send its PCM, cuts and silence flags to the engine
+    as ``("audio", rid, pcm, cuts, silent)``; return the ``Prepared`` without its PCM
+    (``engine_rid`` = ``rid``). Raises what ``fn`` raises; CapacityError (503) when the engine's
+    socket cannot be reached (the engine died: the replica is restarting)."""
+    global _engine_conn
+    prepared = fn(*args)
+    if _handoff is None:
+        raise RuntimeError("this prep process has no engine handoff socket (PrepPool(handoff=...))")
+    try:
+        if _engine_conn is None:
+            from multiprocessing.connection import Client
+
+            _engine_conn = Client(_handoff[0], family="AF_UNIX", authkey=_handoff[1])
+        _engine_conn.send(("audio", rid, prepared.pcm, prepared.cuts, prepared.silent))
+    except (OSError, EOFError) as exc:
+        _engine_conn = None
+        raise CapacityError(f"the engine process cannot be reached ({exc}); retry on another replica",
+                            retry_after_s=1) from None
+    return dataclasses.replace(prepared, pcm=_NO_PCM, engine_rid=rid)
+
+
+class PrepProcessDied(CapacityError):
+    """A prep process died while it held the request (the pool was replaced)."""
+
+
 def default_processes(cpu_count: int | None = None) -> int:
     """Prep processes for a machine of ``cpu_count`` cores: a quarter of them, 1 to 8 (decoding
     a request takes milliseconds against the model's tens to hundreds, so few suffice; the rest
@@ -95,10 +137,13 @@ def _warm() -> int:
     return os.getpid()
 
 
-def _init_process(owner_pid: int) -> None:
+def _init_process(owner_pid: int, handoff: tuple[str, bytes] | None = None) -> None:
     """In each prep process: Ctrl-C goes to the whole process group; the front shuts us down,
-    and if it dies without doing so (SIGKILL, the OOM killer) we end too (``exit_with_owner``)."""
+    and if it dies without doing so (SIGKILL, the OOM killer) we end too (``exit_with_owner``).
+    ``handoff``: the engine's socket for ``prepare_for_engine``."""
+    global _handoff
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _handoff = handoff
     exit_with_owner(owner_pid)
 
 
@@ -132,18 +177,26 @@ def exit_with_owner(owner_pid: int, poll_s: float = 1.0) -> threading.Thread:
     return t
 
 
+def _settle_orphan(future: Any, orphaned: Callable[[Prepared], None]) -> None:
+    if not future.cancelled() and future.exception() is None:
+        orphaned(future.result())
+
+
 class PrepPool:
     """``processes`` prep processes (forkserver: started from a clean interpreter that has
     imported this module, never forked from the threaded front).
 
     ``run(fn, *args)`` runs ``fn`` in one of them. A process that dies (a crash inside FFmpeg,
     the OOM killer) breaks the pool: it is replaced by a new pool and the request is tried once
-    more; if that dies too, CapacityError (503 with Retry-After) answers the request."""
+    more; if that dies too, CapacityError (503 with Retry-After) answers the request.
+    ``handoff``: the engine's socket ``(path, authkey)``; then ``prepare_for_engine`` can run
+    here. Raises ValueError for ``processes`` < 1."""
 
-    def __init__(self, processes: int) -> None:
+    def __init__(self, processes: int, handoff: tuple[str, bytes] | None = None) -> None:
         if processes < 1:
             raise ValueError(f"prep processes must be >= 1, got {processes}")
         self.processes = processes
+        self.handoff = handoff
         self._ctx = multiprocessing.get_context("forkserver")
         self._ctx.set_forkserver_preload(["tideserve.worker.prep"])
         self._pool = self._new_pool()
@@ -151,7 +204,7 @@ class PrepPool:
 
     def _new_pool(self) -> ProcessPoolExecutor:
         return ProcessPoolExecutor(max_workers=self.processes, mp_context=self._ctx, initializer=_init_process,
-                                   initargs=(os.getpid(),))
+                                   initargs=(os.getpid(), self.handoff))
 
     def start(self) -> None:
         """Start the processes now (not at the first request)."""
@@ -159,18 +212,42 @@ class PrepPool:
             self._pool.submit(_warm)
 
     async def run(self, fn: Callable[..., Prepared], *args: Any) -> Prepared:
-        loop = asyncio.get_running_loop()
-        for _attempt in range(2):
-            pool = self._pool
+        """``fn(*args)`` in a prep process, tried a second time if the process dies. Raises what
+        ``fn`` raises; CapacityError when the process died twice."""
+        for attempt in range(2):
             try:
-                return await loop.run_in_executor(pool, fn, *args)
+                return await self.run_once(fn, *args)
+            except PrepProcessDied:
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def run_once(self, fn: Callable[..., Prepared], *args: Any,
+                       orphaned: Callable[[Prepared], None] | None = None) -> Prepared:
+        """``fn(*args)`` in a prep process, once. If the caller is cancelled while it runs and
+        it then succeeds, ``orphaned(result)`` is called (from another thread) so that what it
+        handed on can be released. Raises what ``fn`` raises; PrepProcessDied (503) when the
+        process died (the pool is replaced)."""
+        pool = self._pool
+        try:
+            future = pool.submit(fn, *args)
+        except BrokenProcessPool:
+            future = None
+        if future is not None:
+            try:
+                return await asyncio.wrap_future(future)
+            except asyncio.CancelledError:
+                if orphaned is not None:
+                    future.add_done_callback(lambda f: _settle_orphan(f, orphaned))
+                raise
             except BrokenProcessPool:
-                if self._pool is pool:  # the first caller to see it replaces the pool
-                    self._pool = self._new_pool()
-                    self.replaced += 1
-                    pool.shutdown(wait=False, cancel_futures=True)
-        raise CapacityError("the audio decoding process died while preparing this request, twice; "
-                            "retry, and if it persists send the audio in another format", retry_after_s=1)
+                pass
+        if self._pool is pool:  # the first caller to see it replaces the pool
+            self._pool = self._new_pool()
+            self.replaced += 1
+            pool.shutdown(wait=False, cancel_futures=True)
+        raise PrepProcessDied("the audio decoding process died while preparing this request; retry, and if it "
+                              "persists send the audio in another format", retry_after_s=1)
 
     def pids(self) -> list[int]:
         """The prep processes' pids (for operations and tests)."""

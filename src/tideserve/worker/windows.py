@@ -11,11 +11,13 @@ one file are then decoded in parallel.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 WINDOW_S = 30.0
+SAMPLE_RATE = 16_000
 
 
 @dataclass(frozen=True)
@@ -76,3 +78,13 @@ def _longest_run(flags: np.ndarray) -> tuple[int, int]:
         else:
             i += 1
     return best
+
+
+def windows_of(pcm: np.ndarray, cuts: Sequence[tuple[int, int]], silent: Sequence[bool | None] = ()
+               ) -> list[tuple[np.ndarray, float, bool | None]]:
+    """The windows of one int16 16 kHz array as ``(pcm view, offset_s, silent)`` (what
+    ``worker.engine.EngineLoop.submit`` takes): ``cuts`` are ``(start, end)`` sample indices,
+    ``silent`` a flag per window (digital silence) or empty when not judged (then None each).
+    Views, no copy. Raises ValueError when ``silent`` is given with another length than ``cuts``."""
+    flags: Sequence[bool | None] = tuple(silent) or (None,) * len(cuts)
+    return [(pcm[a:b], a / SAMPLE_RATE, f) for (a, b), f in zip(cuts, flags, strict=True)]

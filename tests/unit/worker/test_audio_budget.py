@@ -38,6 +38,8 @@ def test_budget_refuses_past_capacity_but_always_admits_one_file():
 class Prep:
     """Stands in for PrepPool: the body names the audio's length in seconds."""
 
+    handoff = None  # the PCM comes back here, not through the engine's handoff socket
+
     async def run(self, fn, body: bytes, *args) -> Prepared:
         seconds = json.loads(body)["seconds"]
         pcm = np.ones(int(seconds * SR), np.int16)

@@ -268,3 +268,44 @@ def test_prep_judges_digital_silence_per_window_and_the_engine_trusts_it() -> No
     run_until_idle(loop, clock)
     assert segments_of(out, 1) == {0: ["w40@0"], 1: [""]}
     assert len([t for a in be.admitted for t in a]) == 1
+
+
+def _handed(loop: EngineLoop, rid: int, marks: list[int]) -> None:
+    """A prep process's ``("audio", ...)`` message: one array, a 5 s window per mark."""
+    x = np.concatenate([pcm(5, m) for m in marks])
+    cuts = tuple((k * 5 * SR, (k + 1) * 5 * SR) for k in range(len(marks)))
+    assert loop.handle(("audio", rid, x, cuts, (False,) * len(marks)))
+
+
+def test_audio_from_a_prep_process_joins_its_start_in_either_order() -> None:
+    clock, out = Clock(), []
+    be = SlotBackend(4, steps_of=lambda t: 2)
+    loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=4, max_queue_delay_s=0.0, emit=out.append, clock=clock)
+    _handed(loop, 1, [3, 4])  # audio first
+    assert loop.idle and loop.waiting_halves == 1
+    loop.handle(("start", 1, RequestOptions()))
+    loop.handle(("start", 2, RequestOptions()))  # start first
+    assert loop.waiting_halves == 1
+    _handed(loop, 2, [5])
+    assert loop.waiting_halves == 0
+    run_until_idle(loop, clock)
+    # Windows keep their offsets within the one array the prep process sent.
+    assert segments_of(out, 1) == {0: ["w3@0"], 1: ["w4@5"]}
+    assert segments_of(out, 2) == {0: ["w5@0"]}
+
+
+def test_a_dropped_or_cancelled_request_leaves_nothing_behind_whichever_half_comes_first() -> None:
+    clock, out = Clock(), []
+    be = SlotBackend(4, steps_of=lambda t: 2)
+    loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=4, max_queue_delay_s=0.0, emit=out.append, clock=clock)
+    _handed(loop, 1, [3])
+    loop.handle(("drop", 1))  # refused after its audio arrived (the front's budget check)
+    loop.handle(("drop", 2))  # refused before its audio arrived: remembered until it does
+    assert loop.waiting_halves == 1
+    _handed(loop, 2, [4])
+    loop.handle(("start", 3, RequestOptions()))
+    loop.handle(("cancel", 3))  # the client went away before the audio came
+    _handed(loop, 3, [5])
+    assert loop.waiting_halves == 0 and loop.idle
+    run_until_idle(loop, clock)
+    assert be.admitted == [] and [m for m in out if m[0] in ("segment", "error")] == []
