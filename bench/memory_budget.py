@@ -13,12 +13,13 @@ processes: the descendants of ``tideserve up``, the gateway itself excluded and 
 sampled every 50 ms.
 
 The budget (README, "Limits"; int16 PCM is 1.92 MB per audio minute): audio a replica holds is
-kept twice (HTTP front and engine), about 4 MB per audio minute, over at most
-``max_audio_s_in_flight``; a file being decoded in a prep process is there as its buffer and the
-pickled copy sent back, and a file in transit to the front and the engine as a received copy
-beside its array: about 6 MB per audio minute, once per prep process and once in transit:
+kept once, in the engine (prep processes hand it there; the HTTP front holds none), about 2 MB
+per audio minute, over at most ``max_audio_s_in_flight``; a file being decoded in a prep process
+is there as its buffer and the pickled copy sent to the engine, and a file in transit as the
+engine's received copy beside its array: about 6 MB per audio minute, once per prep process and
+once in transit:
 
-    budget_MB = 4 x in_flight_min + 6 x max_audio_min x (n_prep + 1)
+    budget_MB = 2 x in_flight_min + 6 x max_audio_min x (n_prep + 1)
 
 The verdict compares the peak increase of the replica's summed RSS over its idle RSS with that
 budget; ``mb_per_admitted_audio_min`` divides the peak increase by ``max_audio_s_in_flight`` in
@@ -197,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         sampler.stop.set()
         sampler.join()
         in_flight_s = 2 * args.max_audio_s
-        budget_mb = 4 * in_flight_s / 60 + 6 * args.max_audio_s / 60 * (n_prep + 1)
+        budget_mb = 2 * in_flight_s / 60 + 6 * args.max_audio_s / 60 * (n_prep + 1)
         peak_inc_mb = (sampler.peak_kb - idle_kb) / 1024
         out = {
             "command": "python bench/memory_budget.py " + " ".join(argv if argv is not None else sys.argv[1:]),
