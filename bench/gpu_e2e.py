@@ -284,8 +284,12 @@ def run_load(url: str, bodies: list[bytes], idx: list[int], concurrency: int, pr
 # --- in-process engine, HF --------------------------------------------------------------------
 
 
-def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: bool = False) -> dict:
-    """All ``n_requests`` (file k % len(files)) submitted at once to an EngineLoop over the backend."""
+def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: bool = False,
+                     capture_all: bool = False, batch: int | None = None, chunk_steps: int | None = None) -> dict:
+    """All ``n_requests`` (file k % len(files)) submitted at once to an EngineLoop over the backend.
+    ``capture_all``: capture every (batch bucket, span) CUDA graph first, so that a long row's
+    one-time graph captures (a replica pays them once in its life) are not timed as its
+    steady-state head-of-line cost."""
     import torch
 
     from tideserve.spec.models import Decoding, Target
@@ -298,7 +302,10 @@ def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: 
     if a.fixed_tokens:
         kw.update(max_new_tokens=a.fixed_tokens, min_new_tokens=a.fixed_tokens)
     decoding = Decoding(**kw)
-    backend = TorchWhisperBackend(Path(a.model_dir), Target.parse(a.target), decoding, max_batch_size=a.batch)
+    batch = batch or a.batch
+    backend = TorchWhisperBackend(Path(a.model_dir), Target.parse(a.target), decoding, max_batch_size=batch)
+    if capture_all:
+        backend.decoder.capture_all()
     prepared = [prepare_audio(TranscriptionRequest(audio=wav_bytes(f)), None) for f in files]
     done: dict[int, float] = {}
     texts: dict[int, list] = {}
@@ -309,7 +316,8 @@ def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: 
             if len(texts[msg[1]]) == len(prepared[msg[1] % len(files)].cuts) or msg[1] < 0:
                 done[msg[1]] = time.perf_counter()
 
-    loop = EngineLoop(backend, decoding, a.batch, 0.005, emit)
+    loop = EngineLoop(backend, decoding, batch, 0.005, emit, **({"chunk_steps": chunk_steps} if chunk_steps else {}))
+    steps = loop.chunk_steps
     # Warm-up (CUDA graph captures).
     for k in range(len(files) * min(a.warmup, 4)):
         loop.submit(10_000 + k, prepared[k % len(files)].segments(), RequestOptions())
@@ -324,12 +332,13 @@ def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: 
         backend.decoding = decoding
     t0 = time.perf_counter()
     start = {}
-    for k in range(n_requests):
-        loop.submit(k, prepared[k % len(files)].segments(), RequestOptions())
-        start[k] = time.perf_counter()
-    while not loop.idle:
-        loop.run_once()
-    wall = time.perf_counter() - t0
+    with GpuSampler() as gpu:
+        for k in range(n_requests):
+            loop.submit(k, prepared[k % len(files)].segments(), RequestOptions())
+            start[k] = time.perf_counter()
+        while not loop.idle:
+            loop.run_once()
+        wall = time.perf_counter() - t0
     torch.cuda.synchronize() if torch.cuda.is_available() else None
     audio_s = sum(len(files[k % len(files)]) / SR for k in range(n_requests))
     lat = [done[k] - start[k] for k in range(n_requests) if k in done]
@@ -338,8 +347,9 @@ def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: 
     del backend, loop
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    return {"requests": n_requests, "wall_s": wall, "rtfx": audio_s / wall, "p50_s": pct(lat, 50),
-            "p99_s": pct(lat, 99), "texts": text_of}
+    return {"requests": n_requests, "batch": batch, "chunk_steps": steps, "wall_s": wall,
+            "rtfx": audio_s / wall, "p50_s": pct(lat, 50), "p99_s": pct(lat, 99), "gpu_busy": gpu.busy,
+            "texts": text_of}
 
 
 def hf_baselines(a, files: list[np.ndarray], pipeline: bool) -> dict:
@@ -404,13 +414,17 @@ def hf_baselines(a, files: list[np.ndarray], pipeline: bool) -> dict:
 
             fe = WhisperFeatureExtractor(feature_size=model.config.num_mel_bins)
             tk = WhisperTokenizerFast(tokenizer_file=str(Path(a.model_dir) / "tokenizer.json"))
+            tk.pad_token = "<|endoftext|>"  # the pipeline batches only with a pad token (Whisper pads with end-of-text)
             asr = hf_pipeline("automatic-speech-recognition", model=model, tokenizer=tk, feature_extractor=fe,
                               device=0, torch_dtype=torch.bfloat16)
-            inputs = [{"raw": w.astype(np.float32) / 32768, "sampling_rate": SR} for w in work]
-            asr(inputs[: a.batch], batch_size=a.batch, generate_kwargs=kw)
+            def inputs(ws: list[np.ndarray]) -> list[dict]:  # fresh dicts each call: the pipeline pops "raw"
+                return [{"raw": w.astype(np.float32) / 32768, "sampling_rate": SR} for w in ws]
+
+            asr(inputs(work[: a.batch]), batch_size=a.batch, generate_kwargs=kw)
             torch.cuda.synchronize()
+            all_inputs = inputs(work)
             t0 = time.perf_counter()
-            asr(inputs, batch_size=a.batch, generate_kwargs=kw)
+            asr(all_inputs, batch_size=a.batch, generate_kwargs=kw)
             torch.cuda.synchronize()
             res["rtfx_pipeline"] = audio_s / (time.perf_counter() - t0)
         except Exception as exc:
@@ -432,6 +446,7 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=8, help="warm-up requests per file before measuring")
     ap.add_argument("--fixed-tokens", type=int, default=0, help="force this many tokens per window (random weights)")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: served,engine,hf,pipeline,hol")
+    ap.add_argument("--engine-sweep", default="", help="comma list of BATCHxCHUNK_STEPS for extra in-process engine runs")
     a = ap.parse_args()
     a.concurrency = [int(c) for c in a.concurrency.split(",")]
     skip = set(filter(None, a.skip.split(",")))
@@ -477,10 +492,17 @@ def main() -> int:
             res["wer_served_vs_hf_by_file"] = {f"{len(files[k]) / SR:g}s": round(v, 3) for k, v in per.items()}
             res["sample_texts"] = {f"{len(files[k]) / SR:g}s": {"served": served_texts.get(k, "")[:300],
                                                                  "hf": h["texts"].get(k, "")[:300]} for k in (0, 6, 12)}
+    if a.engine_sweep:  # the engine alone at other batch sizes and chunk lengths (GPU busy against host work)
+        res["engine_sweep"] = []
+        for cfg in a.engine_sweep.split(","):
+            b, c = (int(x) for x in cfg.split("x"))
+            e = engine_inprocess(a, files, a.requests, batch=b, chunk_steps=c)
+            res["engine_sweep"].append({k: v for k, v in e.items() if k != "texts"})
+            print(json.dumps(res["engine_sweep"][-1]), flush=True)
     if "hol" not in skip:
         n = min(a.requests, 512)
-        base = engine_inprocess(a, files, n)
-        looped = engine_inprocess(a, files, n, loop_request=True)
+        base = engine_inprocess(a, files, n, capture_all=True)
+        looped = engine_inprocess(a, files, n, loop_request=True, capture_all=True)
         res["head_of_line"] = {"requests": n, "p99_s_without": base["p99_s"], "p99_s_with_loop": looped["p99_s"],
                                "ratio": looped["p99_s"] / base["p99_s"]}
         print(json.dumps(res["head_of_line"]), flush=True)

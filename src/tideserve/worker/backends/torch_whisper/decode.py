@@ -45,6 +45,16 @@ from tideserve.worker.backends.torch_whisper.model import KVCache, Whisper
 _NEG_INF = float("-inf")
 
 
+def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``host`` (a fresh CPU tensor) on ``device`` without a host-device synchronisation: from
+    pageable memory CUDA stages the bytes before ``cudaMemcpyAsync`` returns, so ``host`` may be
+    freed at once, and the copy is ordered on the stream before the kernels that read it
+    (CUDA runtime API, "API synchronization behavior"). ``torch.tensor(..., device=cuda)``
+    instead waits for every kernel queued before it, which stalled admissions behind the
+    running decode chunk."""
+    return host.to(device, non_blocking=True)
+
+
 @dataclass(frozen=True)
 class SpecialTokens:
     """Token ids the rules need. ``timestamp_begin`` is ``<|0.00|>``; ids >= it are timestamps."""
@@ -282,23 +292,21 @@ class GreedyDecoder:
             plens.append(len(p))
             sots.append(p.index(self.special.sot))
         free = [s for s in range(self.max_batch) if s not in self._busy][:n]
-        dev = self.device
-        idx = torch.tensor(free, dtype=torch.long, device=dev)
-        prompt_dev = host.to(dev)
-        plen = torch.tensor(plens, dtype=torch.long, device=dev)
+        idx = _to_device(torch.tensor(free, dtype=torch.long), self.device)
+        prompt_dev = _to_device(host, self.device)
         self.model.fill_cross(self.cache, encoded.to(self.dtype), rows=idx)
         self.prompt.index_copy_(0, idx, prompt_dev)
-        self.prompt_len.index_copy_(0, idx, plen)
-        self.sot_index.index_copy_(0, idx, torch.tensor(sots, dtype=torch.long, device=dev))
+        self.prompt_len.index_copy_(0, idx, _to_device(torch.tensor(plens, dtype=torch.long), self.device))
+        self.sot_index.index_copy_(0, idx, _to_device(torch.tensor(sots, dtype=torch.long), self.device))
         limits = [t if c is None else min(pl + c, t) for pl, c in zip(plens, caps, strict=True)]
-        self.max_len.index_copy_(0, idx, torch.tensor(limits, dtype=torch.long, device=dev))
+        self.max_len.index_copy_(0, idx, _to_device(torch.tensor(limits, dtype=torch.long), self.device))
         self.min_new.index_fill_(0, idx, min_new_tokens)
-        self.timestamps.index_copy_(0, idx, torch.tensor(list(timestamps), dtype=torch.bool, device=dev))
-        self.temperature.index_copy_(0, idx, torch.tensor(temps, dtype=torch.float32, device=dev))
+        self.timestamps.index_copy_(0, idx, _to_device(torch.tensor(list(timestamps), dtype=torch.bool), self.device))
+        self.temperature.index_copy_(0, idx, _to_device(torch.tensor(temps, dtype=torch.float32), self.device))
         first = prompt_dev[:, 0]
         self.tok.index_copy_(0, idx, first)
         self.pos.index_fill_(0, idx, 0)
-        hist = torch.zeros(n, t + 1, dtype=torch.long, device=dev)
+        hist = torch.zeros(n, t + 1, dtype=torch.long, device=self.device)
         hist[:, 0] = first
         self.hist.index_copy_(0, idx, hist)
         self.done.index_fill_(0, idx, False)
@@ -359,7 +367,7 @@ class GreedyDecoder:
         slots = [s for s in slots if s in self._busy]
         if not slots:
             return
-        self.done.index_fill_(0, torch.tensor(slots, dtype=torch.long, device=self.device), True)
+        self.done.index_fill_(0, _to_device(torch.tensor(slots, dtype=torch.long), self.device), True)
         for s in slots:
             del self._busy[s]
             self._plen.pop(s, None)

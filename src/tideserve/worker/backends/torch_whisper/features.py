@@ -55,6 +55,10 @@ class LogMel:
         self.filters = torch.from_numpy(mel_filters(n_mels)).to(device)
         self.window = torch.hann_window(N_FFT, periodic=True, device=device)
         self._pinned: torch.Tensor | None = None
+        # Set after each asynchronous copy out of the pinned buffer; the next call waits on it
+        # before writing the buffer again (by then it has long completed: the engine loop
+        # synchronises once per decode chunk). No host-device synchronisation otherwise.
+        self._copied: torch.cuda.Event | None = None
 
     def _host_buffer(self, n: int, dtype: torch.dtype) -> torch.Tensor:
         """A reusable 1-D host buffer of at least ``n`` samples, page-locked when the device is a
@@ -83,12 +87,17 @@ class LogMel:
         padded = [max(length + HOP, N_FFT // 2 + 1) for length in lengths]
         total = max(max(padded), N_FRAMES * HOP + HOP)
         int16 = all(w.dtype == np.int16 for w in windows)
+        if self._copied is not None:
+            self._copied.synchronize()  # the previous copy out of the pinned buffer is done
         flat = self._host_buffer(max(1, sum(lengths)), torch.int16 if int16 else torch.float32)
         if sum(lengths):
             np.concatenate([w if int16 else w.astype(np.float32, copy=False) for w in windows],
                            out=flat.numpy()[: sum(lengths)])
-        # Blocking copy: the buffer is reused by the next call.
-        dev = flat.to(self.device).float()
+        cuda = self.device.type == "cuda"
+        dev = flat.to(self.device, non_blocking=cuda).float()
+        if cuda:
+            self._copied = torch.cuda.Event()
+            self._copied.record()
         if int16:
             dev = dev / 32768.0
         x = torch.zeros(n, total, device=self.device)
@@ -99,7 +108,8 @@ class LogMel:
         spec = torch.stft(x, N_FFT, HOP, window=self.window, center=True, pad_mode="reflect", return_complex=True)
         power = spec[..., :-1].abs() ** 2  # [B, 201, frames]
         logmel = torch.clamp(self.filters @ power, min=1e-10).log10()  # [B, n_mels, frames]
-        frames = torch.tensor([p // HOP for p in padded], device=self.device)  # frames before the 2nd drop
+        # frames before the 2nd drop; from pageable memory without a device synchronisation
+        frames = torch.tensor([p // HOP for p in padded]).to(self.device, non_blocking=True)
         valid = torch.arange(logmel.shape[-1], device=self.device)[None, :] < frames[:, None]
         peak = logmel.masked_fill(~valid[:, None, :], float("-inf")).amax(dim=(1, 2), keepdim=True)
         logmel = (torch.maximum(logmel, peak - 8.0) + 4.0) / 4.0
