@@ -285,7 +285,8 @@ def run_load(url: str, bodies: list[bytes], idx: list[int], concurrency: int, pr
 
 
 def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: bool = False,
-                     capture_all: bool = False, batch: int | None = None, chunk_steps: int | None = None) -> dict:
+                     capture_all: bool = False, batch: int | None = None, chunk_steps: int | None = None,
+                     encoder_graphs: bool | None = None) -> dict:
     """All ``n_requests`` (file k % len(files)) submitted at once to an EngineLoop over the backend.
     ``capture_all``: capture every (batch bucket, span) CUDA graph first, so that a long row's
     one-time graph captures (a replica pays them once in its life) are not timed as its
@@ -303,7 +304,8 @@ def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: 
         kw.update(max_new_tokens=a.fixed_tokens, min_new_tokens=a.fixed_tokens)
     decoding = Decoding(**kw)
     batch = batch or a.batch
-    backend = TorchWhisperBackend(Path(a.model_dir), Target.parse(a.target), decoding, max_batch_size=batch)
+    backend = TorchWhisperBackend(Path(a.model_dir), Target.parse(a.target), decoding, max_batch_size=batch,
+                                  encoder_graphs=encoder_graphs)
     if capture_all:
         backend.decoder.capture_all()
     prepared = [prepare_audio(TranscriptionRequest(audio=wav_bytes(f)), None) for f in files]
@@ -344,10 +346,13 @@ def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: 
     lat = [done[k] - start[k] for k in range(n_requests) if k in done]
     text_of = {k: " ".join(r.text for _, rs in sorted(texts[k], key=lambda x: x[0]) for r in rs if r.text)
                for k in range(len(files)) if k in texts}
+    graphed = type(backend.encode).__name__ == "GraphedEncoder"
     del backend, loop
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    return {"requests": n_requests, "batch": batch, "chunk_steps": steps, "wall_s": wall,
+    return {"requests": n_requests, "batch": batch, "chunk_steps": steps,
+            "encoder_graphs": graphed,
+            "wall_s": wall,
             "rtfx": audio_s / wall, "p50_s": pct(lat, 50), "p99_s": pct(lat, 99), "gpu_busy": gpu.busy,
             "texts": text_of}
 
@@ -446,7 +451,8 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=8, help="warm-up requests per file before measuring")
     ap.add_argument("--fixed-tokens", type=int, default=0, help="force this many tokens per window (random weights)")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: served,engine,hf,pipeline,hol")
-    ap.add_argument("--engine-sweep", default="", help="comma list of BATCHxCHUNK_STEPS for extra in-process engine runs")
+    ap.add_argument("--engine-sweep", default="",
+                    help="comma list of BATCHxCHUNK_STEPS[:nograph] for extra in-process engine runs")
     a = ap.parse_args()
     a.concurrency = [int(c) for c in a.concurrency.split(",")]
     skip = set(filter(None, a.skip.split(",")))
@@ -495,8 +501,10 @@ def main() -> int:
     if a.engine_sweep:  # the engine alone at other batch sizes and chunk lengths (GPU busy against host work)
         res["engine_sweep"] = []
         for cfg in a.engine_sweep.split(","):
-            b, c = (int(x) for x in cfg.split("x"))
-            e = engine_inprocess(a, files, a.requests, batch=b, chunk_steps=c)
+            size, _, flag = cfg.partition(":")
+            b, c = (int(x) for x in size.split("x"))
+            e = engine_inprocess(a, files, a.requests, batch=b, chunk_steps=c,
+                                 encoder_graphs=False if flag == "nograph" else None)
             res["engine_sweep"].append({k: v for k, v in e.items() if k != "texts"})
             print(json.dumps(res["engine_sweep"][-1]), flush=True)
     if "hol" not in skip:

@@ -68,9 +68,13 @@ SAMPLE_RATE = 16_000
 MAX_PARTS_PER_SEGMENT = 32
 #: Decoder steps between two looks at which rows ended (one device sync and one round of host
 #: work each). Measured on the H200 with tiny.en, the engine alone at batch 64 on the same 2,000
-#: requests: 8 steps gave 6,678 audio-s/s at 56% GPU busy, 16 steps 8,561 at 73%
-#: (bench/results/gpu_engine_sweep_h200.json): the host work per round, not the few steps a
-#: finished row idles, set the pace. A row that ends mid-chunk holds its slot until the chunk ends.
+#: requests: 8 steps gave 6,678 audio-s/s at 56% GPU busy, 16 steps 8,561 at 73% (one machine,
+#: bench/results/gpu_engine_sweep_h200.json); on another, 16 steps 7,133 at 66% and 32 steps
+#: 7,720 at 78% (gpu_engine_sweep_h200_graphs.json): the host work per round, not the steps a
+#: finished row idles, sets the pace. But served through HTTP on that machine, 32 steps gave less
+#: than 16 (6,264 against 6,725 audio-s/s at 256 clients, 4,812 against 5,866 at 64:
+#: gpu_e2e_h200_chunk32.json, gpu_e2e_h200.json): each request waits longer for its last rows,
+#: so fewer are in flight. A row that ends mid-chunk holds its slot until the chunk ends.
 DEFAULT_CHUNK_STEPS = 16
 
 

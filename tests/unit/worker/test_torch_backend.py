@@ -17,7 +17,7 @@ from tideserve.errors import EngineMismatchError
 from tideserve.spec.models import Target
 from tideserve.worker.backends.torch_whisper import backend as backend_mod
 from tideserve.worker.backends.torch_whisper.decode import GreedyDecoder, SpecialTokens
-from tideserve.worker.backends.torch_whisper.model import KVCache, Whisper, WhisperDims
+from tideserve.worker.backends.torch_whisper.model import GraphedEncoder, KVCache, Whisper, WhisperDims
 
 DIMS = WhisperDims(num_mel_bins=80, d_model=64, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=128,
                    decoder_layers=2, decoder_attention_heads=4, decoder_ffn_dim=128, vocab_size=51864)
@@ -202,3 +202,23 @@ def test_every_graph_is_captured_up_front_and_decoding_then_captures_none() -> N
 
 def test_capture_all_is_a_no_op_without_cuda_graphs() -> None:
     assert GreedyDecoder(make_model("cpu"), SPECIAL, max_batch=4, max_prompt=8).capture_all() == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (runs on the GPU machine)")
+def test_the_graphed_encoder_equals_the_encoder_for_every_row_count() -> None:
+    m = make_model("cuda")
+    enc = GraphedEncoder(m, max_batch=8, n_mels=DIMS.num_mel_bins, dtype=torch.float32)
+    with torch.inference_mode():
+        for n in (1, 3, 8, 5):  # buckets 1, 4, 8 (captured), then 8 again with other rows (replayed)
+            feats = torch.randn(n, DIMS.num_mel_bins, 3000, device="cuda")
+            torch.testing.assert_close(enc(feats), m.encode(feats), rtol=1e-4, atol=1e-4)
+    assert sorted(enc._graphs) == [1, 4, 8]
+    with pytest.raises(ValueError, match=re.escape("1..8 windows")):
+        enc(torch.zeros(9, DIMS.num_mel_bins, 3000, device="cuda"))
+
+
+def test_the_encoder_is_graphed_only_on_a_gpu_and_up_to_small_width() -> None:
+    assert not GraphedEncoder.enabled_for(make_model("cpu"), torch.device("cpu"))
+    assert GraphedEncoder.enabled_for(make_model("cpu"), torch.device("cuda"))  # width 64 <= 768
+    wide = Whisper(replace(DIMS, d_model=1280, encoder_attention_heads=4, decoder_attention_heads=4))
+    assert not GraphedEncoder.enabled_for(wide, torch.device("cuda"))

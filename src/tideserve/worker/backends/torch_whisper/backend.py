@@ -26,7 +26,7 @@ from tideserve.spec.models import Decoding, Target
 from tideserve.worker.backends.base import WindowResult, WindowTask
 from tideserve.worker.backends.torch_whisper.decode import GreedyDecoder, SpecialTokens
 from tideserve.worker.backends.torch_whisper.features import LogMel
-from tideserve.worker.backends.torch_whisper.model import Whisper, load_hf_dir
+from tideserve.worker.backends.torch_whisper.model import GraphedEncoder, Whisper, load_hf_dir
 from tideserve.worker.backends.whisper_text import MAX_LENGTH, window_result
 from tideserve.worker.timings import ExecutionTimings
 
@@ -95,7 +95,8 @@ class TorchWhisperBackend:
     """
 
     def __init__(self, model_dir: Path, target: Target, decoding: Decoding, cpu_threads: int = 0,
-                 max_batch_size: int = 64, use_cuda_graphs: bool | None = None) -> None:
+                 max_batch_size: int = 64, use_cuda_graphs: bool | None = None,
+                 encoder_graphs: bool | None = None) -> None:
         self.device = _device_for(target)
         if decoding.beam_size != 1:
             raise ValueError(f"the torch backend decodes greedily; set model.decoding.beam_size: 1 "
@@ -125,6 +126,10 @@ class TorchWhisperBackend:
         self.features = LogMel(self.model.dims.num_mel_bins, self.device)
         self.decoder = GreedyDecoder(self.model, self.special, max_batch=max_batch_size,
                                      use_cuda_graphs=use_cuda_graphs)
+        graph_encoder = ((use_cuda_graphs is not False and GraphedEncoder.enabled_for(self.model, self.device))
+                         if encoder_graphs is None else encoder_graphs and self.device.type == "cuda")
+        self.encode = (GraphedEncoder(self.model, max_batch_size, self.model.dims.num_mel_bins, dtype) if graph_encoder
+                       else self.model.encode)
         self._rows: dict[int, tuple[WindowTask, str]] = {}  # busy slot -> its task and language
         self._encoder_events: list[tuple[Any, Any]] = []  # (start, end) CUDA events of admissions not yet read
         # CUDA graphs are captured on first use of each (batch bucket, span), not here: capturing
@@ -162,7 +167,7 @@ class TorchWhisperBackend:
             start.record()
         feats = self.features([t.samples for t in tasks]).to(self.decoder.dtype)
         t1 = time.perf_counter()
-        encoded = self.model.encode(feats)
+        encoded = self.encode(feats)
         slots = self.decoder.admit(encoded, prompts, with_ts, max_new_tokens=self.decoding.max_new_tokens,
                                    temperatures=[t.temperature for t in tasks],
                                    min_new_tokens=self.decoding.min_new_tokens)
@@ -217,7 +222,7 @@ class TorchWhisperBackend:
         languages, with_ts, prompts = self._prompts(tasks)
         feats = self.features([t.samples for t in tasks]).to(self.decoder.dtype)
         t1 = time.perf_counter()
-        encoded = self.model.encode(feats)
+        encoded = self.encode(feats)
         rows = self.decoder.decode(encoded, prompts, with_ts, max_new_tokens=self.decoding.max_new_tokens,
                                    temperatures=[t.temperature for t in tasks],
                                    min_new_tokens=self.decoding.min_new_tokens)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 from pathlib import Path
 
 import torch
@@ -300,3 +300,69 @@ def _build(dims: WhisperDims, state: dict[str, torch.Tensor], model_dir: Path, d
     if missing or unexpected:
         raise ValueError(f"{model_dir}: weights do not match the config: missing {missing[:5]}, unexpected {unexpected[:5]}")
     return model.to(device=device, dtype=dtype).eval()
+
+
+class GraphedEncoder:
+    """The encoder replayed from one CUDA graph per batch bucket (powers of two up to
+    ``max_batch``), so an admission's encoder pass costs the host one replay instead of a
+    launch per operation. Rows are independent in Whisper's encoder, so a bucket's padding rows
+    (left as they were) change nothing in the rows used.
+
+    Why: on the H200 the engine loop serving tiny.en spent about 28% of its time launching the
+    encoder's operations while the GPU waited (a py-spy profile, bench/gpu_sweep_session.sh);
+    at large-v3 size the GPU is already busy (96%), so ``enabled_for`` limits graphs to models
+    whose width is at most ``MAX_D_MODEL``. Graphs are captured on first use of a bucket (each
+    a few forward passes) and hold that bucket's activations in a memory pool shared by all.
+    """
+
+    MAX_D_MODEL = 768  # Whisper tiny (384), base (512), small (768)
+
+    def __init__(self, model: Whisper, max_batch: int, n_mels: int, dtype: torch.dtype) -> None:
+        self.model = model
+        self.max_batch = max_batch
+        self.n_mels = n_mels
+        self.dtype = dtype
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self._pool: Any = None
+
+    @classmethod
+    def enabled_for(cls, model: Whisper, device: torch.device) -> bool:
+        return device.type == "cuda" and model.dims.d_model <= cls.MAX_D_MODEL
+
+    def _bucket(self, n: int) -> int:
+        b = 1
+        while b < n:
+            b *= 2
+        return min(b, self.max_batch)
+
+    @torch.inference_mode()
+    def __call__(self, features: torch.Tensor) -> torch.Tensor:
+        """``[n, n_mels, 3000]`` -> ``[n, 1500, d_model]`` (a view of the bucket's output buffer,
+        valid until the next call). Raises ValueError for more rows than ``max_batch``."""
+        n = features.shape[0]
+        if not 0 < n <= self.max_batch:
+            raise ValueError(f"the encoder takes 1..{self.max_batch} windows, got {n}")
+        b = self._bucket(n)
+        entry = self._graphs.get(b)
+        if entry is None:
+            entry = self._capture(b, features)
+        graph, inp, out = entry
+        inp[:n].copy_(features)
+        graph.replay()
+        return out[:n]
+
+    def _capture(self, b: int, like: torch.Tensor) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
+        inp = torch.zeros((b, *like.shape[1:]), dtype=like.dtype, device=like.device)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):  # warm-up before capture (allocations, kernel selection)
+                self.model.encode(inp)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self._pool):
+            out = self.model.encode(inp)
+        self._graphs[b] = (graph, inp, out)
+        return self._graphs[b]
