@@ -30,7 +30,7 @@ front -> engine: ``("submit", rid, segments, options)`` with ``segments`` a list
 The audio need not pass through the front: a prep process sends ``("audio", rid, pcm, cuts,
 silent)`` straight to the engine (``pcm`` int16, ``cuts`` ``(start, end)`` sample indices per
 window, ``silent`` a flag per window) over its own connection to the engine's handoff socket
-(``HandoffListener``), and the front then sends ``("start", rid, options)`` to run it or
+(``worker.handoff``), and the front then sends ``("start", rid, options)`` to run it or
 ``("drop", rid)`` to discard it (a request refused after its audio was decoded). The two halves
 arrive on different connections in either order; ``EngineLoop.handle`` joins them by ``rid``.
 On the H200 the front carried every request's PCM twice (from the prep process, to the engine)
@@ -467,53 +467,8 @@ class EngineConfig:
     cpu_threads: int = 0
     chunk_steps: int = DEFAULT_CHUNK_STEPS
     #: ``(AF_UNIX path, authkey)`` of the socket on which prep processes hand over decoded audio
-    #: (``HandoffListener``); None: audio comes only with ``submit`` from the front.
+    #: (``worker.handoff``); None: audio comes only with ``submit`` from the front.
     handoff: tuple[str, bytes] | None = None
-
-
-class HandoffListener:
-    """The engine's socket for prep processes' ``("audio", ...)`` messages.
-
-    Binds ``address`` (an AF_UNIX path) with ``authkey`` (``multiprocessing.connection``'s
-    HMAC challenge: another local user's process cannot connect). A thread accepts connections;
-    each gets a reader thread that puts every message on ``put``. Readers block in ``recv``
-    outside the interpreter lock; unpickling the PCM is one copy. A prep process that dies
-    mid-message only ends its own connection. Raises OSError if ``address`` cannot be bound."""
-
-    def __init__(self, address: str, authkey: bytes, put: Callable[[tuple], None]) -> None:
-        from multiprocessing.connection import Listener
-
-        self._listener = Listener(address, family="AF_UNIX", authkey=authkey)
-        self._put = put
-        threading.Thread(target=self._accept, name="engine-handoff", daemon=True).start()
-
-    def _accept(self) -> None:
-        from multiprocessing import AuthenticationError
-
-        while True:
-            try:
-                conn = self._listener.accept()
-            except (AuthenticationError, EOFError, ConnectionError):
-                continue  # not one of ours, or it went away during the handshake
-            except OSError:
-                return  # the listener was closed
-            threading.Thread(target=self._read, args=(conn,), name="engine-handoff-reader", daemon=True).start()
-
-    def _read(self, conn: Any) -> None:
-        try:
-            while True:
-                msg = conn.recv()
-                if isinstance(msg, tuple) and msg and msg[0] == "audio":
-                    self._put(msg)
-        except (EOFError, OSError, ValueError):
-            pass  # the prep process ended (or was replaced)
-        except Exception:
-            log.exception("a prep process sent a message the engine cannot read; its connection is closed")
-        finally:
-            conn.close()
-
-    def close(self) -> None:
-        self._listener.close()
 
 
 def engine_main(inbox: Any, outbox: Any, config: EngineConfig) -> None:
@@ -521,6 +476,7 @@ def engine_main(inbox: Any, outbox: Any, config: EngineConfig) -> None:
     backend, say ``ready`` (or ``failed``), then serve messages until ``stop`` or the front goes
     away. ``inbox``/``outbox``: the two ends of ``multiprocessing`` pipes (``recv``/``send``)."""
     from tideserve.worker.backends import backend_class
+    from tideserve.worker.handoff import HandoffListener
 
     send_lock = threading.Lock()
     messages: queue.SimpleQueue = queue.SimpleQueue()

@@ -4,7 +4,7 @@ Everything here is Python and FFmpeg work on the CPU that must not share an inte
 with the engine loop or the HTTP front (issue 12): body parsing (JSON, base64, KServe binary
 tensors), audio decoding and resampling to 16 kHz int16 PCM, and cutting the audio into <= 30 s
 windows at quiet points. The front hands each body to a ``PrepPool`` process; when the pool
-knows the engine's handoff socket (``worker.engine.HandoffListener``), the prep process sends
+knows the engine's handoff socket (``worker.handoff``), the prep process sends
 the PCM straight to the engine under the request's id (``prepare_for_engine``) and the front
 gets back a ``Prepared`` of small fields only, so the PCM never passes through the front (on
 the H200 carrying it there twice made the front the served path's limit; issue 12). Without a
@@ -24,6 +24,7 @@ import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from multiprocessing import AuthenticationError
 from dataclasses import dataclass
 from typing import Any
 from collections.abc import Callable
@@ -33,6 +34,7 @@ import numpy as np
 from tideserve.errors import CapacityError
 from tideserve.protocol import kserve, sagemaker
 from tideserve.protocol.types import TranscriptionRequest
+from tideserve.worker import handoff
 from tideserve.worker.audio import SAMPLE_RATE, decode_pcm16
 from tideserve.worker.longform import is_digital_silence
 from tideserve.worker.windows import split_windows, windows_of
@@ -110,11 +112,9 @@ def prepare_for_engine(rid: int, fn: Callable[..., Prepared], *args: Any) -> Pre
         raise RuntimeError("this prep process has no engine handoff socket (PrepPool(handoff=...))")
     try:
         if _engine_conn is None:
-            from multiprocessing.connection import Client
-
-            _engine_conn = Client(_handoff[0], family="AF_UNIX", authkey=_handoff[1])
+            _engine_conn = handoff.connect(_handoff[0], _handoff[1])
         _engine_conn.send(("audio", rid, prepared.pcm, prepared.cuts, prepared.silent))
-    except (OSError, EOFError) as exc:
+    except (OSError, EOFError, AuthenticationError) as exc:
         _engine_conn = None
         raise CapacityError(f"the engine process cannot be reached ({exc}); retry on another replica",
                             retry_after_s=1) from None
