@@ -17,7 +17,6 @@ import base64
 import concurrent.futures
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -29,6 +28,7 @@ import numpy as np
 import yaml
 
 from longfiles import wav_pcm16
+from procs import stop
 
 ROOT = Path(__file__).resolve().parents[1]
 SR = 16_000
@@ -121,11 +121,7 @@ def main() -> int:
                     results[name].setdefault(str(c), []).append(r)
                     print(json.dumps({"round": rnd, "tree": name, "clients": c, **r}), flush=True)
             finally:
-                proc.send_signal(signal.SIGINT)
-                try:
-                    proc.wait(60)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+                stop(proc)
     summary = {}
     for c in results["this"]:
         med = {t: {k: statistics.median(r[k] for r in results[t][c]) for k in ("rtfx", "p50_s", "p99_s")}

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import statistics
 import subprocess
 import sys
@@ -26,6 +25,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from longfiles import long_file, wav_pcm16
+from procs import stop
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -122,11 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             args.json.write_text(json.dumps(out, indent=2) + "\n")
         return 0
     finally:
-        up.send_signal(signal.SIGINT)
-        try:
-            up.wait(60)
-        except subprocess.TimeoutExpired:
-            up.kill()
+        stop(up)
 
 
 if __name__ == "__main__":

@@ -101,15 +101,10 @@ def _client(port: int, payloads: list[tuple[bytes, float]], clients: int, reques
     asyncio.run(main())
 
 
-def _proc_cpu(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        parts = f.read().rsplit(")", 1)[1].split()
-    return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def serve_and_measure(clients: int, requests: int, prep_processes: int, out_q) -> None:
     """In a fresh process: the worker's front over NullBackend; measure one load run."""
     sys.path.insert(0, str(HERE))
+    from procs import proc_cpu_s
     from aiohttp import web
 
     from tideserve.metrics.triton import TritonMetrics
@@ -145,12 +140,12 @@ def serve_and_measure(clients: int, requests: int, prep_processes: int, out_q) -
                 cl = ctx.Process(target=_client, args=(port, payloads, clients, n, q))
                 others = [engine.process.pid, *prep.pids()]
                 before = resource.getrusage(resource.RUSAGE_SELF)
-                before_others = sum(_proc_cpu(p) for p in others)
+                before_others = sum(proc_cpu_s(p) for p in others)
                 cl.start()
                 wall, lat, audio, errors = await asyncio.get_running_loop().run_in_executor(None, q.get)
                 cl.join()
                 after = resource.getrusage(resource.RUSAGE_SELF)
-                after_others = sum(_proc_cpu(p) for p in others)
+                after_others = sum(proc_cpu_s(p) for p in others)
             front_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
             return {"clients": clients, "requests": len(lat), "errors": errors, "wall_s": wall,
                     "req_per_s": len(lat) / wall, "audio_s_per_s": audio / wall,

@@ -25,12 +25,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import contextlib
 import json
 import multiprocessing
 import os
 import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -43,6 +41,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 from longfiles import wav_pcm16  # noqa: E402  (bench/, the script's own folder)
+from procs import process_tree_cpu, stop  # noqa: E402
 
 SR = 16_000
 DURATIONS_S = (1, 2, 3, 4, 6, 8, 10, 12, 15, 18, 22, 26, 28, 35, 45, 60)
@@ -153,31 +152,6 @@ class GpuSampler:
         return statistics.mean(self.samples) / 100 if self.samples else None
 
 
-def _proc_children(pid: int) -> list[int]:
-    out = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        with contextlib.suppress(OSError):  # the task ended meanwhile
-            out += [int(x) for x in (task / "children").read_text().split()]
-    return out
-
-
-def process_tree_cpu(root_pid: int) -> dict[int, tuple[str, float]]:
-    """CPU seconds (user + system) of ``root_pid`` and its descendants, from /proc."""
-    tick = os.sysconf("SC_CLK_TCK")
-    out, todo = {}, [root_pid]
-    while todo:
-        pid = todo.pop()
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            fields = stat[stat.rindex(")") + 2:].split()
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:120]
-        except OSError:
-            continue
-        out[pid] = (cmd, (int(fields[11]) + int(fields[12])) / tick)
-        todo += _proc_children(pid)
-    return out
-
-
 def served(a, files: list[np.ndarray], tmp: Path) -> dict:
     import urllib.request
 
@@ -254,11 +228,7 @@ spec:
                     headers={"X-Tideserve-Token": (tmp / "cache" / "worker-token").read_text().strip()})) as r:
                     (tmp / "worker_metrics.txt").write_bytes(r.read())
         finally:
-            up.send_signal(signal.SIGINT)
-            try:
-                up.wait(60)
-            except subprocess.TimeoutExpired:
-                up.kill()
+            stop(up)
     return out
 
 

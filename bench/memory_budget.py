@@ -44,6 +44,9 @@ import httpx
 import numpy as np
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from procs import stop
+
 ROOT = Path(__file__).resolve().parents[1]
 SR = 16_000
 
@@ -219,11 +222,7 @@ def main(argv: list[str] | None = None) -> int:
             args.json.write_text(json.dumps(out, indent=2) + "\n")
         return 0 if out["within_budget"] and all(s == 200 for s in out["statuses"]) else 1
     finally:
-        up.send_signal(signal.SIGTERM)
-        try:
-            up.wait(30)
-        except subprocess.TimeoutExpired:
-            up.kill()
+        stop(up, signal.SIGTERM, 30)
 
 
 if __name__ == "__main__":
