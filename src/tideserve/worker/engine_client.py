@@ -209,15 +209,15 @@ class EngineClient:
         results in audio order and the model seconds the request used. Cancelling the caller
         cancels the request in the engine (queued windows dropped, decoding rows stopped).
         Raises BadInputError / PayloadTooLargeError from the engine, EngineDiedError."""
-        return await self._run(next(self._ids), len(segments), ("submit", None, segments, options), on_segment,
-                               offload=True)
+        rid = next(self._ids)
+        return await self._run(rid, len(segments), ("submit", rid, segments, options), on_segment, offload=True)
 
     async def transcribe_handed(self, rid: int, segments: int, options: RequestOptions,
                                 on_segment: Callable[[int, list[WindowResult]], None] | None = None,
                                 ) -> tuple[list[WindowResult], float]:
         """As ``transcribe``, for audio a prep process already sent to the engine as ``rid``
         (``worker.prep.prepare_for_engine``) in ``segments`` windows."""
-        return await self._run(rid, segments, ("start", None, options), on_segment, offload=False)
+        return await self._run(rid, segments, ("start", rid, options), on_segment, offload=False)
 
     async def _run(self, rid: int, segments: int, msg: tuple,
                    on_segment: Callable[[int, list[WindowResult]], None] | None, offload: bool,
@@ -225,7 +225,6 @@ class EngineClient:
         if self.dead:
             raise EngineDiedError("the engine process has exited; retry on another replica", retry_after_s=1)
         loop = asyncio.get_running_loop()
-        msg = (msg[0], rid, *msg[2:])
         pending = _Pending(loop.create_future(), segments, on_segment=on_segment)
         self._pending[rid] = pending
         try:

@@ -207,7 +207,7 @@ def test_capture_all_is_a_no_op_without_cuda_graphs() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (runs on the GPU machine)")
 def test_the_graphed_encoder_equals_the_encoder_for_every_row_count() -> None:
     m = make_model("cuda")
-    enc = GraphedEncoder(m, max_batch=8, n_mels=DIMS.num_mel_bins, dtype=torch.float32)
+    enc = GraphedEncoder(m, max_batch=8)
     with torch.inference_mode():
         for n in (1, 3, 8, 5):  # buckets 1, 4, 8 (captured), then 8 again with other rows (replayed)
             feats = torch.randn(n, DIMS.num_mel_bins, 3000, device="cuda")

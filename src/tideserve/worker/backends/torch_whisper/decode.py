@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from tideserve.worker.backends.torch_whisper.model import KVCache, Whisper
+from tideserve.worker.backends.torch_whisper.model import KVCache, Whisper, pow2_bucket
 
 _NEG_INF = float("-inf")
 
@@ -250,10 +250,7 @@ class GreedyDecoder:
 
     def bucket(self, n: int) -> int:
         """The padded batch size for n rows: a power of two up to max_batch (few graphs)."""
-        b = 1
-        while b < n:
-            b *= 2
-        return min(b, self.max_batch)
+        return pow2_bucket(n, self.max_batch)
 
     @property
     def free_slots(self) -> int:

@@ -302,6 +302,15 @@ def _build(dims: WhisperDims, state: dict[str, torch.Tensor], model_dir: Path, d
     return model.to(device=device, dtype=dtype).eval()
 
 
+def pow2_bucket(n: int, cap: int) -> int:
+    """The padded batch size for ``n`` rows: the smallest power of two >= ``n``, at most ``cap``
+    (a CUDA graph is captured per bucket, so few buckets mean few graphs)."""
+    b = 1
+    while b < n:
+        b *= 2
+    return min(b, cap)
+
+
 class GraphedEncoder:
     """The encoder replayed from one CUDA graph per batch bucket (powers of two up to
     ``max_batch``), so an admission's encoder pass costs the host one replay instead of a
@@ -317,23 +326,15 @@ class GraphedEncoder:
 
     MAX_D_MODEL = 768  # Whisper tiny (384), base (512), small (768)
 
-    def __init__(self, model: Whisper, max_batch: int, n_mels: int, dtype: torch.dtype) -> None:
+    def __init__(self, model: Whisper, max_batch: int) -> None:
         self.model = model
         self.max_batch = max_batch
-        self.n_mels = n_mels
-        self.dtype = dtype
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self._pool: Any = None
 
     @classmethod
     def enabled_for(cls, model: Whisper, device: torch.device) -> bool:
         return device.type == "cuda" and model.dims.d_model <= cls.MAX_D_MODEL
-
-    def _bucket(self, n: int) -> int:
-        b = 1
-        while b < n:
-            b *= 2
-        return min(b, self.max_batch)
 
     @torch.inference_mode()
     def __call__(self, features: torch.Tensor) -> torch.Tensor:
@@ -342,7 +343,7 @@ class GraphedEncoder:
         n = features.shape[0]
         if not 0 < n <= self.max_batch:
             raise ValueError(f"the encoder takes 1..{self.max_batch} windows, got {n}")
-        b = self._bucket(n)
+        b = pow2_bucket(n, self.max_batch)
         entry = self._graphs.get(b)
         if entry is None:
             entry = self._capture(b, features)
