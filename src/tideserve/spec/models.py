@@ -139,6 +139,12 @@ class Decoding(_Strict):
         0.6, ge=0, le=1, description="A window whose no-speech probability exceeds this while its mean log-probability "
         "is under log_prob_threshold is silence (empty text, no fallback); None: off.",
     )
+    condition_on_previous_text: bool = Field(
+        False, description="Whisper's condition_on_previous_text: each window of a request is decoded with the "
+        "request's text so far as its prompt (after the client's prompt; the last 223 tokens; reset after a "
+        "decode at a temperature over 0.5, as openai/whisper's prompt_reset_on_temperature). The windows of one "
+        "file then run one after another instead of side by side. Off by default (measured: README, Accuracy).",
+    )
 
     @field_validator("temperatures")
     @classmethod
@@ -207,6 +213,12 @@ class Batching(_Strict):
     )
     max_queue_delay_ms: float = Field(
         20, ge=0, le=10_000, description="Longest a queued window waits for a batch to fill, in ms."
+    )
+    instances: int | None = Field(
+        None, ge=1, le=64, description="Model instances per replica that execute batches at once (Triton's "
+        "instance_group count), for backends that batch statically (faster-whisper); the last free one is kept "
+        "for requests with nothing executing, so a short request does not wait behind a long file. Default "
+        "(null): the replica's cores + 1, at most 9. Continuous-batching backends (torch) run one decode loop.",
     )
 
 

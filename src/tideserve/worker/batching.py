@@ -6,14 +6,20 @@ Policy (Triton's dynamic batcher, ``max_queue_delay_microseconds``): a batch is 
 with queued items, in order of arrival (one item of each caller per round), so a caller with many
 items (the windows of a long file) does not hold back a short one queued behind it.
 
-No clock and no I/O: ``now`` is an argument, so the worker's asyncio ``DynamicBatcher`` and the
-simulator (``tideserve.sim``) make the same decision from the same queue.
+A replica may run several model instances at once (Triton's ``instance_group`` count; the
+faster-whisper backend's CTranslate2 workers), each executing one batch. The last free instance
+of several is kept for callers with nothing executing (``schedulable``): one caller with many
+items (a 20-minute file) may fill every instance but one, so a short request arriving meanwhile
+starts at once instead of waiting for a batch of 30 s windows to end (issue 13, fairness).
+
+No clock and no I/O: ``now`` is an argument, so the worker's engine loop and the simulator
+(``tideserve.sim``) make the same decision from the same queue.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 
 @dataclass(frozen=True)
@@ -70,3 +76,22 @@ def cut_batch(queue: Sequence[QueuedItem], max_batch_size: int, max_queue_delay_
     if len(queue) < max_batch_size and remaining > 0:
         return BatchCut((), remaining)
     return BatchCut(round_robin(queue, max_batch_size))
+
+
+def schedulable(queue: Sequence[QueuedItem], executing: Collection[int], free_instances: int,
+                instances: int) -> list[int]:
+    """Indices of the ``queue`` items that may start on a free model instance now.
+
+    ``executing``: callers with an item executing on some instance; ``free_instances`` of
+    ``instances`` are idle. With one instance, or more than one free, every item may start;
+    the last free instance of several takes only callers in ``executing``'s complement.
+
+    Raises ValueError when ``instances`` < 1 or ``free_instances`` is not in 1..``instances``.
+    """
+    if instances < 1:
+        raise ValueError(f"instances {instances} must be >= 1")
+    if not 1 <= free_instances <= instances:
+        raise ValueError(f"free_instances {free_instances} must be in 1..{instances}")
+    if instances == 1 or free_instances > 1:
+        return list(range(len(queue)))
+    return [i for i, item in enumerate(queue) if item.caller not in executing]

@@ -20,7 +20,10 @@ Two ways to run a backend, chosen by what it offers:
   decode chunks) and leave it when they end, so one window that runs to the token limit holds
   only its own slot (in-flight batching, as TensorRT-LLM and vLLM do);
 - static (``transcribe_batch`` only, faster-whisper): Triton's dynamic batcher, the pure
-  ``worker.batching.cut_batch`` decision, one execution at a time.
+  ``worker.batching.cut_batch`` decision, on up to ``instances`` model instances at once (each
+  runs one batch in a thread of its own; CTranslate2 releases the interpreter lock while it
+  runs). The last free instance is kept for requests with nothing executing
+  (``batching.schedulable``), so a short request never waits for a long file's batch to end.
 In both, which queued parts go next is a round-robin over requests (``batching.round_robin``),
 so a long file's windows interleave with short requests instead of running ahead of them.
 
@@ -44,6 +47,7 @@ preceded by ``("stats", EngineStats)`` when counters moved.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import queue
 import threading
@@ -57,7 +61,8 @@ import numpy as np
 
 from tideserve.spec.models import Decoding
 from tideserve.worker.backends.base import WindowResult, WindowTask
-from tideserve.worker.batching import QueuedItem, cut_batch, round_robin
+from tideserve.worker.cores import usable_cores
+from tideserve.worker.batching import QueuedItem, cut_batch, round_robin, schedulable
 from tideserve.worker.longform import Accept, follow_up, is_digital_silence
 from tideserve.worker.windows import windows_of
 
@@ -76,6 +81,14 @@ MAX_PARTS_PER_SEGMENT = 32
 #: gpu_e2e_h200_chunk32.json, gpu_e2e_h200.json): each request waits longer for its last rows,
 #: so fewer are in flight. A row that ends mid-chunk holds its slot until the chunk ends.
 DEFAULT_CHUNK_STEPS = 16
+
+
+def default_instances(cpu_count: int | None = None) -> int:
+    """Model instances for a static-batching replica on ``cpu_count`` cores (default: this
+    process's, ``worker.cores.usable_cores``): one per core plus the one kept for newcomers, at most 9 (measured on 2 cores,
+    README "Fairness and model instances")."""
+    n = cpu_count or usable_cores()
+    return max(2, min(9, n + 1))
 
 
 @dataclass(frozen=True)
@@ -133,10 +146,12 @@ class _Part:
     attempts: list[WindowResult] = field(default_factory=list)
     parts_so_far: int = 1
     compute_s: float = 0.0
+    context: str = ""  # the request's text so far, when decoding conditions on it
 
     def task(self) -> WindowTask:
         o = self.options
-        return WindowTask(self.samples, self.offset_s, o.prompt, o.language, o.timestamps, self.temperature, o.task,
+        prompt = " ".join(t for t in (o.prompt, self.context) if t) or None
+        return WindowTask(self.samples, self.offset_s, prompt, o.language, o.timestamps, self.temperature, o.task,
                           o.words)
 
 
@@ -147,9 +162,48 @@ class _Request:
     results: dict[int, list[WindowResult]] = field(default_factory=dict)  # segment -> its chain so far
     done: set[int] = field(default_factory=set)  # segments whose chain is complete (sent)
     compute_s: float = 0.0
+    #: With ``condition_on_previous_text``: the segments not queued yet (each waits for the one
+    #: before it), and the text decoded since the last prompt reset.
+    later: collections.deque[_Part] = field(default_factory=collections.deque)
+    context: str = ""
 
 
 Emit = Callable[[tuple], None]
+#: Starts one batch: ``start(run, done)`` calls ``run()`` (the backend's execution) now or on
+#: another thread, then ``done(outcome)`` with its return value or the exception it raised.
+Starter = Callable[[Callable[[], Any], Callable[[Any], None]], None]
+
+
+def start_inline(run: Callable[[], Any], done: Callable[[Any], None]) -> None:
+    """A ``Starter`` that executes on the caller's thread (one model instance)."""
+    try:
+        outcome = run()
+    except Exception as exc:
+        outcome = exc
+    done(outcome)
+
+
+class ThreadStarter:
+    """A ``Starter`` over ``instances`` threads (one per model instance); ``close`` ends them."""
+
+    def __init__(self, instances: int) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._pool = ThreadPoolExecutor(max_workers=instances, thread_name_prefix="engine-instance")
+
+    def __call__(self, run: Callable[[], Any], done: Callable[[Any], None]) -> None:
+        self._pool.submit(start_inline, run, done)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+@dataclass
+class _Execution:
+    """One batch running on a model instance (static backends)."""
+
+    parts: list[_Part]
+    outcome: Any = None  # (results, timings) or the exception, once done
 
 
 class EngineLoop:
@@ -158,10 +212,17 @@ class EngineLoop:
     ``emit(message)`` sends a message to the front; ``clock()`` gives seconds (monotonic).
     ``submit``/``cancel`` are called by the loop's own thread (from ``handle``); ``run_once``
     does one round of scheduling and model work and returns whether anything was done.
+    Static backends: ``instances`` batches may execute at once, each started by ``start``
+    (default: on the loop's thread with one instance, else a ``ThreadStarter``); ``wake()`` is
+    called from the instance's thread when a batch ends, so the caller's wait for messages
+    returns (the results are handled by the next ``run_once`` on the loop's thread).
     """
 
     def __init__(self, backend: Any, decoding: Decoding, max_batch_size: int, max_queue_delay_s: float,
-                 emit: Emit, clock: Callable[[], float] = time.monotonic, chunk_steps: int = DEFAULT_CHUNK_STEPS) -> None:
+                 emit: Emit, clock: Callable[[], float] = time.monotonic, chunk_steps: int = DEFAULT_CHUNK_STEPS,
+                 instances: int = 1, start: Starter | None = None, wake: Callable[[], None] = lambda: None) -> None:
+        if instances < 1:
+            raise ValueError(f"instances {instances} must be >= 1")
         self.backend = backend
         self.decoding = decoding
         self.max_batch_size = max_batch_size
@@ -181,6 +242,11 @@ class EngineLoop:
         self._audio: dict[int, list[tuple]] = {}
         self._starts: dict[int, RequestOptions] = {}
         self._dropped: set[int] = set()
+        self.instances = 1 if self.continuous else instances
+        self._start: Starter = start or (start_inline if self.instances == 1 else ThreadStarter(self.instances))
+        self._wake = wake
+        self.executing: list[_Execution] = []  # static batches started and not yet collected
+        self._ended: collections.deque[_Execution] = collections.deque()  # appended by instance threads
 
     # --- messages ------------------------------------------------------------------------
 
@@ -202,6 +268,7 @@ class EngineLoop:
                 self._dropped.add(msg[1])
         elif op == "stop":
             return False
+        # "wake": a batch ended on an instance's thread (``wake``); run_once collects it.
         return True
 
     def _on_audio(self, rid: int, segments: list[tuple]) -> None:
@@ -235,11 +302,18 @@ class EngineLoop:
         req = _Request(rid, len(segments))
         self.requests[rid] = req
         silent = []
+        queued = False
         for k, (samples, offset, *flag) in enumerate(segments):
             if flag[0] if flag and flag[0] is not None else is_digital_silence(samples):
                 silent.append(k)
             else:
-                self.queue.append(_Part(rid, k, samples, offset, options, self.decoding.temperatures[0], now))
+                part = _Part(rid, k, samples, offset, options, self.decoding.temperatures[0], now)
+                # Conditioning on previous text: one segment at a time, in order.
+                if self.decoding.condition_on_previous_text and queued:
+                    req.later.append(part)
+                else:
+                    self.queue.append(part)
+                    queued = True
         for k in silent:  # answered without the model
             req.results[k] = [WindowResult(text="", language=options.language or "en", silent=True)]
             req.done.add(k)
@@ -266,22 +340,38 @@ class EngineLoop:
 
     @property
     def idle(self) -> bool:
-        return not self.queue and not self.active
+        return not self.queue and not self.active and not self.executing
 
     def wait_s(self) -> float | None:
         """How long the loop may block for messages before it has work: None = until one
-        arrives; 0 = work is ready now."""
-        if self.active:
+        arrives (or an executing batch ends: ``wake``); 0 = work is ready now."""
+        if self.active or self._ended:
             return 0.0
         if not self.queue:
             return None
         if self.continuous:
             return 0.0
-        cut = cut_batch(self._queued_items(), self.max_batch_size, self.max_queue_delay_s, self.clock())
-        return 0.0 if cut.take else cut.wait_s
+        cut = self._next_cut()
+        if cut is None:
+            return None
+        return 0.0 if cut[0] else cut[1]
 
     def _queued_items(self) -> list[QueuedItem]:
         return [QueuedItem(p.rid, p.enqueued_s) for p in self.queue]
+
+    def _next_cut(self) -> tuple[tuple[int, ...], float] | None:
+        """The static batch to start now (queue indices) or how long until one may be cut;
+        None when no instance is free or no queued part may take the free one."""
+        free = self.instances - len(self.executing)
+        if free < 1 or not self.queue:
+            return None
+        items = self._queued_items()
+        busy = {p.rid for e in self.executing for p in e.parts}
+        allowed = schedulable(items, busy, free, self.instances)
+        if not allowed:
+            return None
+        cut = cut_batch([items[i] for i in allowed], self.max_batch_size, self.max_queue_delay_s, self.clock())
+        return tuple(allowed[i] for i in cut.take), cut.wait_s
 
     def _take(self, indices: tuple[int, ...]) -> list[_Part]:
         chosen = set(indices)
@@ -297,21 +387,49 @@ class EngineLoop:
         when model work was done."""
         worked = self._run_continuous() if self.continuous else self._run_static()
         self.stats.queued = len(self.queue)
-        self.stats.active = len(self.active)
+        self.stats.active = len(self.active) + sum(len(e.parts) for e in self.executing)
         if self.stats.moved():
             self.emit(("stats", self.stats.take()))
         return worked
 
     def _run_static(self) -> bool:
-        if not self.queue:
-            return False
-        cut = cut_batch(self._queued_items(), self.max_batch_size, self.max_queue_delay_s, self.clock())
-        if not cut.take:
-            return False
-        parts = self._take(cut.take)
-        tasks = [p.task() for p in parts]
+        """Collect the batches that ended, start batches on the free instances, and collect
+        again (with one instance the batch has run inline by then)."""
+        worked = self._collect()
+        while (cut := self._next_cut()) is not None and cut[0]:
+            execution = _Execution(self._take(cut[0]))
+            self.executing.append(execution)
+            self._start(functools.partial(self.backend.transcribe_batch, [p.task() for p in execution.parts]),
+                        functools.partial(self._ended_batch, execution))
+            worked = True
+        return self._collect() or worked
+
+    def close(self) -> None:
+        """End the instances' threads (a batch still executing finishes unobserved)."""
+        close = getattr(self._start, "close", None)
+        if close is not None:
+            close()
+
+    def _ended_batch(self, execution: _Execution, outcome: Any) -> None:
+        """On the instance's thread: hand the outcome to the loop's thread and wake it."""
+        execution.outcome = outcome
+        self._ended.append(execution)
+        self._wake()
+
+    def _collect(self) -> bool:
+        worked = False
+        while self._ended:
+            execution = self._ended.popleft()
+            self.executing.remove(execution)
+            self._finish_static(execution.parts, execution.outcome)
+            worked = True
+        return worked
+
+    def _finish_static(self, parts: list[_Part], outcome: Any) -> None:
         try:
-            results, timings = self.backend.transcribe_batch(tasks)
+            if isinstance(outcome, BaseException):
+                raise outcome
+            results, timings = outcome
             if len(results) != len(parts):
                 raise RuntimeError(f"backend returned {len(results)} results for {len(parts)} inputs")
         except Exception as exc:
@@ -319,7 +437,7 @@ class EngineLoop:
                 self._run_alone(parts)
             else:
                 self._fail(parts[0].rid, exc)
-            return True
+            return
         self.stats.executions += 1
         self.stats.windows += len(parts)
         self.stats.features_s += timings.input_s
@@ -329,7 +447,6 @@ class EngineLoop:
         for p, r in zip(parts, results, strict=True):
             p.compute_s += share
             self._on_result(p, r)
-        return True
 
     def _run_alone(self, parts: list[_Part]) -> None:
         """Run ``parts`` one by one (a batch of them failed): one bad input fails only its own
@@ -427,18 +544,27 @@ class EngineLoop:
             return
         chain = req.results.setdefault(part.segment, [])
         chain.append(action.result)
+        if self.decoding.condition_on_previous_text:
+            # openai/whisper transcribe: prompt_reset_on_temperature 0.5
+            text = action.result.text.strip()
+            req.context = "" if action.result.temperature > 0.5 else " ".join(t for t in (req.context, text) if t)
         seek = action.seek_s
         if seek is not None and part.parts_so_far < MAX_PARTS_PER_SEGMENT:
             start = round(seek * SAMPLE_RATE)
             if 0 < start < len(part.samples):
                 self.stats.seeks += 1
                 nxt = _Part(part.rid, part.segment, part.samples[start:], part.offset_s + seek, part.options,
-                            self.decoding.temperatures[0], now, parts_so_far=part.parts_so_far + 1)
+                            self.decoding.temperatures[0], now, parts_so_far=part.parts_so_far + 1,
+                            context=req.context)
                 self.queue.appendleft(nxt)
                 return
         self.emit(("segment", part.rid, part.segment, chain, req.compute_s))
         req.compute_s = 0.0
         req.done.add(part.segment)
+        if req.later:  # conditioning: the next segment starts from this one's text
+            nxt = req.later.popleft()
+            nxt.context, nxt.enqueued_s = req.context, now
+            self.queue.appendleft(nxt)
         # Complete only when every segment's chain is: a segment whose first part was accepted
         # may still have a seek part queued or executing (in a static batch it is in neither
         # the queue nor ``active``).
@@ -466,6 +592,8 @@ class EngineConfig:
     max_queue_delay_s: float
     cpu_threads: int = 0
     chunk_steps: int = DEFAULT_CHUNK_STEPS
+    #: Model instances executing batches at once (static backends; ``batching.instances``).
+    instances: int = 1
     #: ``(AF_UNIX path, authkey)`` of the socket on which prep processes hand over decoded audio
     #: (``worker.handoff``); None: audio comes only with ``submit`` from the front.
     handoff: tuple[str, bytes] | None = None
@@ -491,7 +619,7 @@ def engine_main(inbox: Any, outbox: Any, config: EngineConfig) -> None:
             handoff = HandoffListener(config.handoff[0], config.handoff[1], messages.put)
         backend = backend_class(config.backend)(
             config.model_dir, config.target, config.decoding, cpu_threads=config.cpu_threads,
-            max_batch_size=config.max_batch_size)
+            max_batch_size=config.max_batch_size, instances=config.instances)
     except BaseException as exc:
         emit(("failed", type(exc).__name__, str(exc) or traceback.format_exc(limit=3)))
         if handoff is not None:
@@ -500,7 +628,8 @@ def engine_main(inbox: Any, outbox: Any, config: EngineConfig) -> None:
     emit(("ready", {"languages": sorted(backend.languages),
                     "continuous": all(hasattr(backend, a) for a in ("admit", "run", "finished", "release"))}))
     loop = EngineLoop(backend, config.decoding, config.max_batch_size, config.max_queue_delay_s, emit,
-                      chunk_steps=config.chunk_steps)
+                      chunk_steps=config.chunk_steps, instances=config.instances,
+                      wake=lambda: messages.put(("wake",)))
 
     def receive() -> None:
         # recv() blocks in a syscall without the interpreter lock; unpickling the int16 PCM is a copy.
@@ -536,5 +665,6 @@ def engine_main(inbox: Any, outbox: Any, config: EngineConfig) -> None:
                 log.exception("engine loop failed")
                 for rid in list(loop.requests):
                     loop._fail(rid, RuntimeError("the engine failed; see the worker log"))
+    loop.close()
     if handoff is not None:
         handoff.close()

@@ -35,6 +35,7 @@ from tideserve.errors import CapacityError
 from tideserve.protocol import kserve, sagemaker
 from tideserve.protocol.types import TranscriptionRequest
 from tideserve.worker import handoff
+from tideserve.worker.cores import usable_cores
 from tideserve.worker.audio import SAMPLE_RATE, decode_pcm16
 from tideserve.worker.longform import is_digital_silence
 from tideserve.worker.windows import split_windows, windows_of
@@ -126,10 +127,10 @@ class PrepProcessDied(CapacityError):
 
 
 def default_processes(cpu_count: int | None = None) -> int:
-    """Prep processes for a machine of ``cpu_count`` cores: a quarter of them, 1 to 8 (decoding
+    """Prep processes for a machine of ``cpu_count`` cores (default: ``worker.cores.usable_cores``): a quarter of them, 1 to 8 (decoding
     a request takes milliseconds against the model's tens to hundreds, so few suffice; the rest
     of the cores stay with the engine and the front)."""
-    n = cpu_count or os.cpu_count() or 1
+    n = cpu_count or usable_cores()
     return max(1, min(8, n // 4))
 
 

@@ -71,7 +71,7 @@ async def serve(args: argparse.Namespace, phases: dict[str, float]) -> int:
     phases["imported"] = time.time()
 
     from tideserve.metrics.triton import TritonMetrics
-    from tideserve.worker.engine import EngineConfig
+    from tideserve.worker.engine import EngineConfig, default_instances
     from tideserve.worker.engine_client import EngineClient
 
     metrics = TritonMetrics(spec.model.name)
@@ -80,7 +80,8 @@ async def serve(args: argparse.Namespace, phases: dict[str, float]) -> int:
     engine = EngineClient(EngineConfig(
         backend=spec.model.backend, model_dir=str(model_dir), target=target, decoding=spec.model.decoding,
         max_batch_size=spec.batching.max_batch_size, max_queue_delay_s=spec.batching.max_queue_delay_ms / 1000.0,
-        cpu_threads=threads), on_stats=metrics.on_engine_stats)
+        cpu_threads=threads, instances=spec.batching.instances or default_instances()),
+        on_stats=metrics.on_engine_stats)
     loop = asyncio.get_running_loop()
 
     from aiohttp import web

@@ -31,3 +31,20 @@ def test_empty_queue_and_bad_arguments():
         cut_batch(q((1, 0.0)), 0, 0.0, 0.0)
     with pytest.raises(ValueError, match="max_queue_delay_s -1"):
         cut_batch(q((1, 0.0)), 1, -1, 0.0)
+
+
+def test_the_last_free_instance_is_kept_for_callers_with_nothing_executing():
+    from tideserve.worker.batching import schedulable
+
+    queue = q((1, 0.0), (1, 0.0), (2, 0.5), (1, 0.0))
+    # Two of three instances free: anything may start, caller 1's windows included.
+    assert schedulable(queue, executing={1}, free_instances=2, instances=3) == [0, 1, 2, 3]
+    # The last free one: only caller 2 (caller 1 already executes elsewhere).
+    assert schedulable(queue, executing={1}, free_instances=1, instances=3) == [2]
+    assert schedulable(queue, executing={1, 2}, free_instances=1, instances=3) == []
+    # One instance: no instance is kept back (the caller waits for its own batch anyway).
+    assert schedulable(queue, executing=set(), free_instances=1, instances=1) == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="free_instances 0"):
+        schedulable(queue, set(), 0, 3)
+    with pytest.raises(ValueError, match="instances 0"):
+        schedulable(queue, set(), 1, 0)

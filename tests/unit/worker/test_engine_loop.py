@@ -309,3 +309,149 @@ def test_a_dropped_or_cancelled_request_leaves_nothing_behind_whichever_half_com
     assert loop.waiting_halves == 0 and loop.idle
     run_until_idle(loop, clock)
     assert be.admitted == [] and [m for m in out if m[0] in ("segment", "error")] == []
+
+
+class ManualStarter:
+    """A ``Starter`` whose batches end when the test says (as model instances on threads would)."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple] = []
+
+    def __call__(self, run, done) -> None:
+        self.pending.append((run, done))
+
+    def end(self, i: int = 0) -> None:
+        from tideserve.worker.engine import start_inline
+
+        start_inline(*self.pending.pop(i))
+
+
+def test_instances_run_batches_at_once_and_keep_the_last_one_for_a_newcomer():
+    # A long file (4 windows) and three instances: it may take two instances, not the third; a
+    # short request arriving while both run starts at once on the third, and is answered first.
+    be, out, clock = StaticBackend(), [], Clock()
+    starter, woken = ManualStarter(), []
+    loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=2, max_queue_delay_s=0.0, emit=out.append,
+                      clock=clock, instances=3, start=starter, wake=lambda: woken.append(1))
+    loop.submit(1, [(pcm(30, 1), 30.0 * k) for k in range(4)], RequestOptions())
+    assert loop.run_once()
+    assert len(starter.pending) == 2 and len(loop.executing) == 2
+    assert loop.wait_s() is None  # nothing may start: the loop sleeps until a message or a wake
+    assert not loop.run_once()
+    loop.submit(2, [(pcm(1, 2), 0.0)], RequestOptions())
+    assert loop.wait_s() == 0.0
+    loop.run_once()
+    assert len(starter.pending) == 3
+    starter.end(2)  # the short request's batch (started last) ends first
+    assert woken == [1] and loop.wait_s() == 0.0
+    loop.run_once()
+    assert segments_of(out, 2) == {0: ["w2@0"]}
+    assert segments_of(out, 1) == {}
+    starter.end(0)
+    starter.end(0)
+    loop.run_once()
+    assert segments_of(out, 1) == {0: ["w1@0"], 1: ["w1@30"], 2: ["w1@60"], 3: ["w1@90"]}
+    assert loop.idle
+    assert [len(b) for b in be.batches] == [1, 2, 2]  # in the order they ran: the short one first
+
+
+def test_an_instance_failure_fails_only_its_own_request():
+    class Failing(StaticBackend):
+        def transcribe_batch(self, tasks):
+            if any(int(t.samples[0]) == 300 for t in tasks):
+                raise RuntimeError("bad window")
+            return super().transcribe_batch(tasks)
+
+    be, out, clock, starter = Failing(), [], Clock(), ManualStarter()
+    loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=1, max_queue_delay_s=0.0, emit=out.append,
+                      clock=clock, instances=2, start=starter)
+    loop.submit(1, [(pcm(2, 1), 0.0)], RequestOptions())
+    loop.submit(3, [(pcm(2, 3), 0.0)], RequestOptions())
+    loop.run_once()
+    assert len(starter.pending) == 2
+    starter.end(1)
+    starter.end(0)
+    loop.run_once()
+    assert segments_of(out, 1) == {0: ["w1@0"]}
+    assert [m[1:3] for m in out if m[0] == "error"] == [(3, "RuntimeError")]
+    assert loop.idle
+
+
+def test_a_cancelled_request_still_executing_is_answered_nothing():
+    be, out, clock, starter = StaticBackend(), [], Clock(), ManualStarter()
+    loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=4, max_queue_delay_s=0.0, emit=out.append,
+                      clock=clock, instances=2, start=starter)
+    loop.submit(1, [(pcm(2, 1), 0.0)], RequestOptions())
+    loop.run_once()
+    loop.cancel(1)
+    starter.end()
+    loop.run_once()
+    assert [m for m in out if m[0] in ("segment", "error")] == [] and loop.idle
+
+
+def test_threaded_instances_answer_every_request():
+    # The real ThreadStarter: the wake callback fires from the instance's thread.
+    import threading
+
+    be, out = StaticBackend(), []
+    woke = threading.Event()
+    loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=2, max_queue_delay_s=0.0, emit=out.append,
+                      instances=3, wake=woke.set)
+    for rid in range(1, 6):
+        loop.submit(rid, [(pcm(1, rid), 0.0)], RequestOptions())
+    for _ in range(100):
+        if loop.idle:
+            break
+        if loop.wait_s() is None:
+            assert woke.wait(10)
+        woke.clear()
+        loop.run_once()
+    loop.close()
+    assert loop.idle
+    assert {rid: segments_of(out, rid) for rid in range(1, 6)} == {rid: {0: [f"w{rid}@0"]} for rid in range(1, 6)}
+
+
+def test_conditioning_on_previous_text_decodes_a_files_windows_in_order_each_prompted_with_the_text_so_far():
+    # Three windows; the second seeks once (its first decode ends at 10 s). Each decode's prompt
+    # is the client's prompt, then every text decoded before it, in audio order.
+    class Seeking(StaticBackend):
+        def transcribe_batch(self, tasks):
+            self.batches.append(tasks)
+            out = []
+            for t in tasks:
+                mark = int(t.samples[0]) // 100
+                seek = 10.0 if mark == 2 and t.offset_s == 30.0 else None
+                out.append(ok(t, f"w{mark}@{t.offset_s:g}", unfinished_from_s=seek))
+            return out, ExecutionTimings(0.1, 0.2, 0.0)
+
+    be, out, clock = Seeking(), [], Clock()
+    loop = EngineLoop(be, Decoding(beam_size=1, condition_on_previous_text=True), max_batch_size=8,
+                      max_queue_delay_s=0.0, emit=out.append, clock=clock)
+    loop.submit(1, [(pcm(30, 1), 0.0), (pcm(30, 2), 30.0), (pcm(30, 3), 60.0)], RequestOptions(prompt="Glossary:"))
+    loop.submit(2, [(pcm(5, 4), 0.0)], RequestOptions())
+    run_until_idle(loop, clock)
+    assert [len(b) for b in be.batches] == [2, 1, 1, 1]  # request 1's windows one at a time; request 2 beside
+    prompts = [(t.offset_s, t.prompt) for b in be.batches for t in b if int(t.samples[0]) // 100 != 4]
+    assert prompts == [(0.0, "Glossary:"), (30.0, "Glossary: w1@0"), (40.0, "Glossary: w1@0 w2@30"),
+                       (60.0, "Glossary: w1@0 w2@30 w2@40")]
+    assert segments_of(out, 1) == {0: ["w1@0"], 1: ["w2@30", "w2@40"], 2: ["w3@60"]}
+    assert segments_of(out, 2) == {0: ["w4@0"]}
+
+
+def test_conditioning_resets_after_a_decode_over_temperature_half():
+    class Hot(StaticBackend):
+        def transcribe_batch(self, tasks):
+            self.batches.append(tasks)
+            # window 1 fails at 0.0 and is accepted at 0.6 (over 0.5: the prompt resets)
+            return [WindowResult(text=f"w{int(t.samples[0]) // 100}t{t.temperature:g}", language="en",
+                                 avg_logprob=-0.2, temperature=t.temperature,
+                                 compression_ratio=3.0 if int(t.samples[0]) == 100 and t.temperature == 0 else 1.0)
+                    for t in tasks], ExecutionTimings(0.1, 0.2, 0.0)
+
+    be, out, clock = Hot(), [], Clock()
+    loop = EngineLoop(be, Decoding(beam_size=1, condition_on_previous_text=True, temperatures=[0.0, 0.6]),
+                      max_batch_size=8, max_queue_delay_s=0.0, emit=out.append, clock=clock)
+    loop.submit(1, [(pcm(30, 1), 0.0), (pcm(30, 2), 30.0)], RequestOptions())
+    run_until_idle(loop, clock)
+    assert [(t.temperature, t.prompt) for b in be.batches for t in b] == [(0.0, None), (0.6, None), (0.0, None)]
+    assert segments_of(out, 1) == {0: ["w1t0.6"], 1: ["w2t0"]}

@@ -58,9 +58,11 @@ class WindowResult:
 class Backend(Protocol):
     """A loaded model. ``transcribe_batch`` runs all tasks as ONE model execution.
 
-    Constructed as ``cls(model_dir, target, decoding, cpu_threads=…, max_batch_size=…)``; a
-    backend that preallocates per batch (the torch backend's KV cache) sizes itself by
-    ``max_batch_size`` (the endpoint's ``batching.max_batch_size``)."""
+    Constructed as ``cls(model_dir, target, decoding, cpu_threads=…, max_batch_size=…,
+    instances=…)``; a backend that preallocates per batch (the torch backend's KV cache) sizes
+    itself by ``max_batch_size`` (the endpoint's ``batching.max_batch_size``); one whose
+    ``transcribe_batch`` may be called from ``instances`` threads at once prepares for that
+    (faster-whisper: CTranslate2 workers)."""
 
     #: Language codes the model can transcribe (e.g. {"en"} for an English-only model).
     languages: frozenset[str]

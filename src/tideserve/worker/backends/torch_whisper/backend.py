@@ -97,7 +97,8 @@ class TorchWhisperBackend:
 
     def __init__(self, model_dir: Path, target: Target, decoding: Decoding, cpu_threads: int = 0,
                  max_batch_size: int = 64, use_cuda_graphs: bool | None = None,
-                 encoder_graphs: bool | None = None) -> None:
+                 encoder_graphs: bool | None = None, instances: int = 1) -> None:
+        del instances  # continuous batching: one decode loop holds every slot
         self.device = _device_for(target)
         if decoding.beam_size != 1:
             raise ValueError(f"the torch backend decodes greedily; set model.decoding.beam_size: 1 "

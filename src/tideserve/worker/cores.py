@@ -1,0 +1,28 @@
+"""How many CPU cores this process may use: the CPUs it may run on (its affinity), lowered to
+the cgroup v2 CPU quota when one is set (``cpu.max``: a Kubernetes CPU limit of 2 on a 64-core
+node gives 2, where ``os.cpu_count()`` says 64). Sizes the prep processes, the model instances
+and their intra-op threads, so a replica in a small pod does not start a big machine's threads.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
+
+
+def usable_cores(cpu_max: Path = CGROUP_CPU_MAX) -> int:
+    """Cores this process may use, >= 1: ``len(sched_getaffinity)`` (or ``cpu_count``), at most
+    ceil(quota / period) from ``cpu_max`` (the file holds "<quota> <period>" in microseconds, or
+    "max <period>" without a limit; cgroup v2, kernel docs "Control Group v2", CPU interface
+    files). An unreadable or malformed file means no limit."""
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        quota, period = cpu_max.read_text().split()[:2]
+        if quota != "max":
+            n = min(n, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, n)

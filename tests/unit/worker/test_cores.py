@@ -1,0 +1,27 @@
+"""Cores a replica may use: affinity, lowered to the cgroup v2 CPU quota (a pod's CPU limit)."""
+
+from __future__ import annotations
+
+import math
+import os
+
+from tideserve.worker.cores import usable_cores
+from tideserve.worker.engine import default_instances
+
+
+def test_the_cgroup_quota_lowers_the_count(tmp_path):
+    affinity = len(os.sched_getaffinity(0))
+    f = tmp_path / "cpu.max"
+    f.write_text("150000 100000\n")  # 1.5 CPUs: two cores may run at once
+    assert usable_cores(f) == min(affinity, math.ceil(1.5))
+    f.write_text("max 100000\n")
+    assert usable_cores(f) == affinity
+    f.write_text("garbage\n")
+    assert usable_cores(f) == affinity
+    assert usable_cores(tmp_path / "absent") == affinity
+    f.write_text("1000 100000\n")  # a hundredth of a CPU still gets one
+    assert usable_cores(f) == 1
+
+
+def test_default_instances_is_a_core_each_plus_one_kept_for_newcomers():
+    assert [default_instances(n) for n in (1, 2, 4, 8, 64)] == [2, 3, 5, 9, 9]
