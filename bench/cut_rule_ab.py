@@ -45,7 +45,7 @@ def rule_before():
 def main() -> int:
     before = rule_before()
     guard = wt.loop_point
-    clips = A.conftest.en_clips.__wrapped__()
+    clips = A.audio.load_en_clips()
     t = A.Tideserve("faster-whisper", "cpu-x86_64-int8", Decoding(beam_size=5, without_timestamps=False), 8)
     variants = {"before": (before, None), "before+guard": (before, guard), "now": (now, None), "now+guard": (now, guard)}
     total = dict.fromkeys(variants, 0.0)
@@ -55,7 +55,7 @@ def main() -> int:
         for name, (mod, loop) in variants.items():
             prep.split_windows = mod.split_windows
             wt.loop_point = loop or (lambda *a: None)
-            w = A.conftest.wer(ref, " ".join(x[2].strip() for x in t(samples)))
+            w = A.audio.wer(ref, " ".join(x[2].strip() for x in t(samples)))
             row[name] = round(w, 4)
             total[name] += w
         print(json.dumps(row), flush=True)

@@ -48,6 +48,7 @@ _FAMILIES: dict[str, tuple[str, str]] = {
     "tideserve_worker_decode_chunks": ("counter", "Decode chunks (a few decoder steps each) the engine ran"),
     "tideserve_worker_fallbacks": ("counter", "Windows decoded again at a higher temperature (Whisper's fallback)"),
     "tideserve_worker_seeks": ("counter", "Window parts started from a seek point (Whisper's long-form rule)"),
+    "tideserve_worker_loop_splits": ("counter", "Looping windows decoded again as two halves cut at their longest pause"),
     "tideserve_worker_active_rows": ("gauge", "Windows decoding in the engine now"),
     "tideserve_worker_audio_held_seconds": ("gauge", "Decoded audio this replica holds now, in seconds (the budget is "
                                             "spec.gateway.max_audio_s_in_flight)"),
@@ -137,6 +138,7 @@ class TritonMetrics:
         self.add("tideserve_worker_decode_chunks", st.chunks)
         self.add("tideserve_worker_fallbacks", st.fallbacks)
         self.add("tideserve_worker_seeks", st.seeks)
+        self.add("tideserve_worker_loop_splits", st.splits)
         self.add("tideserve_worker_dropped", st.dropped)
         with self._lock:
             self._values[("nv_inference_pending_request_count", ())] = float(st.queued)

@@ -63,14 +63,18 @@ from tideserve.spec.models import Decoding
 from tideserve.worker.backends.base import WindowResult, WindowTask
 from tideserve.worker.cores import usable_cores
 from tideserve.worker.batching import QueuedItem, cut_batch, round_robin, schedulable
-from tideserve.worker.longform import Accept, follow_up, is_digital_silence
-from tideserve.worker.windows import windows_of
+from tideserve.worker.longform import Accept, Split, follow_up, is_digital_silence
+from tideserve.worker.windows import pause_middle, windows_of
 
 log = logging.getLogger("tideserve.worker.engine")
 SAMPLE_RATE = 16_000
 #: Most parts one segment may take (seeks and fallbacks). Each seek moves forward by at least
 #: a timestamp step, so this only bounds pathological outputs.
 MAX_PARTS_PER_SEGMENT = 32
+#: The loop split (``longform.Split``): a part is split at most this many times over its
+#: lineage, and only when it holds at least ``MIN_SPLIT_S`` of audio (halves of >= 1/3 each).
+MAX_SPLITS = 2
+MIN_SPLIT_S = 10.0
 #: Decoder steps between two looks at which rows ended (one device sync and one round of host
 #: work each). Measured on the H200 with tiny.en, the engine alone at batch 64 on the same 2,000
 #: requests: 8 steps gave 6,678 audio-s/s at 56% GPU busy, 16 steps 8,561 at 73% (one machine,
@@ -113,6 +117,7 @@ class EngineStats:
     chunks: int = 0
     fallbacks: int = 0
     seeks: int = 0
+    splits: int = 0           # looping windows decoded again as two halves
     dropped: int = 0          # parts dropped unexecuted because their request was cancelled
     queue_s: float = 0.0
     features_s: float = 0.0
@@ -147,6 +152,10 @@ class _Part:
     parts_so_far: int = 1
     compute_s: float = 0.0
     context: str = ""  # the request's text so far, when decoding conditions on it
+    #: Audio of this segment after ``samples`` still to decode, as ``(samples, offset_s,
+    #: splits)`` in order (left by loop splits), and how many splits this part's lineage has had.
+    rest: tuple[tuple[np.ndarray, float, int], ...] = ()
+    splits: int = 0
 
     def task(self) -> WindowTask:
         o = self.options
@@ -534,8 +543,19 @@ class EngineLoop:
         req.compute_s += part.compute_s
         part.compute_s = 0.0
         part.attempts.append(result)
-        action = follow_up(part.attempts, self.decoding)
+        can_split = part.splits < MAX_SPLITS and len(part.samples) >= MIN_SPLIT_S * SAMPLE_RATE
+        action = follow_up(part.attempts, self.decoding, can_split)
         now = self.clock()
+        if isinstance(action, Split):
+            n = len(part.samples)
+            cut = n // 3 + pause_middle(part.samples[n // 3: 2 * n // 3], SAMPLE_RATE)
+            self.stats.splits += 1
+            first = _Part(part.rid, part.segment, part.samples[:cut], part.offset_s, part.options,
+                          self.decoding.temperatures[0], now, parts_so_far=part.parts_so_far + 1,
+                          context=part.context, splits=part.splits + 1,
+                          rest=((part.samples[cut:], part.offset_s + cut / SAMPLE_RATE, part.splits + 1), *part.rest))
+            self.queue.appendleft(first)
+            return
         if not isinstance(action, Accept):
             self.stats.fallbacks += 1
             part.temperature = action.temperature
@@ -555,9 +575,15 @@ class EngineLoop:
                 self.stats.seeks += 1
                 nxt = _Part(part.rid, part.segment, part.samples[start:], part.offset_s + seek, part.options,
                             self.decoding.temperatures[0], now, parts_so_far=part.parts_so_far + 1,
-                            context=req.context)
+                            context=req.context, rest=part.rest, splits=part.splits)
                 self.queue.appendleft(nxt)
                 return
+        if part.rest:  # the second half of a loop split follows the first
+            (samples, offset, splits), *rest = part.rest
+            self.queue.appendleft(_Part(part.rid, part.segment, samples, offset, part.options,
+                                        self.decoding.temperatures[0], now, parts_so_far=part.parts_so_far + 1,
+                                        context=req.context, rest=tuple(rest), splits=splits))
+            return
         self.emit(("segment", part.rid, part.segment, chain, req.compute_s))
         req.compute_s = 0.0
         req.done.add(part.segment)

@@ -10,7 +10,13 @@ faster-whisper's ``generate_with_fallback``:
 - when every temperature failed, the attempt kept is the one with the highest mean
   log-probability among those under the compression threshold (faster-whisper), else the last;
 - an accepted window that left speech after its last completed segment (``unfinished_from_s``)
-  continues from there as a new part (the seek), starting again at the first temperature.
+  continues from there as a new part (the seek), starting again at the first temperature;
+- tideserve's addition, the loop split: a decode kept over the compression threshold that ran
+  to the window's end (a loop the repetition guard could not cut: one segment repeating inside
+  itself, e.g. "1, 2, ... 10, 1, 2, ... 10, 9, 9, 9" over 27 s of other speech) is decoded again
+  as two halves cut at the window's longest pause, when the engine allows it (``can_split``).
+  Measured on such a window of a 1-minute file: both halves came back right (README, Accuracy).
+  Real repeated speech split in halves still reads the same, at the cost of a second decode.
 
 No clock, no I/O and no model: the engine loop and the tests call the same function.
 """
@@ -71,9 +77,21 @@ def best_attempt(attempts: Sequence[WindowResult], d: Decoding) -> WindowResult:
     return max(fitting, key=lambda a: a.avg_logprob) if fitting else attempts[-1]
 
 
-def follow_up(attempts: Sequence[WindowResult], d: Decoding) -> Retry | Accept:
+@dataclass(frozen=True)
+class Split:
+    """Decode the window again as two halves (the loop split; see the module doc)."""
+
+
+def loops(r: WindowResult, d: Decoding) -> bool:
+    """True when ``r`` is over the compression threshold and ran to its window's end."""
+    return (not r.silent and r.unfinished_from_s is None and d.compression_ratio_threshold is not None
+            and r.compression_ratio > d.compression_ratio_threshold)
+
+
+def follow_up(attempts: Sequence[WindowResult], d: Decoding, can_split: bool = False) -> Retry | Split | Accept:
     """What to do after the latest of ``attempts`` (every decode of this window so far, in
-    temperature order). Raises ValueError for no attempts."""
+    temperature order); ``can_split``: the window may be split (long enough, not split too
+    often). Raises ValueError for no attempts."""
     if not attempts:
         raise ValueError("follow_up needs at least one attempt")
     last = attempts[-1]
@@ -84,4 +102,6 @@ def follow_up(attempts: Sequence[WindowResult], d: Decoding) -> Retry | Accept:
         kept = best_attempt(attempts, d)
     else:
         kept = last
+    if can_split and loops(kept, d):
+        return Split()
     return Accept(kept, kept.unfinished_from_s)

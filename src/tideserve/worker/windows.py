@@ -37,23 +37,29 @@ def split_windows(
     Returns at least one window; windows cover the input exactly, in order, without overlap.
     """
     limit = int(window_s * sample_rate)
-    frame = max(1, sample_rate // 10)  # 100 ms frames for the energy search
-    scale = 1.0 / 32768.0 if samples.dtype == np.int16 else 1.0
     out: list[Window] = []
     start, n = 0, len(samples)
     while n - start > limit:
         lo = start + limit - int(search_s * sample_rate)
-        region = samples[lo : start + limit].astype(np.float32) * scale  # int16 squared would overflow
-        nframes = len(region) // frame
-        rms = np.sqrt(np.mean(region[: nframes * frame].reshape(nframes, frame) ** 2, axis=1))
-        level_db = 20.0 * np.log10(np.maximum(rms, 1e-10))
-        quiet = level_db <= max(float(level_db.min()) + QUIET_ABOVE_MIN_DB, QUIET_FLOOR_DBFS)
-        first, length = _longest_run(quiet)
-        cut = lo + (2 * first + length) * frame // 2
+        cut = lo + pause_middle(samples[lo : start + limit], sample_rate)
         out.append(Window(samples[start:cut], start / sample_rate))
         start = cut
     out.append(Window(samples[start:], start / sample_rate))
     return out
+
+
+def pause_middle(region: np.ndarray, sample_rate: int = 16_000) -> int:
+    """The sample index in ``region`` (int16 PCM or float in [-1, 1], at least one 100 ms frame)
+    at the middle of its longest quiet run (see the module doc)."""
+    frame = max(1, sample_rate // 10)
+    scale = 1.0 / 32768.0 if region.dtype == np.int16 else 1.0
+    nframes = len(region) // frame
+    x = region[: nframes * frame].astype(np.float32) * scale  # int16 squared would overflow
+    rms = np.sqrt(np.mean(x.reshape(nframes, frame) ** 2, axis=1))
+    level_db = 20.0 * np.log10(np.maximum(rms, 1e-10))
+    quiet = level_db <= max(float(level_db.min()) + QUIET_ABOVE_MIN_DB, QUIET_FLOOR_DBFS)
+    first, length = _longest_run(quiet)
+    return (2 * first + length) * frame // 2
 
 
 #: A frame is quiet within this many dB of the quietest frame of the search region...

@@ -455,3 +455,45 @@ def test_conditioning_resets_after_a_decode_over_temperature_half():
     run_until_idle(loop, clock)
     assert [(t.temperature, t.prompt) for b in be.batches for t in b] == [(0.0, None), (0.6, None), (0.0, None)]
     assert segments_of(out, 1) == {0: ["w1t0.6"], 1: ["w2t0"]}
+
+
+def test_a_window_that_loops_to_its_end_is_decoded_again_as_two_halves_cut_at_its_pause():
+    # 24 s of speech with a 1 s pause at 12-13 s. The whole window "loops" (compression 7.6, no
+    # seek: one segment repeating inside itself); each half decodes fine. The loop's text is
+    # dropped and the halves' texts come back in order, in the same segment.
+    speech = pcm(24, 5)
+    speech[12 * SR: 13 * SR] = 0
+
+    class Looping(StaticBackend):
+        def transcribe_batch(self, tasks):
+            self.batches.append(tasks)
+            return [WindowResult(text="loop" if t.duration_s > 20 else f"half@{t.offset_s:g}", language="en",
+                                 avg_logprob=-0.2, temperature=t.temperature,
+                                 compression_ratio=7.6 if t.duration_s > 20 else 1.2) for t in tasks], \
+                ExecutionTimings(0.1, 0.2, 0.0)
+
+    be, out, clock = Looping(), [], Clock()
+    loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=4, max_queue_delay_s=0.0, emit=out.append, clock=clock)
+    loop.submit(1, [(speech, 60.0)], RequestOptions())
+    run_until_idle(loop, clock)
+    assert segments_of(out, 1) == {0: ["half@60", "half@72.5"]}  # cut in the middle of the pause
+    assert [[round(t.duration_s, 1) for t in b] for b in be.batches] == [[24.0], [12.5], [11.5]]
+    assert sum(m[1].splits for m in out if m[0] == "stats") == 1
+
+
+def test_a_short_window_or_a_twice_split_one_is_accepted_as_it_is():
+    class AlwaysLoops(StaticBackend):
+        def transcribe_batch(self, tasks):
+            self.batches.append(tasks)
+            return [WindowResult(text=f"loop{t.duration_s:g}", language="en", avg_logprob=-0.2,
+                                 temperature=t.temperature, compression_ratio=7.6) for t in tasks], \
+                ExecutionTimings(0.1, 0.2, 0.0)
+
+    be, out, clock = AlwaysLoops(), [], Clock()
+    loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=4, max_queue_delay_s=0.0, emit=out.append, clock=clock)
+    loop.submit(1, [(pcm(9, 1), 0.0)], RequestOptions())  # under MIN_SPLIT_S: kept
+    loop.submit(2, [(pcm(30, 2), 0.0)], RequestOptions())  # 30 s -> two halves -> four quarters, no deeper
+    run_until_idle(loop, clock)
+    assert segments_of(out, 1) == {0: ["loop9"]}
+    assert len(segments_of(out, 2)[0]) == 4
+    assert sum(m[1].splits for m in out if m[0] == "stats") == 3

@@ -9,7 +9,7 @@ import pytest
 from tideserve.spec.models import Decoding
 from tideserve.worker.backends.base import WindowResult, WindowTask
 from tideserve.worker.backends.whisper_text import loop_point, seek_point, window_result
-from tideserve.worker.longform import Accept, Retry, follow_up
+from tideserve.worker.longform import Accept, Retry, Split, follow_up
 
 TB = 1000  # timestamp_begin in these token lists; <|t|> = TB + t / 0.02
 EOT = 999
@@ -97,3 +97,21 @@ def test_repetition_guard_keeps_the_first_of_a_looping_segment_and_seeks_after_i
     # Without the threshold (or under it) the loop is left to the fallback rule, as before.
     plain = window_result(task, loop, "en", -0.2, 0.01, EOT, TB, decode)
     assert plain.unfinished_from_s is None and plain.text.count("w1 w2 w3") == 9
+
+
+def test_a_kept_decode_that_loops_to_the_window_end_is_split_only_when_allowed() -> None:
+    d = Decoding()  # temperatures [0.0]: no fallback; compression threshold 2.4
+    looping = WindowResult(text="1, 2, 3, 1, 2, 3", language="en", avg_logprob=-0.1, compression_ratio=7.6)
+    assert follow_up([looping], d, can_split=True) == Split()
+    assert follow_up([looping], d) == Accept(looping, None)  # too short, or split twice already
+    # Cut by the repetition guard (a seek point): accepted, the seek decodes the rest.
+    guarded = WindowResult(text="1, 2, 3", language="en", avg_logprob=-0.1, compression_ratio=7.6, unfinished_from_s=4.0)
+    assert follow_up([guarded], d, can_split=True) == Accept(guarded, 4.0)
+    # Under the threshold, or silence: never split.
+    fine = WindowResult(text="hello", language="en", avg_logprob=-0.1, compression_ratio=1.1)
+    assert follow_up([fine], d, can_split=True) == Accept(fine, None)
+    # With fallback temperatures the retry comes first; when all fail, the kept attempt decides.
+    d2 = Decoding(temperatures=[0.0, 0.5])
+    assert follow_up([looping], d2, can_split=True) == Retry(0.5)
+    hot = WindowResult(text="x y x y", language="en", avg_logprob=-0.5, compression_ratio=3.0, temperature=0.5)
+    assert follow_up([looping, hot], d2, can_split=True) == Split()
