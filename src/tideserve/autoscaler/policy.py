@@ -247,15 +247,20 @@ KEEP_ALIVE_MARGIN = 0.10
 KEEP_ALIVE_MIN_SAMPLES = 20
 
 
-def learned_keep_alive(hist: tuple[int, ...], edges: tuple[float, ...]) -> float | None:
+def learned_keep_alive(hist: tuple[int, ...], edges: tuple[float, ...],
+                       tail: float = 1 - KEEP_ALIVE_PERCENTILE / 100.0) -> float | None:
     """The hybrid-histogram keep-alive (s) from inter-arrival counts per bin (``edges`` upper
-    edges, a last out-of-bounds bin): the upper edge of the bin holding the 99th percentile,
-    plus 10%. None when not representative: fewer than 20 gaps, or the 99th percentile out of
-    bounds."""
+    edges, a last out-of-bounds bin): the upper edge of the bin holding the (1 - ``tail``)
+    quantile (the 99th percentile by default), plus 10%. None when not representative: fewer
+    than 20 gaps, that quantile out of bounds, or a tail below the default one that the gaps
+    cannot show (fewer than 1 / ``tail`` of them: a gap longer than any seen comes about once
+    in n + 1 arrivals)."""
     n = sum(hist)
     if n < KEEP_ALIVE_MIN_SAMPLES:
         return None
-    need = math.ceil(KEEP_ALIVE_PERCENTILE / 100.0 * n)
+    if tail < 1 - KEEP_ALIVE_PERCENTILE / 100.0 and n * tail < 1:
+        return None
+    need = max(1, math.ceil((1.0 - tail) * n - 1e-9))
     seen = 0
     for i, c in enumerate(hist):
         seen += c
@@ -264,6 +269,19 @@ def learned_keep_alive(hist: tuple[int, ...], edges: tuple[float, ...]) -> float
                 return None
             return edges[i] * (1 + KEEP_ALIVE_MARGIN)
     return None
+
+
+def requests_per_cold_start(hist: tuple[int, ...], edges: tuple[float, ...], cold_start_s: float) -> float:
+    """Requests expected to wait out one cold start from zero: the first arrival after the
+    scale to zero, and the run of arrivals after it each within a cold start of the one before,
+    1 / (1 - F) for F the share of inter-arrival gaps (``hist`` over ``edges``) that are at most
+    ``cold_start_s`` (a geometric run; an estimate that counts long runs in full). ``math.inf``
+    when every gap seen is shorter than a cold start; 1.0 for an empty histogram."""
+    n = sum(hist)
+    if n == 0:
+        return 1.0
+    short = sum(c for c, edge in zip(hist, edges, strict=False) if edge <= cold_start_s)
+    return math.inf if short >= n else n / (n - short)
 
 
 def drain_time_s(work_s: float, arrival_rate: float, ready_capacity: float,
@@ -313,7 +331,12 @@ def decide_work(
        cold start. When a cold start would break the SLO, the keep-alive is learned from the
        endpoint's inter-arrival times (``learned_keep_alive``; Shahrad et al. ATC 2020) and at
        least the break-even; ``scale_to_zero_after_s`` is its ceiling and the fallback when the
-       histogram is not representative.
+       histogram is not representative. The paper's 99th percentile is raised to fit the SLO's
+       miss budget: each scale to zero makes ``requests_per_cold_start`` (m) requests wait a
+       cold start, and a share q of arrivals come after a gap longer than the keep-alive, so
+       misses per request are m x q; the keep-alive is the (1 - q) quantile of the gaps for
+       q = (1 - ``slo_attainment``) / m (the 99th percentile when m x 0.01 fits the budget);
+       a q the histogram cannot show (fewer than 1 / q gaps) falls back to the ceiling.
     7. min/max per pool and ``slots`` as in ``place``.
     """
     usable = [p for p in snapshot.pools if p.schedulable]
@@ -380,14 +403,22 @@ def decide_work(
     zero_first = next((name for name, k in place(1, pools, snapshot.slots).items() if k), None)
     be = cold[zero_first] if zero_first is not None else spec.cold_start_s
     slo_safe = be + lat0 <= spec.slo_p95_s
-    learned = learned_keep_alive(snapshot.iat_histogram, IAT_EDGES_S) if snapshot.iat_histogram else None
+    hist = snapshot.iat_histogram
+    caught = requests_per_cold_start(hist, IAT_EDGES_S, be) if hist else 1.0
+    tail = min(1 - KEEP_ALIVE_PERCENTILE / 100.0, (1.0 - spec.slo_attainment) / caught)
+    learned = learned_keep_alive(hist, IAT_EDGES_S, tail) if hist else None
     if slo_safe:
         keep_alive, ka_why = min(be, spec.scale_to_zero_after_s), f"break-even = cold start {be:.1f}s (meets the SLO)"
     elif learned is not None:
         keep_alive = min(max(learned, be), spec.scale_to_zero_after_s)
-        ka_why = f"learned p99 inter-arrival {learned:.1f}s, at least the break-even {be:.1f}s"
+        ka_why = (f"learned p{100 * (1 - tail):.4g} inter-arrival {learned:.1f}s ({caught:.3g} request(s) per cold "
+                  f"start, SLO attainment {spec.slo_attainment:g}), at least the break-even {be:.1f}s")
     else:
-        keep_alive, ka_why = spec.scale_to_zero_after_s, "too few inter-arrival samples: scale_to_zero_after_s"
+        n = sum(hist)
+        ka_why = ("too few inter-arrival samples" if n < KEEP_ALIVE_MIN_SAMPLES or tail >= 1 - KEEP_ALIVE_PERCENTILE / 100.0 else
+                  f"{n} gaps cannot show the {tail:.2g} tail the SLO budget needs ({caught:.3g} request(s) per cold "
+                  f"start)") + ": scale_to_zero_after_s"
+        keep_alive = spec.scale_to_zero_after_s
     keep_alive_txt = f"keep-alive {keep_alive:.1f}s ({ka_why}, ceiling {spec.scale_to_zero_after_s:g}s)"
     idle = since is None or since >= keep_alive
     outstanding = work > 0 or snapshot.in_flight > 0 or snapshot.pending > 0

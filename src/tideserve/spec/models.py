@@ -298,6 +298,10 @@ class Autoscaling(_Strict):
     slo_p95_s: float = Field(
         15.0, gt=0, le=86_400, description="Latency objective (p95, s) the work metric sizes capacity for; also the "
         "simulator's default SLO.")
+    slo_attainment: float = Field(
+        0.99, gt=0, lt=1, description="work metric: share of requests to answer within slo_p95_s. A scale to zero "
+        "whose cold start breaks the SLO spends the rest: the keep-alive grows until the requests its cold starts "
+        "would make wait fit in it (tideserve.autoscaler.policy.decide_work).")
     target_utilization: float = Field(
         0.8, gt=0, le=1, description="work metric: share of the measured capacity that steady arrivals may use.")
     cold_start_s: float = Field(

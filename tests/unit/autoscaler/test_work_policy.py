@@ -92,19 +92,46 @@ def test_keep_alive_follows_the_inter_arrival_times():
     assert learned_keep_alive(long_, IAT_EDGES_S) == pytest.approx(300 * 1.1)
     assert learned_keep_alive(_hist([5.0] * 5), IAT_EDGES_S) is None  # too few: not representative
     p = pool(ready(0))
-    # With short gaps (p99 33 s) the replica goes at the break-even, the 100 s cold start ...
-    d, _ = decide(snap(p, last=0.0, hist=short), SPEC, ScalingState(), now=99.0)
+    # At a loose SLO attainment (the paper's p99 fits the miss budget) the keep-alive is the
+    # p99 gap (and at least the break-even, 100 s): with 5-minute gaps it stays for 330 s.
+    loose = SPEC.model_copy(update={"slo_attainment": 0.5})
+    d, _ = decide(snap(p, last=0.0, hist=long_), loose, ScalingState(), now=300.0)
     assert d.total == 1
-    d, _ = decide(snap(p, last=0.0, hist=short), SPEC, ScalingState(), now=100.0)
-    assert d.total == 0 and "learned p99 inter-arrival 33.0s, at least the break-even 100.0s" in d.reason
-    # ... with 5-minute gaps it stays for 330 s.
-    d, _ = decide(snap(p, last=0.0, hist=long_), SPEC, ScalingState(), now=300.0)
-    assert d.total == 1
-    d, _ = decide(snap(p, last=0.0, hist=long_), SPEC, ScalingState(), now=331.0)
-    assert d.total == 0 and "learned p99 inter-arrival 330.0s" in d.reason
+    d, _ = decide(snap(p, last=0.0, hist=long_), loose, ScalingState(), now=331.0)
+    assert d.total == 0 and "learned p99 inter-arrival 330.0s (2 request(s) per cold start" in d.reason
+    # At 0.99, 100 gaps cannot show the tail the budget needs (every gap of ``short`` is under a
+    # cold start: one scale to zero would make a whole burst wait): scale_to_zero_after_s (600 s).
+    d, _ = decide(snap(p, last=0.0, hist=short), SPEC, ScalingState(), now=500.0)
+    assert d.total == 1 and "scale_to_zero_after_s" in d.reason
+    d, _ = decide(snap(p, last=0.0, hist=short), SPEC, ScalingState(), now=600.0)
+    assert d.total == 0
     # Unrepresentative: scale_to_zero_after_s (600 s).
     d, _ = decide(snap(p, last=0.0), SPEC, ScalingState(), now=500.0)
     assert d.total == 1 and "scale_to_zero_after_s" in d.reason
+
+
+def test_keep_alive_spends_only_the_slo_miss_budget_on_cold_starts():
+    # 3,000 gaps: 96% of 5 s (bursts), 3% of 200 s, 1% of 1,000 s. A 100 s cold start breaks the
+    # 10 s SLO and catches a whole burst: 1 / (1 - 0.96) = 25 requests. The paper's p99 (264 s)
+    # would let 1% of arrivals (the 1,000 s gaps) meet a cold start: 25 x 1% = 25% misses. At
+    # SLO attainment 0.99 the budget allows a tail of 0.01 / 25: the keep-alive covers every gap.
+    from tideserve.autoscaler.policy import requests_per_cold_start
+
+    hist = _hist([5.0] * 2880 + [200.0] * 90 + [1000.0] * 30)
+    assert learned_keep_alive(_hist([5.0] * 960 + [200.0] * 30 + [1000.0] * 10), IAT_EDGES_S, 0.0004) is None  # 1,000 < 1 / 0.0004
+    assert requests_per_cold_start(hist, IAT_EDGES_S, 100.0) == pytest.approx(25.0)
+    assert learned_keep_alive(hist, IAT_EDGES_S) == pytest.approx(240 * 1.1)  # p99: the 200 s gaps' bin
+    spec = SPEC.model_copy(update={"scale_to_zero_after_s": 3600})
+    p = pool(ready(0))
+    d, _ = decide(snap(p, last=0.0, hist=hist), spec, ScalingState(), now=1100.0)
+    assert d.total == 1 and d.inputs["keep_alive_s"] == pytest.approx(1020 * 1.1)
+    assert "learned p99.96 inter-arrival 1122.0s (25 request(s) per cold start, SLO attainment 0.99)" in d.reason
+    d, _ = decide(snap(p, last=0.0, hist=hist), spec, ScalingState(), now=1123.0)
+    assert d.total == 0
+    # A loose objective (half the requests) keeps the paper's 99th percentile.
+    loose = spec.model_copy(update={"slo_attainment": 0.5})
+    d, _ = decide(snap(p, last=0.0, hist=hist), loose, ScalingState(), now=265.0)
+    assert d.total == 0 and d.inputs["keep_alive_s"] == pytest.approx(240 * 1.1)
 
 
 def test_outstanding_work_keeps_replicas_past_the_keep_alive():

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Regenerate the four committed simulator reports (issue 14) from the repository root:
+#   bash bench/sim_reports.sh            # all four, one after another (a few minutes each)
+# Traces: the Azure LLM inference traces 2023 in ../shared/traces (README, Attribution).
+set -euo pipefail
+TS=${TIDESERVE:-.venv/bin/tideserve}
+CPU=(bench/scenarios/cpu-cluster.yaml --profile bench/profiles/cpu-2core-tiny-en.json --spot-interruption-rate-per-h 0.5)
+GPU=(bench/scenarios/gpu-large-v3.yaml --profile bench/profiles/derived-large-v3-a10g-l40s.json --model-bytes 3.1e9
+     --spot-interruption-rate-per-h 0.05)
+common=(--seed 1 --slo-s 15 --start-warm)
+"$TS" simulate "${CPU[@]}" --trace ../shared/traces/azure_llm_2023_code.csv --thin 0.03 "${common[@]}" --out bench/reports/sim-azure-code
+"$TS" simulate "${CPU[@]}" --trace ../shared/traces/azure_llm_2023_conv.csv --thin 0.1 "${common[@]}" --out bench/reports/sim-azure-conv
+"$TS" simulate "${GPU[@]}" --trace ../shared/traces/azure_llm_2023_code.csv --thin 0.3 "${common[@]}" --out bench/reports/sim-azure-code-gpu
+"$TS" simulate "${GPU[@]}" --trace ../shared/traces/azure_llm_2023_conv.csv --thin 0.1 "${common[@]}" --out bench/reports/sim-azure-conv-gpu
