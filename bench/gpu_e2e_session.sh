@@ -20,7 +20,7 @@ tiny)
     tests/unit/worker/test_continuous_batching.py 2>&1 | tail -4
   echo "== end to end, real tiny.en weights"
   timeout 480 python3 bench/gpu_e2e.py --model-dir /tmp/tiny-en --clips .devdata/clips --out "$OUT" \
-    --concurrency "${CONC:-64,256}" --requests "${REQS:-2000}" 2>&1 | grep -v "^\[transformers\]\|Warning\|warn("
+    --concurrency "${CONC:-64,256}" --requests "${REQS:-2000}" --batch "${BATCH:-64}" 2>&1 | grep -v "^\[transformers\]\|Warning\|warn("
   cp /tmp/gpu_e2e/worker_metrics.txt "$OUT/" 2>/dev/null
   tail -20 /tmp/gpu_e2e/up.log > "$OUT/up_tail.log" 2>/dev/null
   ;;

@@ -469,7 +469,8 @@ def test_a_window_that_loops_to_its_end_is_decoded_again_as_two_halves_cut_at_it
             self.batches.append(tasks)
             return [WindowResult(text="loop" if t.duration_s > 20 else f"half@{t.offset_s:g}", language="en",
                                  avg_logprob=-0.2, temperature=t.temperature,
-                                 compression_ratio=7.6 if t.duration_s > 20 else 1.2) for t in tasks], \
+                                 compression_ratio=7.6 if t.duration_s > 20 else 1.2,
+                                 looping_segment=t.duration_s > 20) for t in tasks], \
                 ExecutionTimings(0.1, 0.2, 0.0)
 
     be, out, clock = Looping(), [], Clock()
@@ -486,7 +487,8 @@ def test_a_short_window_or_a_twice_split_one_is_accepted_as_it_is():
         def transcribe_batch(self, tasks):
             self.batches.append(tasks)
             return [WindowResult(text=f"loop{t.duration_s:g}", language="en", avg_logprob=-0.2,
-                                 temperature=t.temperature, compression_ratio=7.6) for t in tasks], \
+                                 temperature=t.temperature, compression_ratio=7.6, looping_segment=True)
+                    for t in tasks], \
                 ExecutionTimings(0.1, 0.2, 0.0)
 
     be, out, clock = AlwaysLoops(), [], Clock()

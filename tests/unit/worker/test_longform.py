@@ -101,9 +101,14 @@ def test_repetition_guard_keeps_the_first_of_a_looping_segment_and_seeks_after_i
 
 def test_a_kept_decode_that_loops_to_the_window_end_is_split_only_when_allowed() -> None:
     d = Decoding()  # temperatures [0.0]: no fallback; compression threshold 2.4
-    looping = WindowResult(text="1, 2, 3, 1, 2, 3", language="en", avg_logprob=-0.1, compression_ratio=7.6)
+    looping = WindowResult(text="1, 2, 3, 1, 2, 3", language="en", avg_logprob=-0.1, compression_ratio=7.6,
+                           looping_segment=True)
     assert follow_up([looping], d, can_split=True) == Split()
     assert follow_up([looping], d) == Accept(looping, None)  # too short, or split twice already
+    # Real repeated speech compresses as well as a whole, but no segment of it does: kept.
+    repeated = WindowResult(text="hello world. hello world. hello world.", language="en", avg_logprob=-0.1,
+                            compression_ratio=3.1)
+    assert follow_up([repeated], d, can_split=True) == Accept(repeated, None)
     # Cut by the repetition guard (a seek point): accepted, the seek decodes the rest.
     guarded = WindowResult(text="1, 2, 3", language="en", avg_logprob=-0.1, compression_ratio=7.6, unfinished_from_s=4.0)
     assert follow_up([guarded], d, can_split=True) == Accept(guarded, 4.0)
@@ -113,5 +118,20 @@ def test_a_kept_decode_that_loops_to_the_window_end_is_split_only_when_allowed()
     # With fallback temperatures the retry comes first; when all fail, the kept attempt decides.
     d2 = Decoding(temperatures=[0.0, 0.5])
     assert follow_up([looping], d2, can_split=True) == Retry(0.5)
-    hot = WindowResult(text="x y x y", language="en", avg_logprob=-0.5, compression_ratio=3.0, temperature=0.5)
+    hot = WindowResult(text="x y x y", language="en", avg_logprob=-0.5, compression_ratio=3.0, temperature=0.5,
+                       looping_segment=True)
     assert follow_up([looping, hot], d2, can_split=True) == Split()
+
+
+def test_a_segment_repeating_inside_itself_is_flagged_and_repeated_sentences_are_not() -> None:
+    # Whisper writes "<|0.00|> text <|2.00|>": each segment's own text is measured.
+    rep = {1: "hello world.", 2: "one, two, three, four, five, six, seven, eight, nine, ten, " * 8}
+    dec = lambda ids: " ".join(rep[i] for i in ids if i in rep)  # noqa: E731
+    task = WindowTask(np.zeros(16000 * 20, np.float32), timestamps=False)
+    sentences = [ts(0), 1, ts(2), ts(2), 1, ts(4), ts(4), 1, ts(6), ts(6), 1, ts(8), ts(8), 1, ts(10)]
+    r = window_result(task, sentences, "en", -0.2, 0.0, EOT, TB, dec, compression_ratio_threshold=1.2)
+    assert r.compression_ratio > 1.2 and not r.looping_segment
+    loop = [ts(0), 2, ts(20)]
+    assert window_result(task, loop, "en", -0.2, 0.0, EOT, TB, dec, compression_ratio_threshold=2.4).looping_segment
+    # Without timestamp tokens nothing tells one repeated sentence from a loop: never flagged.
+    assert not window_result(task, [2], "en", -0.2, 0.0, EOT, TB, dec, compression_ratio_threshold=2.4).looping_segment

@@ -50,6 +50,9 @@ class WindowResult:
     compression_ratio: float = 0.0
     #: True when the window was judged silence (its text is then empty).
     silent: bool = False
+    #: True when one timestamped segment of the decode is over the compression-ratio threshold
+    #: by itself: a segment repeating inside itself (``longform.loops``).
+    looping_segment: bool = False
     #: The probability of ``language`` when the model detected it (None when it was given).
     language_probability: float | None = None
     temperature: float = 0.0
