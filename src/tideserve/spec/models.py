@@ -215,7 +215,7 @@ class Batching(_Strict):
         20, ge=0, le=10_000, description="Longest a queued window waits for a batch to fill, in ms."
     )
     instances: int | None = Field(
-        None, ge=1, le=64, description="Model instances per replica that execute batches at once (Triton's "
+        None, ge=1, le=64, strict=True, description="Model instances per replica that execute batches at once (Triton's "
         "instance_group count), for backends that batch statically (faster-whisper); the last free one is kept "
         "for requests with nothing executing, so a short request does not wait behind a long file. Default "
         "(null): the replica's cores + 1, at most 9. Continuous-batching backends (torch) run one decode loop.",

@@ -11,8 +11,8 @@ faster-whisper's ``generate_with_fallback``:
   log-probability among those under the compression threshold (faster-whisper), else the last;
 - an accepted window that left speech after its last completed segment (``unfinished_from_s``)
   continues from there as a new part (the seek), starting again at the first temperature;
-- tideserve's addition, the loop split: a decode kept without a seek point whose timestamped
-  segments include one over the compression threshold (a loop the repetition guard could not
+- tideserve's addition, the loop split: a decode kept whose timestamped segments (those before
+  its seek point) include one over the compression threshold (a loop the repetition guard could not
   cut: ONE segment repeating inside itself, e.g. "1, 2, ... 10, 1, 2, ... 10, 9, 9, 9" over
   27 s of other speech) is decoded again as two halves cut at the window's longest pause, when
   the engine allows it (``can_split``). Measured on such a window of a 1-minute file: both
@@ -86,10 +86,9 @@ class Split:
 
 
 def loops(r: WindowResult, d: Decoding) -> bool:
-    """True when ``r`` has no seek point and one of its timestamped segments is over the
-    compression threshold by itself (``WindowResult.looping_segment``)."""
-    return d.compression_ratio_threshold is not None and r.looping_segment and not r.silent \
-        and r.unfinished_from_s is None
+    """True when one of the timestamped segments ``r`` keeps (before its seek point, if any) is
+    over the compression threshold by itself (``WindowResult.looping_segment``)."""
+    return d.compression_ratio_threshold is not None and r.looping_segment and not r.silent
 
 
 def follow_up(attempts: Sequence[WindowResult], d: Decoding, can_split: bool = False) -> Retry | Split | Accept:

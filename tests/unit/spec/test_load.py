@@ -179,3 +179,16 @@ def test_home_in_config_paths_is_expanded(tmp_path, monkeypatch):
 def test_tiny_infinite_or_nan_numbers_refused(old, new):
     e = _err(TEXT.replace(old, new))
     assert e.problems, e
+
+
+@pytest.mark.parametrize("value", ["true", "'2'", "2.0", "0", "65"])
+def test_model_instances_must_be_a_whole_number_in_range(value):
+    # A YAML boolean or string is not silently taken as a count (found by the adversarial helper).
+    e = _err(TEXT.replace("batching: {max_batch_size: 8,", f"batching: {{instances: {value}, max_batch_size: 8,"))
+    assert e.problems[0][0].startswith("spec.batching.instances (line")
+
+
+def test_model_instances_accepts_a_count():
+    ep = load_model_text(InferenceEndpoint, TEXT.replace("batching: {max_batch_size: 8,",
+                                                         "batching: {instances: 4, max_batch_size: 8,"), "ep.yaml")
+    assert ep.spec.batching.instances == 4

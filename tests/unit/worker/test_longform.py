@@ -109,9 +109,13 @@ def test_a_kept_decode_that_loops_to_the_window_end_is_split_only_when_allowed()
     repeated = WindowResult(text="hello world. hello world. hello world.", language="en", avg_logprob=-0.1,
                             compression_ratio=3.1)
     assert follow_up([repeated], d, can_split=True) == Accept(repeated, None)
-    # Cut by the repetition guard (a seek point): accepted, the seek decodes the rest.
+    # Cut by the repetition guard (a seek point) with no looping segment left: accepted, the
+    # seek decodes the rest; a looping segment before the seek point is split all the same.
     guarded = WindowResult(text="1, 2, 3", language="en", avg_logprob=-0.1, compression_ratio=7.6, unfinished_from_s=4.0)
     assert follow_up([guarded], d, can_split=True) == Accept(guarded, 4.0)
+    kept_loop = WindowResult(text="1, 2, 3, 1, 2, 3", language="en", avg_logprob=-0.1, compression_ratio=7.6,
+                             unfinished_from_s=28.0, looping_segment=True)
+    assert follow_up([kept_loop], d, can_split=True) == Split()
     # Under the threshold, or silence: never split.
     fine = WindowResult(text="hello", language="en", avg_logprob=-0.1, compression_ratio=1.1)
     assert follow_up([fine], d, can_split=True) == Accept(fine, None)
