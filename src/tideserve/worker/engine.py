@@ -53,7 +53,7 @@ import queue
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 from collections.abc import Callable
 
@@ -89,8 +89,8 @@ DEFAULT_CHUNK_STEPS = 16
 
 def default_instances(cpu_count: int | None = None) -> int:
     """Model instances for a static-batching replica on ``cpu_count`` cores (default: this
-    process's, ``worker.cores.usable_cores``): one per core plus the one kept for newcomers, at most 9 (measured on 2 cores,
-    README "Fairness and model instances")."""
+    process's, ``worker.cores.usable_cores``): one per core plus the one kept for newcomers, at
+    most 9 (measured on 2 cores: README, Accuracy, and bench/fairness.py)."""
     n = cpu_count or usable_cores()
     return max(2, min(9, n + 1))
 
@@ -156,6 +156,12 @@ class _Part:
     #: splits)`` in order (left by loop splits), and how many splits this part's lineage has had.
     rest: tuple[tuple[np.ndarray, float, int], ...] = ()
     splits: int = 0
+
+    def successor(self, samples: np.ndarray, offset_s: float, temperature: float, now: float, **changes: Any) -> _Part:
+        """The next part of this segment: ``samples`` from ``offset_s``, queued at ``now``, with
+        no attempts yet; other fields as here unless ``changes`` names them."""
+        return replace(self, samples=samples, offset_s=offset_s, temperature=temperature, enqueued_s=now,
+                                   attempts=[], compute_s=0.0, parts_so_far=self.parts_so_far + 1, **changes)
 
     def task(self) -> WindowTask:
         o = self.options
@@ -545,16 +551,14 @@ class EngineLoop:
         part.attempts.append(result)
         can_split = part.splits < MAX_SPLITS and len(part.samples) >= MIN_SPLIT_S * SAMPLE_RATE
         action = follow_up(part.attempts, self.decoding, can_split)
-        now = self.clock()
+        now, t0 = self.clock(), self.decoding.temperatures[0]
         if isinstance(action, Split):
             n = len(part.samples)
             cut = n // 3 + pause_middle(part.samples[n // 3: 2 * n // 3], SAMPLE_RATE)
             self.stats.splits += 1
-            first = _Part(part.rid, part.segment, part.samples[:cut], part.offset_s, part.options,
-                          self.decoding.temperatures[0], now, parts_so_far=part.parts_so_far + 1,
-                          context=part.context, splits=part.splits + 1,
-                          rest=((part.samples[cut:], part.offset_s + cut / SAMPLE_RATE, part.splits + 1), *part.rest))
-            self.queue.appendleft(first)
+            self.queue.appendleft(part.successor(
+                part.samples[:cut], part.offset_s, t0, now, splits=part.splits + 1,
+                rest=((part.samples[cut:], part.offset_s + cut / SAMPLE_RATE, part.splits + 1), *part.rest)))
             return
         if not isinstance(action, Accept):
             self.stats.fallbacks += 1
@@ -573,16 +577,13 @@ class EngineLoop:
             start = round(seek * SAMPLE_RATE)
             if 0 < start < len(part.samples):
                 self.stats.seeks += 1
-                nxt = _Part(part.rid, part.segment, part.samples[start:], part.offset_s + seek, part.options,
-                            self.decoding.temperatures[0], now, parts_so_far=part.parts_so_far + 1,
-                            context=req.context, rest=part.rest, splits=part.splits)
-                self.queue.appendleft(nxt)
+                self.queue.appendleft(part.successor(part.samples[start:], part.offset_s + seek, t0, now,
+                                                     context=req.context))
                 return
         if part.rest:  # the second half of a loop split follows the first
             (samples, offset, splits), *rest = part.rest
-            self.queue.appendleft(_Part(part.rid, part.segment, samples, offset, part.options,
-                                        self.decoding.temperatures[0], now, parts_so_far=part.parts_so_far + 1,
-                                        context=req.context, rest=tuple(rest), splits=splits))
+            self.queue.appendleft(part.successor(samples, offset, t0, now, context=req.context, rest=tuple(rest),
+                                                 splits=splits))
             return
         self.emit(("segment", part.rid, part.segment, chain, req.compute_s))
         req.compute_s = 0.0
