@@ -245,10 +245,12 @@ def decide_requests(
 KEEP_ALIVE_PERCENTILE = 99.0
 KEEP_ALIVE_MARGIN = 0.10
 KEEP_ALIVE_MIN_SAMPLES = 20
+#: The share of gaps the paper's keep-alive leaves beyond it.
+KEEP_ALIVE_TAIL = 1 - KEEP_ALIVE_PERCENTILE / 100.0
 
 
 def learned_keep_alive(hist: tuple[int, ...], edges: tuple[float, ...],
-                       tail: float = 1 - KEEP_ALIVE_PERCENTILE / 100.0) -> float | None:
+                       tail: float = KEEP_ALIVE_TAIL) -> float | None:
     """The hybrid-histogram keep-alive (s) from inter-arrival counts per bin (``edges`` upper
     edges, a last out-of-bounds bin): the upper edge of the bin holding the (1 - ``tail``)
     quantile (the 99th percentile by default), plus 10%. None when not representative: fewer
@@ -258,7 +260,7 @@ def learned_keep_alive(hist: tuple[int, ...], edges: tuple[float, ...],
     n = sum(hist)
     if n < KEEP_ALIVE_MIN_SAMPLES:
         return None
-    if tail < 1 - KEEP_ALIVE_PERCENTILE / 100.0 and n * tail < 1:
+    if tail < KEEP_ALIVE_TAIL and n * tail < 1:
         return None
     need = max(1, math.ceil((1.0 - tail) * n - 1e-9))
     seen = 0
@@ -405,7 +407,7 @@ def decide_work(
     slo_safe = be + lat0 <= spec.slo_p95_s
     hist = snapshot.iat_histogram
     caught = requests_per_cold_start(hist, IAT_EDGES_S, be) if hist else 1.0
-    tail = min(1 - KEEP_ALIVE_PERCENTILE / 100.0, (1.0 - spec.slo_attainment) / caught)
+    tail = min(KEEP_ALIVE_TAIL, (1.0 - spec.slo_attainment) / caught)
     learned = learned_keep_alive(hist, IAT_EDGES_S, tail) if hist else None
     if slo_safe:
         keep_alive, ka_why = min(be, spec.scale_to_zero_after_s), f"break-even = cold start {be:.1f}s (meets the SLO)"
@@ -415,7 +417,7 @@ def decide_work(
                   f"start, SLO attainment {spec.slo_attainment:g}), at least the break-even {be:.1f}s")
     else:
         n = sum(hist)
-        ka_why = ("too few inter-arrival samples" if n < KEEP_ALIVE_MIN_SAMPLES or tail >= 1 - KEEP_ALIVE_PERCENTILE / 100.0 else
+        ka_why = ("too few inter-arrival samples" if n < KEEP_ALIVE_MIN_SAMPLES or tail >= KEEP_ALIVE_TAIL else
                   f"{n} gaps cannot show the {tail:.2g} tail the SLO budget needs ({caught:.3g} request(s) per cold "
                   f"start)") + ": scale_to_zero_after_s"
         keep_alive = spec.scale_to_zero_after_s
