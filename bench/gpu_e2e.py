@@ -177,7 +177,8 @@ spec:
   gateway: {{port: {a.port}, hold_timeout_s: 900, request_timeout_s: 900, max_pending: 100000}}
 """)
     local = tmp / "local.yaml"
-    local.write_text(f"cache_dir: {tmp}/cache\nallowed_file_roots: [{model.parent}]\n")
+    local.write_text(f"cache_dir: {tmp}/cache\nallowed_file_roots: [{model.parent}]\n"
+                     + (f"prep_processes: {a.prep_processes}\n" if a.prep_processes else ""))
     url = f"http://127.0.0.1:{a.port}"
     with open(tmp / "up.log", "w") as log:
         up = subprocess.Popen([sys.executable, "-m", "tideserve", "up", str(ep), "--config", str(local),
@@ -256,7 +257,7 @@ def run_load(url: str, bodies: list[bytes], idx: list[int], concurrency: int, pr
 
 def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: bool = False,
                      capture_all: bool = False, batch: int | None = None, chunk_steps: int | None = None,
-                     encoder_graphs: bool | None = None) -> dict:
+                     encoder_graphs: bool | None = None, run_ahead: int | None = None) -> dict:
     """All ``n_requests`` (file k % len(files)) submitted at once to an EngineLoop over the backend.
     ``capture_all``: capture every (batch bucket, span) CUDA graph first, so that a long row's
     one-time graph captures (a replica pays them once in its life) are not timed as its
@@ -275,7 +276,8 @@ def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: 
     decoding = Decoding(**kw)
     batch = batch or a.batch
     backend = TorchWhisperBackend(Path(a.model_dir), Target.parse(a.target), decoding, max_batch_size=batch,
-                                  encoder_graphs=encoder_graphs)
+                                  encoder_graphs=encoder_graphs,
+                                  **({} if run_ahead is None else {"run_ahead": run_ahead}))
     if capture_all:
         backend.decoder.capture_all()
     prepared = [prepare_audio(TranscriptionRequest(audio=wav_bytes(f)), None) for f in files]
@@ -317,11 +319,12 @@ def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: 
     text_of = {k: " ".join(r.text for _, rs in sorted(texts[k], key=lambda x: x[0]) for r in rs if r.text)
                for k in range(len(files)) if k in texts}
     graphed = type(backend.encode).__name__ == "GraphedEncoder"
+    ahead = backend.decoder.run_ahead
     del backend, loop
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return {"requests": n_requests, "batch": batch, "chunk_steps": steps,
-            "encoder_graphs": graphed,
+            "encoder_graphs": graphed, "run_ahead": ahead,
             "wall_s": wall,
             "rtfx": audio_s / wall, "p50_s": pct(lat, 50), "p99_s": pct(lat, 99), "gpu_busy": gpu.busy,
             "texts": text_of}
@@ -417,12 +420,14 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--port", type=int, default=18080)
+    ap.add_argument("--prep-processes", type=int, default=0, help="the replica's prep processes (0: its default)")
     ap.add_argument("--client-procs", type=int, default=4)
     ap.add_argument("--warmup", type=int, default=8, help="warm-up requests per file before measuring")
     ap.add_argument("--fixed-tokens", type=int, default=0, help="force this many tokens per window (random weights)")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: served,engine,hf,pipeline,hol")
     ap.add_argument("--engine-sweep", default="",
-                    help="comma list of BATCHxCHUNK_STEPS[:nograph] for extra in-process engine runs")
+                    help="comma list of BATCHxCHUNK_STEPS[:nograph][:aheadN] for extra in-process engine runs "
+                         "(nograph: no encoder CUDA graphs; aheadN: N run-ahead decoder steps)")
     a = ap.parse_args()
     a.concurrency = [int(c) for c in a.concurrency.split(",")]
     skip = set(filter(None, a.skip.split(",")))
@@ -431,6 +436,7 @@ def main() -> int:
     tmp.mkdir(exist_ok=True)
     files = build_audio(sorted(a.clips.glob("*.wav")))
     res: dict = {"files_s": [len(f) / SR for f in files], "model_dir": a.model_dir, "fixed_tokens": a.fixed_tokens,
+                 "prep_processes": a.prep_processes or "default",
                  "batch": a.batch, "concurrency": a.concurrency, "requests": a.requests}
     try:
         import torch
@@ -471,10 +477,12 @@ def main() -> int:
     if a.engine_sweep:  # the engine alone at other batch sizes and chunk lengths (GPU busy against host work)
         res["engine_sweep"] = []
         for cfg in a.engine_sweep.split(","):
-            size, _, flag = cfg.partition(":")
+            size, *flags = cfg.split(":")
             b, c = (int(x) for x in size.split("x"))
+            ahead = [int(f[len("ahead"):]) for f in flags if f.startswith("ahead")]
             e = engine_inprocess(a, files, a.requests, batch=b, chunk_steps=c,
-                                 encoder_graphs=False if flag == "nograph" else None)
+                                 encoder_graphs=False if "nograph" in flags else None,
+                                 run_ahead=ahead[-1] if ahead else None)
             res["engine_sweep"].append({k: v for k, v in e.items() if k != "texts"})
             print(json.dumps(res["engine_sweep"][-1]), flush=True)
     if "hol" not in skip:

@@ -4,7 +4,8 @@
 #   run(command="bash bench/gpu_e2e_session.sh large-v3", carry=[".whl", ".devdata"])
 # .whl: pydantic and its dependencies (the machine lacks them); .devdata: the real tiny.en
 # weights packed as int8 by `bench/gpu_parity.py pack` (expanded to fp16 there) and the English
-# clips. Results land in $OUT.
+# clips. Results land in $OUT. Env: CONC, REQS, BATCH (gpu_e2e.py's --concurrency, --requests,
+# --batch); SKIP: its --skip; SWEEP (tiny only): extra in-process engine runs, gpu_e2e.py's --engine-sweep.
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -19,8 +20,9 @@ tiny)
   timeout 240 python3 -m pytest -q --noconftest -p no:cacheprovider tests/unit/worker/test_torch_backend.py \
     tests/unit/worker/test_continuous_batching.py 2>&1 | tail -4
   echo "== end to end, real tiny.en weights"
-  timeout 480 python3 bench/gpu_e2e.py --model-dir /tmp/tiny-en --clips .devdata/clips --out "$OUT" \
-    --concurrency "${CONC:-64,256}" --requests "${REQS:-2000}" --batch "${BATCH:-64}" 2>&1 | grep -v "^\[transformers\]\|Warning\|warn("
+  timeout 520 python3 bench/gpu_e2e.py --model-dir /tmp/tiny-en --clips .devdata/clips --out "$OUT" \
+    --concurrency "${CONC:-64,256}" --requests "${REQS:-2000}" --batch "${BATCH:-64}" --skip "${SKIP:-}" \
+    ${SWEEP:+--engine-sweep "$SWEEP"} 2>&1 | grep -v "^\[transformers\]\|Warning\|warn("
   cp /tmp/gpu_e2e/worker_metrics.txt "$OUT/" 2>/dev/null
   tail -20 /tmp/gpu_e2e/up.log > "$OUT/up_tail.log" 2>/dev/null
   ;;

@@ -50,7 +50,7 @@ class LocalConfig(_Strict):
     )
     prep_processes: int = Field(
         0, ge=0, le=64, description="Processes per replica that parse request bodies and decode audio, apart from "
-        "the engine process; 0 = a quarter of the cores, 1 to 8.",
+        "the engine process; 0 = a quarter of the cores (1 to 8) on a CPU replica, three quarters (1 to 16) on a GPU one.",
     )
     zygote: bool = Field(
         True, description="Fork replicas from a template process that has already imported the worker's "

@@ -126,11 +126,18 @@ class PrepProcessDied(CapacityError):
     """A prep process died while it held the request (the pool was replaced)."""
 
 
-def default_processes(cpu_count: int | None = None) -> int:
-    """Prep processes for a machine of ``cpu_count`` cores (default: ``worker.cores.usable_cores``): a quarter of them, 1 to 8 (decoding
-    a request takes milliseconds against the model's tens to hundreds, so few suffice; the rest
-    of the cores stay with the engine and the front)."""
+def default_processes(cpu_count: int | None = None, gpu: bool = False) -> int:
+    """Prep processes for a replica of ``cpu_count`` cores (default: ``worker.cores.usable_cores``).
+
+    CPU replica: a quarter of the cores, 1 to 8 (decoding a request takes milliseconds against the
+    model's tens to hundreds, and the model needs the cores). GPU replica: three quarters, 1 to 16:
+    the engine process needs one core and the front one, and at GPU speed parsing and decoding
+    bodies is the limit. Measured on the H200 machine (16 cores, tiny.en, 256 clients, base64 JSON
+    bodies; ``bench/gpu_e2e.py --prep-processes N``): 4 processes served 6,902 audio-s/s, 8 served
+    7,525, 12 served 7,694 (bench/results/gpu_e2e_h200_prep.json)."""
     n = cpu_count or usable_cores()
+    if gpu:
+        return max(1, min(16, n * 3 // 4))
     return max(1, min(8, n // 4))
 
 

@@ -89,7 +89,8 @@ async def serve(args: argparse.Namespace, phases: dict[str, float]) -> int:
     from tideserve.worker.api import WorkerService, build_app
     from tideserve.worker.prep import PrepPool, default_processes
 
-    prep = PrepPool(args.prep_processes or cfg.prep_processes or default_processes(), handoff=engine.handoff)
+    prep = PrepPool(args.prep_processes or cfg.prep_processes or default_processes(gpu=target.device != "cpu"),
+                    handoff=engine.handoff)
     prep.start()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

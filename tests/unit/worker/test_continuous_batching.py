@@ -128,3 +128,36 @@ def test_batched_features_equal_per_window_features_from_int16() -> None:
     for i, x in enumerate(pcm):
         want = _per_window_log_mel(x.astype(np.float32) / 32768.0)
         assert torch.allclose(batched[i], want, atol=1e-4), f"window {i} ({lengths[i]} samples)"
+
+
+def test_run_ahead_queues_the_next_chunks_first_steps_and_changes_no_token() -> None:
+    """finished() runs ``run_ahead`` steps for the rows still decoding (the device keeps working
+    while the host builds results and admits); the next run(n) runs n - run_ahead; no token moves."""
+    m = make_model("cpu")
+    ref = GreedyDecoder(m, SPECIAL, max_batch=4, max_prompt=8)
+    dec = GreedyDecoder(m, SPECIAL, max_batch=4, max_prompt=8, run_ahead=3)
+    p = [SPECIAL.sot, SPECIAL.no_timestamps]
+    steps = []
+    real = dec._run_step
+    dec._run_step = lambda b, span, sampling=False: (steps.append(b), real(b, span, sampling))[1]  # type: ignore[method-assign]
+    torch.manual_seed(6)
+    with torch.inference_mode():
+        enc = m.encode(torch.randn(3, 80, 3000))
+        want = [_alone(ref, enc[i], p, cap, min_new=cap) for i, cap in enumerate((2, 12, 5))]
+        short, long_ = dec.admit(enc[0:2], [p, p], [False, False], [2, 12], min_new_tokens=2)
+        dec.run(4)
+        assert len(steps) == 4
+        first = dec.finished()  # the 2-token row has ended; 3 steps queued for the other
+        assert [s for s, _ in first] == [short] and len(steps) == 7
+        (third,) = dec.admit(enc[2:3], [p], [False], [5], min_new_tokens=5)  # joins after the 3 steps ahead
+        assert third == short  # the freed slot
+        dec.run(4)
+        assert len(steps) == 8  # 4 - 3
+        got = {}
+        while dec.busy_slots:
+            dec.run(4)
+            got.update(dec.finished())
+        assert dec.finished() == [] and dec._ahead == 0  # nothing busy: nothing run ahead
+    assert [first[0][1].tokens, got[long_].tokens, got[third].tokens] == [w.tokens for w in want]
+    with pytest.raises(ValueError, match="run_ahead"):
+        GreedyDecoder(m, SPECIAL, max_batch=1, run_ahead=-1)

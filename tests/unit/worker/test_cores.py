@@ -25,3 +25,10 @@ def test_the_cgroup_quota_lowers_the_count(tmp_path):
 
 def test_default_instances_is_a_core_each_plus_one_kept_for_newcomers():
     assert [default_instances(n) for n in (1, 2, 4, 8, 64)] == [2, 3, 5, 9, 9]
+
+
+def test_default_prep_processes_a_quarter_of_the_cores_on_cpu_three_quarters_on_a_gpu():
+    from tideserve.worker.prep import default_processes
+
+    assert [default_processes(n) for n in (1, 2, 8, 16, 64)] == [1, 1, 2, 4, 8]
+    assert [default_processes(n, gpu=True) for n in (1, 2, 8, 16, 64)] == [1, 1, 6, 12, 16]

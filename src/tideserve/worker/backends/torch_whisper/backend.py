@@ -39,6 +39,7 @@ _NON_SPEECH = ([*list('"#()*+/:;<=>@[\\]^_`{|}~「」『』'), "<<", ">>", "<<<"
                 "((", "))", "(((", ")))", "[[", "]]", "{{", "}}", "♪♪", "♪♪♪", "♩", "♪", "♫", "♬", "♭", "♮", "♯"])
 
 _LANGS_EN_ONLY = frozenset({"en"})
+RUN_AHEAD_STEPS = 4  # decoder steps queued while the host reads ended rows and admits (GreedyDecoder)
 
 
 def _token(tok: Tokenizer, text: str) -> int:
@@ -92,12 +93,12 @@ class TorchWhisperBackend:
 
     Raises EngineMismatchError when the target's device, architecture or compute type cannot
     run here, ValueError when the directory is not a Whisper model or decoding asks for beam
-    search.
+    search. ``run_ahead``: see ``GreedyDecoder`` (0 turns it off).
     """
 
     def __init__(self, model_dir: Path, target: Target, decoding: Decoding, cpu_threads: int = 0,
                  max_batch_size: int = 64, use_cuda_graphs: bool | None = None,
-                 encoder_graphs: bool | None = None, instances: int = 1) -> None:
+                 encoder_graphs: bool | None = None, instances: int = 1, run_ahead: int = RUN_AHEAD_STEPS) -> None:
         del instances  # continuous batching: one decode loop holds every slot
         self.device = _device_for(target)
         if decoding.beam_size != 1:
@@ -127,7 +128,7 @@ class TorchWhisperBackend:
         self.decoding = decoding
         self.features = LogMel(self.model.dims.num_mel_bins, self.device)
         self.decoder = GreedyDecoder(self.model, self.special, max_batch=max_batch_size,
-                                     use_cuda_graphs=use_cuda_graphs)
+                                     use_cuda_graphs=use_cuda_graphs, run_ahead=run_ahead)
         graph_encoder = ((use_cuda_graphs is not False and GraphedEncoder.enabled_for(self.model, self.device))
                          if encoder_graphs is None else encoder_graphs and self.device.type == "cuda")
         self.encode = GraphedEncoder(self.model, max_batch_size) if graph_encoder else self.model.encode
