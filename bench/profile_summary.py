@@ -15,16 +15,17 @@ import re
 
 def parse(path: str):
     """Yield (process id, thread name, frames, count) per line of a py-spy raw file."""
-    for line in open(path, encoding="utf-8", errors="replace"):
-        stack, _, count = line.rstrip("\n").rpartition(" ")
-        if not stack:
-            continue
-        frames = stack.split(";")
-        procs = [f for f in frames if f.startswith("process ")]
-        pid = procs[-1].split(":", 1)[0].split()[1] if procs else "?"
-        thread = next((f for f in frames if f.startswith("thread ")), "thread ?")
-        body = [f for f in frames if not f.startswith(("process ", "thread "))]
-        yield pid, thread, body, int(count)
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            stack, _, count = line.rstrip("\n").rpartition(" ")
+            if not stack:
+                continue
+            frames = stack.split(";")
+            procs = [x for x in frames if x.startswith("process ")]
+            pid = procs[-1].split(":", 1)[0].split()[1] if procs else "?"
+            thread = next((x for x in frames if x.startswith("thread ")), "thread ?")
+            body = [x for x in frames if not x.startswith(("process ", "thread "))]
+            yield pid, thread, body, int(count)
 
 
 def main() -> int:
@@ -36,7 +37,7 @@ def main() -> int:
     a = ap.parse_args()
     rows = list(parse(a.raw))
     total = collections.Counter()
-    for pid, thread, body, n in rows:
+    for pid, thread, _body, n in rows:
         total[(pid, thread)] += n
     if not a.match:
         for (pid, thread), n in total.most_common(40):
