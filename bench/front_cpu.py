@@ -1,7 +1,7 @@
 """CPU the worker's HTTP front spends per request, with the model taken out (issue 12).
 
 On the H200 the served path of tiny.en ran at 0.75 of its engine with the front process at one
-full core (bench/results/gpu_e2e_h200.json, ``cpu_cores_by_process``): at ~230 requests/s the
+full core (bench/results/gpu_e2e_h200_before_handoff.json, ``cpu_cores_by_process``): at ~230 requests/s the
 front, not the GPU, set the pace. This bench runs the real worker (``WorkerService``, prep
 processes, engine process, aiohttp app) over a backend that answers every window at once, so
 what is measured is the front's own work: HTTP, handing bodies to the prep processes, carrying

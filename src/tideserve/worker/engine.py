@@ -82,7 +82,7 @@ MIN_SPLIT_S = 10.0
 #: 7,720 at 78% (gpu_engine_sweep_h200_graphs.json): the host work per round, not the steps a
 #: finished row idles, sets the pace. But served through HTTP on that machine, 32 steps gave less
 #: than 16 (6,264 against 6,725 audio-s/s at 256 clients, 4,812 against 5,866 at 64:
-#: gpu_e2e_h200_chunk32.json, gpu_e2e_h200.json): each request waits longer for its last rows,
+#: gpu_e2e_h200_chunk32.json, gpu_e2e_h200_encoder_graphs_first.json): each request waits longer for its last rows,
 #: so fewer are in flight. A row that ends mid-chunk holds its slot until the chunk ends.
 DEFAULT_CHUNK_STEPS = 16
 

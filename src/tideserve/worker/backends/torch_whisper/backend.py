@@ -39,7 +39,7 @@ _NON_SPEECH = ([*list('"#()*+/:;<=>@[\\]^_`{|}~「」『』'), "<<", ">>", "<<<"
                 "((", "))", "(((", ")))", "[[", "]]", "{{", "}}", "♪♪", "♪♪♪", "♩", "♪", "♫", "♬", "♭", "♮", "♯"])
 
 _LANGS_EN_ONLY = frozenset({"en"})
-RUN_AHEAD_STEPS = 4  # decoder steps queued while the host reads ended rows and admits (GreedyDecoder)
+RUN_AHEAD_STEPS = 8  # decoder steps queued while the host reads ended rows and admits (GreedyDecoder; README "Serving path")
 
 
 def _token(tok: Tokenizer, text: str) -> int:
