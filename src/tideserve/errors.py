@@ -72,6 +72,14 @@ class BadInputError(TideserveError):
     http_status = 400
 
 
+class LanguageMismatchError(TideserveError):
+    """The speech is in a language the model cannot transcribe, and the endpoint rejects such
+    requests (``model.language_id.on_other_language: reject``; 422)."""
+
+    code = "language_mismatch"
+    http_status = 422
+
+
 class UnknownModelError(TideserveError):
     """The request names a model this endpoint does not serve (404)."""
 

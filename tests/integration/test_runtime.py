@@ -137,7 +137,7 @@ def test_engine_for_another_isa_is_refused_without_starting(tmp_path):
 def test_cuda_engine_on_this_cpu_machine_is_refused(tmp_path):
     path = write_endpoint(tmp_path, pools=[{
         "name": "h100", "accelerator": "h100", "target": "cuda-sm90-bf16", "replicas": {"min": 1, "max": 2},
-    }], model={"backend": "torch", "decoding": {"beam_size": 1}})
+    }], model={"backend": "torch", "decoding": {"beam_size": 1}, "language_id": None})  # torch: no language ID
     with EndpointProcess(path, tmp_path, wait_ready=False) as ep:
         _assert_refused(ep, "cuda-sm90-bf16", "needs a CUDA GPU (sm90); this machine has none")
         # The start-up banner says so instead of "replicas start in the background".

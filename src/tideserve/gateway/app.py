@@ -50,12 +50,13 @@ from tideserve.httpcommon import (
 from tideserve.protocol import kserve, openai, sagemaker
 from tideserve.protocol.errors import api_family
 from tideserve.protocol.internal import COMPUTE_HEADER, TOKEN_HEADER
+from tideserve.protocol.types import LANGUAGE_MISMATCH_HEADER
 from tideserve.spec import InferenceEndpoint
 
 log = logging.getLogger("tideserve.gateway")
 MAX_ATTEMPTS = 3
 _FORWARD_REQUEST_HEADERS = ("Content-Type", kserve.HEADER_LENGTH, "Accept")
-_FORWARD_RESPONSE_HEADERS = ("Content-Type", kserve.HEADER_LENGTH, "Retry-After")
+_FORWARD_RESPONSE_HEADERS = ("Content-Type", kserve.HEADER_LENGTH, "Retry-After", LANGUAGE_MISMATCH_HEADER)
 OPEN_PATHS = frozenset({"/ping", "/v2/health/live", "/v2/health/ready", "/openapi.json"})
 
 

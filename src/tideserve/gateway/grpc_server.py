@@ -54,7 +54,7 @@ OPEN_METHODS = frozenset({"ServerLive", "ServerReady"})
 
 #: HTTP status of an error -> gRPC status (gRPC's own mapping of HTTP semantics).
 STATUS_OF_HTTP = {
-    400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
+    400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED, 422: grpc.StatusCode.INVALID_ARGUMENT,
     403: grpc.StatusCode.PERMISSION_DENIED, 404: grpc.StatusCode.NOT_FOUND,
     408: grpc.StatusCode.DEADLINE_EXCEEDED, 413: grpc.StatusCode.RESOURCE_EXHAUSTED,
     429: grpc.StatusCode.RESOURCE_EXHAUSTED, 502: grpc.StatusCode.UNAVAILABLE,

@@ -49,6 +49,8 @@ _FAMILIES: dict[str, tuple[str, str]] = {
     "tideserve_worker_fallbacks": ("counter", "Windows decoded again at a higher temperature (Whisper's fallback)"),
     "tideserve_worker_seeks": ("counter", "Window parts started from a seek point (Whisper's long-form rule)"),
     "tideserve_worker_loop_splits": ("counter", "Looping windows decoded again as two halves cut at their longest pause"),
+    "tideserve_worker_language_mismatch": ("counter", "Requests whose speech the language-ID model heard in a "
+                                           "language the model cannot transcribe (model.language_id)"),
     "tideserve_worker_active_rows": ("gauge", "Windows decoding in the engine now"),
     "tideserve_worker_audio_held_seconds": ("gauge", "Decoded audio this replica holds now, in seconds (the budget is "
                                             "spec.gateway.max_audio_s_in_flight)"),

@@ -21,7 +21,7 @@ from tideserve.errors import BadInputError
 from tideserve.protocol import schemas
 from tideserve.protocol.sagemaker import decode_base64, loads_json
 from tideserve.protocol.text import language_code, require_text
-from tideserve.protocol.types import TranscriptionRequest, TranscriptionResult
+from tideserve.protocol.types import TranscriptionRequest, TranscriptionResult, identification_fields
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 INPUT_AUDIO, INPUT_PROMPT, INPUT_LANGUAGE, INPUT_TASK, OUTPUT_TEXT = "AUDIO", "PROMPT", "LANGUAGE", "TASK", "TEXT"
@@ -192,6 +192,7 @@ def format_infer(
                   "parameters": {"language": result.language}}  # response parameters (KServe v2)
     if result.language_probability is not None:
         head["parameters"]["language_probability"] = round(result.language_probability, 4)
+    head["parameters"].update(identification_fields(result))
     if req.id is not None:
         head["id"] = req.id
     out: dict = {"name": OUTPUT_TEXT, "datatype": "BYTES", "shape": [1]}

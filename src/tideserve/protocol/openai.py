@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from tideserve.errors import BadInputError, UnknownModelError
 from tideserve.protocol import schemas
 from tideserve.protocol.text import language_code, require_text
-from tideserve.protocol.types import TranscriptionRequest, TranscriptionResult
+from tideserve.protocol.types import TranscriptionRequest, TranscriptionResult, identification_fields
 
 RESPONSE_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
 _TIMESTAMP_FORMATS = {"verbose_json", "srt", "vtt"}
@@ -126,17 +126,18 @@ def format_response(result: TranscriptionResult, fmt: str, task: str = "transcri
         "language": result.language,
         **({"language_probability": round(result.language_probability, 4)}
            if result.language_probability is not None else {}),
+        **identification_fields(result),
         "duration": round(result.duration_s, 3),
         "text": result.text,
         "segments": [
             {
                 "id": i,
-                "seek": 0,
+                "seek": round(s.window_start_s * 100),  # mel frames (10 ms), as openai/whisper's transcribe
                 "start": round(s.start_s, 3),
                 "end": round(s.end_s, 3),
                 "text": s.text,
                 "tokens": list(s.tokens),
-                "temperature": 0.0,
+                "temperature": s.temperature,
                 "avg_logprob": s.avg_logprob,
                 "compression_ratio": s.compression_ratio,
                 "no_speech_prob": s.no_speech_prob,

@@ -45,7 +45,7 @@ class Op:
     errors: tuple[int, ...] = (401,)
 
 
-_INFER_ERRORS = (400, 401, 404, 413, 502, 503, 504)
+_INFER_ERRORS = (400, 401, 404, 413, 422, 502, 503, 504)
 _INVOKE = Op("Transcribe: JSON with base64 audio, or the audio file itself", "SageMaker",
              body={**_json(schemas.InvocationRequest), **_AUDIO}, ok=_json(schemas.InvocationResponse),
              errors=_INFER_ERRORS)
@@ -146,6 +146,8 @@ def document(routes: Iterable[tuple[str, str]], title: str, version: str,
 
 
 _REASONS = {400: "Bad input", 401: "Missing or wrong API key (WWW-Authenticate: Bearer)", 404: "Unknown model or route",
-            413: "Body over max_body_bytes or audio over max_audio_s", 502: "The replicas serving it were lost "
+            413: "Body over max_body_bytes or audio over max_audio_s",
+            422: "Speech in a language the model cannot transcribe (model.language_id.on_other_language: reject)",
+            502: "The replicas serving it were lost "
             "(Retry-After)", 503: "No capacity within hold_timeout_s, or not ready (Retry-After)",
             504: "Past request_timeout_s"}

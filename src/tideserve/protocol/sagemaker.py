@@ -14,7 +14,7 @@ import json
 from tideserve.errors import BadInputError
 from tideserve.protocol.schemas import InvocationRequest, validate
 from tideserve.protocol.text import language_code, require_text
-from tideserve.protocol.types import TranscriptionRequest, TranscriptionResult
+from tideserve.protocol.types import TranscriptionRequest, TranscriptionResult, identification_fields
 
 
 RAW_AUDIO_TYPES = ("audio/", "application/octet-stream")
@@ -71,7 +71,9 @@ def decode_base64(text: str, field: str) -> bytes:
 
 
 def format_invocation(result: TranscriptionResult) -> dict:
-    return {"code": 0, "message": "Success", "transcribe_text": result.text}
+    """The answer body; with a language-ID model, also ``detected_language``,
+    ``detected_language_probability`` and ``language_mismatch``."""
+    return {"code": 0, "message": "Success", "transcribe_text": result.text, **identification_fields(result)}
 
 
 CUSTOM_ATTRIBUTES = "X-Amzn-SageMaker-Custom-Attributes"

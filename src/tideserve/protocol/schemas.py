@@ -38,6 +38,11 @@ class InvocationResponse(_Body):
     code: Literal[0] = 0
     message: str = "Success"
     transcribe_text: str
+    detected_language: str | None = Field(None, description="with a language-ID model (model.language_id): "
+                                          "the language heard")
+    detected_language_probability: float | None = None
+    language_mismatch: bool | None = Field(None, description="true: speech in a language the model cannot "
+                                           "transcribe (the text is its attempt)")
 
 
 # --- KServe v2 -------------------------------------------------------------------------------

@@ -45,6 +45,10 @@ class Segment:
     no_speech_prob: float | None = None
     compression_ratio: float | None = None
     words: tuple[Word, ...] = ()
+    #: Where the decode that wrote this segment started (seconds from the start of the audio;
+    #: Whisper's ``seek``) and its temperature (above 0 after a fallback).
+    window_start_s: float = 0.0
+    temperature: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -57,3 +61,30 @@ class TranscriptionResult:
     segments: list[Segment] = field(default_factory=list)
     #: The probability of ``language`` when the model detected it (first window); None when given.
     language_probability: float | None = None
+    #: What the language-ID model beside an English-only model heard (``model.language_id``), with
+    #: its probability, and whether that is a language the model cannot transcribe (the text is
+    #: then the English-only model's attempt); None / False when no identification ran.
+    detected_language: str | None = None
+    detected_language_probability: float | None = None
+    language_mismatch: bool = False
+
+
+#: Response header naming the language heard when it is one the model cannot transcribe
+#: (``TranscriptionResult.language_mismatch``), on every API and response format.
+LANGUAGE_MISMATCH_HEADER = "X-Tideserve-Language-Mismatch"
+
+
+def identification_fields(result: TranscriptionResult) -> dict:
+    """``detected_language``, ``detected_language_probability`` (4 decimals) and
+    ``language_mismatch`` of ``result`` when a language-ID model ran; {} otherwise."""
+    if result.detected_language is None:
+        return {}
+    p = result.detected_language_probability
+    return {"detected_language": result.detected_language,
+            "detected_language_probability": None if p is None else round(p, 4),
+            "language_mismatch": result.language_mismatch}
+
+
+def identification_headers(result: TranscriptionResult) -> dict[str, str]:
+    """``{LANGUAGE_MISMATCH_HEADER: <language code>}`` for a mismatch, else {}."""
+    return {LANGUAGE_MISMATCH_HEADER: result.detected_language or ""} if result.language_mismatch else {}

@@ -36,9 +36,11 @@ from tideserve.metrics.gpu import GpuMetrics
 from tideserve.metrics.triton import TritonMetrics
 from tideserve.protocol import TranscriptionRequest, TranscriptionResult, kserve, openai, sagemaker
 from tideserve.protocol.internal import COMPUTE_HEADER, TOKEN_HEADER
+from tideserve.protocol.types import identification_headers
 from tideserve.worker.timings import Usage
 from tideserve.worker.engine import RequestOptions
 from tideserve.worker.engine_client import EngineClient
+from tideserve.worker.language_id import mismatch_message, other_language
 from tideserve.worker.prep import (
     Prepared,
     PrepPool,
@@ -93,8 +95,9 @@ class WorkerService:
     def __init__(self, model_name: str, prep: PrepPool, engine: EngineClient, metrics: TritonMetrics,
                  max_audio_s: float | None = None, max_prompt_chars: int | None = None,
                  languages: frozenset[str] = frozenset(), max_audio_s_in_flight: float | None = None,
-                 aliases: tuple[str, ...] = ()) -> None:
+                 aliases: tuple[str, ...] = (), language_id_min_probability: float = 0.5) -> None:
         self.model_name = model_name
+        self.language_id_min_probability = language_id_min_probability
         self.aliases = aliases
         self.max_audio_s = max_audio_s
         cap = max_audio_s_in_flight or (2 * max_audio_s if max_audio_s else None)
@@ -180,12 +183,23 @@ class WorkerService:
             usage.compute_s += compute_s
         language = results[0].language if results else (req.language or "en")
         probability = results[0].language_probability if results else None
+        heard = next((r for r in results if r.detected_language is not None), None)
+        detected = None if heard is None else heard.detected_language
+        detected_p = None if heard is None else heard.detected_language_probability
+        ours = None if heard is None else heard.model_language_probability
+        mismatch = other_language(ours, self.language_id_min_probability)
+        if mismatch:
+            self.metrics.add("tideserve_worker_language_mismatch", 1)
+            log.warning("%s", mismatch_message(detected or "", detected_p or 0.0, ours or 0.0, self.model_name))
         return TranscriptionResult(
             text=" ".join(r.text for r in results if r.text),
             language=language,
             language_probability=probability,
             duration_s=prepared.duration_s,
             segments=[s for r in results for s in r.segments],
+            detected_language=detected,
+            detected_language_probability=detected_p,
+            language_mismatch=mismatch,
         )
 
 
@@ -299,7 +313,7 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
         check_accepting()
         _, result = await run(request, prepare_invocation, await request.read(), request.headers.get("Content-Type"),
                               service.max_audio_s)
-        return web.json_response(sagemaker.format_invocation(result))
+        return web.json_response(sagemaker.format_invocation(result), headers=identification_headers(result))
 
     # --- KServe v2 ---------------------------------------------------------------------
     async def live(request: web.Request) -> web.Response:
@@ -325,7 +339,7 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
         prepared, result = await run(request, prepare_infer, await request.read(),
                                      request.headers.get(kserve.HEADER_LENGTH), service.max_audio_s)
         body, headers, ctype = kserve.format_infer(name, prepared.extra, result)
-        return web.Response(body=body, headers=headers, content_type=ctype)
+        return web.Response(body=body, headers={**headers, **identification_headers(result)}, content_type=ctype)
 
     # --- OpenAI style ------------------------------------------------------------------
     async def transcriptions(request: web.Request) -> web.StreamResponse:
@@ -368,7 +382,7 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
             return await stream_transcription(request, req)
         _, result = await run(request, prepare_audio, req, service.max_audio_s)
         body, ctype = openai.format_response(result, fmt, task)
-        return web.Response(body=body, headers={"Content-Type": ctype})
+        return web.Response(body=body, headers={"Content-Type": ctype, **identification_headers(result)})
 
     async def stream_transcription(request: web.Request, req: TranscriptionRequest) -> web.StreamResponse:
         """``stream=true``: server-sent events, a delta as each window is done (in audio order),

@@ -59,9 +59,11 @@ from collections.abc import Callable
 
 import numpy as np
 
+from tideserve.errors import LanguageMismatchError
 from tideserve.spec.models import Decoding
 from tideserve.worker.backends.base import WindowResult, WindowTask
 from tideserve.worker.cores import usable_cores
+from tideserve.worker.language_id import LanguageIdConfig, mismatch_message, other_language
 from tideserve.worker.batching import QueuedItem, cut_batch, round_robin, schedulable
 from tideserve.worker.longform import Accept, Split, follow_up, is_digital_silence
 from tideserve.worker.windows import pause_middle, windows_of
@@ -156,18 +158,19 @@ class _Part:
     #: splits)`` in order (left by loop splits), and how many splits this part's lineage has had.
     rest: tuple[tuple[np.ndarray, float, int], ...] = ()
     splits: int = 0
+    identify: bool = False  # identify the spoken language with this decode (its first attempt only)
 
     def successor(self, samples: np.ndarray, offset_s: float, temperature: float, now: float, **changes: Any) -> _Part:
         """The next part of this segment: ``samples`` from ``offset_s``, queued at ``now``, with
         no attempts yet; other fields as here unless ``changes`` names them."""
         return replace(self, samples=samples, offset_s=offset_s, temperature=temperature, enqueued_s=now,
-                                   attempts=[], compute_s=0.0, parts_so_far=self.parts_so_far + 1, **changes)
+                       attempts=[], compute_s=0.0, parts_so_far=self.parts_so_far + 1, identify=False, **changes)
 
     def task(self) -> WindowTask:
         o = self.options
         prompt = " ".join(t for t in (o.prompt, self.context) if t) or None
         return WindowTask(self.samples, self.offset_s, prompt, o.language, o.timestamps, self.temperature, o.task,
-                          o.words)
+                          o.words, identify_language=self.identify)
 
 
 @dataclass
@@ -235,7 +238,8 @@ class EngineLoop:
 
     def __init__(self, backend: Any, decoding: Decoding, max_batch_size: int, max_queue_delay_s: float,
                  emit: Emit, clock: Callable[[], float] = time.monotonic, chunk_steps: int = DEFAULT_CHUNK_STEPS,
-                 instances: int = 1, start: Starter | None = None, wake: Callable[[], None] = lambda: None) -> None:
+                 instances: int = 1, start: Starter | None = None, wake: Callable[[], None] = lambda: None,
+                 language_id: LanguageIdConfig | None = None, model_name: str = "") -> None:
         if instances < 1:
             raise ValueError(f"instances {instances} must be >= 1")
         self.backend = backend
@@ -245,6 +249,10 @@ class EngineLoop:
         self.emit = emit
         self.clock = clock
         self.chunk_steps = chunk_steps
+        # Language identification (``worker.language_id``): asked of each request's first speech
+        # window when the backend can and the request names no language.
+        self.language_id = language_id if getattr(backend, "identifies_language", False) else None
+        self.model_name = model_name
         self.continuous = all(hasattr(backend, a) for a in ("admit", "run", "finished", "release"))
         self.queue: collections.deque[_Part] = collections.deque()
         self.requests: dict[int, _Request] = {}
@@ -322,7 +330,8 @@ class EngineLoop:
             if flag[0] if flag and flag[0] is not None else is_digital_silence(samples):
                 silent.append(k)
             else:
-                part = _Part(rid, k, samples, offset, options, self.decoding.temperatures[0], now)
+                part = _Part(rid, k, samples, offset, options, self.decoding.temperatures[0], now,
+                             identify=self.language_id is not None and options.language is None and not queued)
                 # Conditioning on previous text: one segment at a time, in order.
                 if self.decoding.condition_on_previous_text and queued:
                     req.later.append(part)
@@ -548,9 +557,17 @@ class EngineLoop:
             return  # cancelled meanwhile
         req.compute_s += part.compute_s
         part.compute_s = 0.0
+        if part.identify:
+            part.identify = False  # a fallback decode of this window does not identify again
+            lid = self.language_id
+            if lid is not None and lid.reject and other_language(result.model_language_probability, lid.min_probability):
+                self._fail(part.rid, LanguageMismatchError(mismatch_message(
+                    result.detected_language or "", result.detected_language_probability or 0.0,
+                    result.model_language_probability or 0.0, self.model_name)))
+                return
         part.attempts.append(result)
         can_split = part.splits < MAX_SPLITS and len(part.samples) >= MIN_SPLIT_S * SAMPLE_RATE
-        action = follow_up(part.attempts, self.decoding, can_split)
+        action = follow_up(part.attempts, self.decoding, can_split, was_split=part.splits > 0)
         now, t0 = self.clock(), self.decoding.temperatures[0]
         if isinstance(action, Split):
             n = len(part.samples)
@@ -624,6 +641,9 @@ class EngineConfig:
     #: ``(AF_UNIX path, authkey)`` of the socket on which prep processes hand over decoded audio
     #: (``worker.handoff``); None: audio comes only with ``submit`` from the front.
     handoff: tuple[str, bytes] | None = None
+    #: The language-ID model and policy (``model.language_id``); None: none.
+    language_id: LanguageIdConfig | None = None
+    model_name: str = ""  # the endpoint's model name (in error messages)
 
 
 def engine_main(inbox: Any, outbox: Any, config: EngineConfig) -> None:
@@ -646,7 +666,7 @@ def engine_main(inbox: Any, outbox: Any, config: EngineConfig) -> None:
             handoff = HandoffListener(config.handoff[0], config.handoff[1], messages.put)
         backend = backend_class(config.backend)(
             config.model_dir, config.target, config.decoding, cpu_threads=config.cpu_threads,
-            max_batch_size=config.max_batch_size, instances=config.instances)
+            max_batch_size=config.max_batch_size, instances=config.instances, language_id=config.language_id)
     except BaseException as exc:
         emit(("failed", type(exc).__name__, str(exc) or traceback.format_exc(limit=3)))
         if handoff is not None:
@@ -655,7 +675,8 @@ def engine_main(inbox: Any, outbox: Any, config: EngineConfig) -> None:
     emit(("ready", {"languages": sorted(backend.languages),
                     "continuous": all(hasattr(backend, a) for a in ("admit", "run", "finished", "release"))}))
     loop = EngineLoop(backend, config.decoding, config.max_batch_size, config.max_queue_delay_s, emit,
-                      chunk_steps=config.chunk_steps, instances=config.instances,
+                      chunk_steps=config.chunk_steps, instances=config.instances, language_id=config.language_id,
+                      model_name=config.model_name,
                       wake=lambda: messages.put(("wake",)))
 
     def receive() -> None:

@@ -30,6 +30,7 @@ from tideserve.errors import (
     BadInputError,
     CapacityError,
     EngineMismatchError,
+    LanguageMismatchError,
     PayloadTooLargeError,
     MissingExtraError,
     SourceError,
@@ -62,6 +63,7 @@ _LOAD_ERRORS: dict[str, type[TideserveError]] = {
 _REQUEST_ERRORS: dict[str, type[TideserveError]] = {
     "BadInputError": BadInputError,
     "PayloadTooLargeError": PayloadTooLargeError,
+    "LanguageMismatchError": LanguageMismatchError,
 }
 
 

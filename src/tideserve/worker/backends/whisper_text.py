@@ -118,21 +118,26 @@ def window_result(task: WindowTask, tokens: Sequence[int], language: str, avg_lo
     text = full_text if unfinished is None else decode([t for t in tokens if t < eot]).strip()
     segments = []
     looping = False
+    loop_free: list[str] = []  # the texts of the segments that do not loop by themselves
     timestamped = any(t >= timestamp_begin for t in tokens)
     if task.timestamps or (timestamped and compression_ratio_threshold is not None and cr > compression_ratio_threshold):
         for start, end, seg_tokens in split_by_timestamps(tokens, timestamp_begin, duration):
             seg_text = decode(seg_tokens).strip()
             seg_cr = compression_ratio(seg_text)
-            looping |= timestamped and compression_ratio_threshold is not None and seg_cr > compression_ratio_threshold
+            seg_loops = timestamped and compression_ratio_threshold is not None and seg_cr > compression_ratio_threshold
+            looping |= seg_loops
+            if seg_text and not seg_loops:
+                loop_free.append(seg_text)
             if seg_text and task.timestamps:
                 segments.append(Segment(
                     start_s=task.offset_s + start, end_s=task.offset_s + end, text=seg_text,
                     tokens=tuple(seg_tokens), avg_logprob=float(avg_logprob),
                     no_speech_prob=float(no_speech_prob), compression_ratio=seg_cr,
+                    window_start_s=task.offset_s, temperature=task.temperature,
                 ))
     return WindowResult(text=text, language=language, segments=segments, unfinished_from_s=unfinished,
                         avg_logprob=avg, no_speech_prob=nsp, compression_ratio=cr, temperature=temp,
-                        looping_segment=looping)
+                        looping_segment=looping, loop_free_text=" ".join(loop_free) if looping else None)
 
 
 def split_by_timestamps(

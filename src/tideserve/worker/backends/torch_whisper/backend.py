@@ -98,8 +98,11 @@ class TorchWhisperBackend:
 
     def __init__(self, model_dir: Path, target: Target, decoding: Decoding, cpu_threads: int = 0,
                  max_batch_size: int = 64, use_cuda_graphs: bool | None = None,
-                 encoder_graphs: bool | None = None, instances: int = 1, run_ahead: int = RUN_AHEAD_STEPS) -> None:
+                 encoder_graphs: bool | None = None, instances: int = 1, run_ahead: int = RUN_AHEAD_STEPS,
+                 language_id: object | None = None) -> None:
         del instances  # continuous batching: one decode loop holds every slot
+        if language_id is not None:
+            raise ValueError("the torch backend identifies no language; model.language_id needs faster-whisper")
         self.device = _device_for(target)
         if decoding.beam_size != 1:
             raise ValueError(f"the torch backend decodes greedily; set model.decoding.beam_size: 1 "

