@@ -47,13 +47,16 @@ IAT_EDGES_S: tuple[float, ...] = tuple(
 
 class ReplicaState(str, enum.Enum):  # noqa: UP042  StrEnum would change str()/format() of a member (value, not ReplicaState.NAME)
     """A replica's state. ``WAITING``: wanted, no machine yet (cluster/simulator);
-    ``STARTING``: placed, loading; ``READY``: takes requests; ``DRAINING``: finishes its work,
-    takes no new; ``RESTARTING``: crashed, restarts after a back-off (live runtime);
-    ``STOPPED``: gone."""
+    ``STARTING``: placed, loading; ``READY``: takes requests; ``LEAVING``: takes requests, but its
+    machine is being reclaimed (a spot interruption notice): not counted as capacity, so a
+    replacement is asked for, and it drains once that is ready (make before break);
+    ``DRAINING``: finishes its work, takes no new; ``RESTARTING``: crashed, restarts after a
+    back-off (live runtime); ``STOPPED``: gone."""
 
     WAITING = "waiting"
     STARTING = "starting"
     READY = "ready"
+    LEAVING = "leaving"
     DRAINING = "draining"
     RESTARTING = "restarting"
     STOPPED = "stopped"
@@ -62,6 +65,11 @@ class ReplicaState(str, enum.Enum):  # noqa: UP042  StrEnum would change str()/f
     def counts_as_capacity(self) -> bool:
         """True for replicas the autoscaler counts (wanted, starting or ready; not draining)."""
         return self in (ReplicaState.WAITING, ReplicaState.STARTING, ReplicaState.READY, ReplicaState.RESTARTING)
+
+    @property
+    def serves(self) -> bool:
+        """True for replicas that take new requests (ready or leaving)."""
+        return self in (ReplicaState.READY, ReplicaState.LEAVING)
 
     @property
     def not_ready_yet(self) -> bool:

@@ -60,6 +60,10 @@ class ColdStartCatalog(BaseModel):
     spot_notice_s: float = Field(120.0, ge=0, description="AWS spot interruption notice (AWS EC2 documentation: two minutes).")
     spot_unavailable_after_interruption_s: float = Field(
         600.0, ge=0, description="No spot capacity for the interrupted instance type for this long (assumed).")
+    spot_drain_margin_s: float = Field(
+        30.0, ge=0, description="A replica under a spot notice takes requests until its replacement is ready or "
+        "until this long before its machine is reclaimed, whichever comes first, so that the work it holds can "
+        "finish (assumed: a few CPU batches).")
     consolidate_after_s: float = Field(30.0, ge=0, description="Node empty this long -> removed (assumed consolidateAfter).")
 
     def image_pull_s(self, gpu: bool) -> float:

@@ -24,8 +24,11 @@ imported here and called with the virtual time (``POLICY`` lists them; tests che
 
 Modelled simply (documented limits): audio over 30 s becomes ceil(d / 30) windows of one request;
 Whisper's extra "tail" decoding rounds are not modelled; consolidation only removes empty nodes
-(replicas are not moved); a spot interruption drains the node's replicas at the notice and
-requests still on them at termination are retried through the gateway.
+(replicas are not moved). A spot interruption notice makes the node's ready replicas ``LEAVING``
+(``core.ReplicaState``): they serve on, the autoscaler asks for replacements, and each drains when
+a replacement in its pool is ready or ``spot_drain_margin_s`` before the termination (make before
+break; it drained them at the notice before, which left a pool of one replica with nothing while
+its replacement booted); requests still on them at termination are retried through the gateway.
 
 Cluster modes: ``"aws"``: GPU pools launch AWS offerings of the provisioner's catalog; each CPU pool
 gets its own CPU node type ("cpu-<pool>", one replica per node, priced at the pool's
@@ -448,9 +451,9 @@ class Simulation:
 
     def _try_dispatch(self, q: _Req) -> bool:
         rates = self._rates()
-        views = [ReplicaView(r.id, r.state == RS.READY, r.outstanding, self.pools[r.pool].max_concurrency,
+        views = [ReplicaView(r.id, r.state.serves, r.outstanding, self.pools[r.pool].max_concurrency,
                              r.rec.last_chosen, rates.get(r.pool, 1.0))
-                 for r in self.replicas.values() if r.state in (RS.STARTING, RS.READY)]
+                 for r in self.replicas.values() if r.state == RS.STARTING or r.state.serves]
         rid = self._fns["choose_replica"](views)
         if rid is None:
             return False
@@ -486,7 +489,7 @@ class Simulation:
 
     # -- batcher -----------------------------------------------------------------------------
     def _poke(self, r: _Replica) -> None:
-        if r.executing or not r.queue or r.state not in (RS.READY, RS.DRAINING):
+        if r.executing or not r.queue or not (r.state.serves or r.state == RS.DRAINING):
             return
         batch_spec = self.spec.batching
         items = [batching.QueuedItem(rid, t) for rid, t, _ in r.queue]
@@ -666,7 +669,20 @@ class Simulation:
         if r.state != RS.STARTING:
             return
         self._set(r, RS.READY)
+        # Make before break: the oldest replica of this pool under a spot notice drains now.
+        leaving = [x for x in self.replicas.values() if x.pool == r.pool and x.state == RS.LEAVING]
+        if leaving:
+            self._drain(min(leaving, key=lambda x: x.rec.wanted_at))
         self._release_held()
+
+    def _drain(self, r: _Replica) -> None:
+        self._set(r, RS.DRAINING)
+        self._maybe_finish_drain(r)
+
+    def _on_spot_drain(self, rid: str) -> None:
+        r = self.replicas[rid]
+        if r.state == RS.LEAVING:  # no replacement ready in time: stop taking requests
+            self._drain(r)
 
     def _on_batch_wake(self, rid: str, token: int) -> None:
         r = self.replicas[rid]
@@ -700,16 +716,18 @@ class Simulation:
         self.interruptions += 1
         node.interrupted = True
         self._spot_blocked[node.offering.instance_type] = self.now + self.opt.coldstart.spot_unavailable_after_interruption_s
+        cs = self.opt.coldstart
         for rid in list(node.replicas):
             r = self.replicas[rid]
             if r.state in (RS.WAITING, RS.STARTING):
                 self._remove_replica(r)
             elif r.state == RS.READY:
-                self._set(r, RS.DRAINING)
-                self._maybe_finish_drain(r)
-        self._at(self.now + self.opt.coldstart.spot_notice_s, "spot_terminate", name)
+                # Make before break: it serves on while its replacement starts (core.ReplicaState).
+                self._set(r, RS.LEAVING)
+                self._at(self.now + max(0.0, cs.spot_notice_s - cs.spot_drain_margin_s), "spot_drain", r.id)
+        self._at(self.now + cs.spot_notice_s, "spot_terminate", name)
         if self.scaler.wake_on_hold:
-            self._autoscale()  # replacement: the autoscaler no longer counts the drained replicas
+            self._autoscale()  # replacement: the autoscaler does not count leaving replicas
 
     def _on_spot_terminate(self, name: str) -> None:
         node = self.nodes[name]

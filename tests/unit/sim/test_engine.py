@@ -209,3 +209,28 @@ def test_a_warm_replica_stands_for_a_running_service_and_is_not_scaled_to_zero_a
                    RunOptions(coldstart=CATALOG, warm={"cpu": 1}))
     assert [(r.status, r.latency_s, r.held) for r in res.requests] == [("ok", 2.0, False)]
     assert res.replica_starts == 0
+
+
+def test_a_replica_under_a_spot_notice_serves_until_its_replacement_is_ready():
+    """Make before break: at the notice the only replica becomes LEAVING (not counted, so a
+    replacement is launched at once) and keeps serving until its replacement is ready or until
+    spot_drain_margin_s (30 s) before the termination. This GPU replacement takes longer than the
+    notice, so the requests of the notice's first 90 s are served as before it (they were held for
+    the replacement's whole cold start when the replica drained at the notice), the later ones
+    are held until the replacement is ready."""
+    import random
+
+    rate, seed = 4.0, 5
+    notice = 2.0 + random.Random(seed).expovariate(rate / 3600)
+    reqs = [TraceRequest(i, 10.0 * i, 5.0) for i in range(300)]
+    res = simulate(_gpu_spec(["spot", "on-demand"], gateway={"hold_timeout_s": 600}), reqs, [_gpu_profile()],
+                   RunOptions(seed=seed, spot_interruption_rate_per_h=rate))
+    before = [r.latency_s for r in res.requests if 100 < r.arrival_s < notice]
+    served_on = [r for r in res.requests if notice <= r.arrival_s < notice + 90.0 - 1.0]
+    assert len(served_on) == 9 and all(r.status == "ok" and not r.held and r.retries == 0 for r in served_on)
+    assert max(r.latency_s for r in served_on) <= max(before) + 1e-9
+    later = [r for r in res.requests if notice + 90.0 <= r.arrival_s < notice + 120.0]
+    assert later and all(r.held and r.status == "ok" for r in later)
+    first, second = res.nodes[0], res.nodes[1]
+    assert first.end_reason == "interrupted" and second.capacity_type == "on-demand"
+    assert res.replica_starts == 2  # the first replica (from zero at t = 0) and its replacement
