@@ -11,7 +11,7 @@ from tideserve.provisioner.catalog import (
     for_accelerator,
     local_node,
 )
-from tideserve.provisioner.choose import LaunchPlan, Node, ReplicaRequest, consolidate, plan_launches
+from tideserve.provisioner.choose import LaunchPlan, Node, ReplicaRequest, consolidate, plan_launches, replacements
 
 __all__ = [
     "AWS_US_EAST_1",
@@ -27,4 +27,5 @@ __all__ = [
     "for_accelerator",
     "local_node",
     "plan_launches",
+    "replacements",
 ]

@@ -4,7 +4,8 @@
 bin-packs the rest onto new nodes, each time picking the offering x capacity type with the lowest
 price per replica the new node would hold. ``consolidate`` names the nodes to remove: empty ones,
 then under-used ones whose replicas all fit elsewhere (Karpenter's consolidation), most expensive
-first. No clock (``now`` is an argument), no I/O: the runtime, the simulator and the tests drive
+first; ``replacements`` names the on-demand nodes one cheaper new node would replace (Karpenter's
+consolidation by replacement). No clock (``now`` is an argument), no I/O: the runtime, the simulator and the tests drive
 the same code. Prices come from ``catalog`` (sources there).
 
 Units: prices $/h, times s. A replica needs ``accelerators_per_replica`` accelerators of its pool's
@@ -218,3 +219,34 @@ def consolidate(nodes: Sequence[Node], market: SpotMarket, now: float, min_age_s
                 b.pools.append(pool)
             removed.append(n.name)
     return tuple(removed)
+
+
+def replacements(nodes: Sequence[Node], shapes: Mapping[str, ReplicaRequest], offerings: Sequence[Offering],
+                 market: SpotMarket, now: float, min_age_s: float = 0.0) -> tuple[str, ...]:
+    """Names of on-demand nodes to replace, most expensive first: those launched at least
+    ``min_age_s`` before ``now`` whose replicas ONE new node (``plan_launches`` for them alone)
+    would hold for less per hour at ``market``, e.g. on spot again once spot has capacity.
+    ``shapes``: pool -> one replica's request (accelerator, accelerators, allowed capacity types;
+    ``count`` ignored); a node with a pool missing there is left alone.
+
+    Karpenter's consolidation by replacement (its design, designs/consolidation.md, "Node
+    Replacement": launch the cheaper node and, when it is ready, delete the expensive one); the
+    caller does the make-before-break. Spot-to-spot replacement, behind a Karpenter feature gate,
+    is not proposed."""
+    if min_age_s < 0:
+        raise ValueError(f"min_age_s {min_age_s} must be >= 0")
+    _check_names(nodes)
+    out = []
+    for n in sorted(nodes, key=lambda n: (-n.offering.price_usd_per_h(n.capacity_type, market.discount), n.name)):
+        if (n.capacity_type != "on-demand" or not n.replicas or n.launched_at is None
+                or now - n.launched_at < min_age_s or any(p not in shapes for p in n.replicas)):
+            continue
+        counts = Counter(n.replicas)
+        plan = plan_launches([ReplicaRequest(shapes[p].pool, shapes[p].accelerator, shapes[p].accelerators_per_replica,
+                                             shapes[p].capacity_types, k) for p, k in sorted(counts.items())],
+                             offerings, market)
+        if not plan.unplaceable and len(plan.launches) == 1 and \
+                plan.cost_usd_per_h < n.offering.price_usd_per_h(n.capacity_type, market.discount) - 1e-9:
+            out.append(n.name)
+    return tuple(out)
+

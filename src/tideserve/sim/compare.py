@@ -34,11 +34,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from tideserve.autoscaler import policy as autoscaler_policy
 from tideserve.autoscaler.policy import PoolSnapshot
-from tideserve.sim.engine import WINDOW_S, RunOptions, RunResult, percentile, profiles_for, simulate
+from tideserve.sim.engine import WINDOW_S, RunOptions, RunResult, Simulation, percentile, profiles_for, simulate
 from tideserve.sim.profile import PoolProfile
 from tideserve.sim.trace import TraceRequest
 from tideserve.spec.models import EndpointSpec
@@ -154,12 +154,15 @@ def arrival_rates(requests: Sequence[TraceRequest], window_s: float = 60.0) -> t
 
 
 def static_fleet(spec: EndpointSpec, profiles: Sequence[PoolProfile], rate_per_s: float, window_s: float,
-                 utilization: float = 0.7) -> dict[str, int]:
+                 utilization: float = 0.7, rank: Mapping[str, float] | None = None) -> dict[str, int]:
     """The smallest fixed fleet, placed by the autoscaler's ``place``, whose capacity times
-    ``utilization`` covers ``rate_per_s`` requests/s (one window each on average; see module)."""
+    ``utilization`` covers ``rate_per_s`` requests/s (one window each on average; see module).
+    ``rank``: pool -> the rate ``place`` ranks the pools by (cheapest per unit first; default the
+    windows/s rates)."""
     by_pool = profiles_for(spec, profiles)
     rates = {p.name: replica_rate(spec, p.name, by_pool[p.name], window_s) for p in spec.pools}
-    pools = tuple(PoolSnapshot(p.name, 0, 1000, p.cost_usd_per_h, rates[p.name]) for p in spec.pools)
+    order = rank or rates
+    pools = tuple(PoolSnapshot(p.name, 0, 1000, p.cost_usd_per_h, order[p.name]) for p in spec.pools)
     for n in range(1, 1001 * len(pools)):
         desired = autoscaler_policy.place(n, pools)
         if sum(k * rates[p] for p, k in desired.items()) * utilization >= rate_per_s:
@@ -178,11 +181,17 @@ def compare(spec: EndpointSpec, requests: Sequence[TraceRequest], profiles: Sequ
 
     ``start_warm``: every autoscaled run starts with one ready replica (on the pool ``place``
     fills first) besides the pools' minimum, as a replay cut out of continuous traffic would
-    find it; static fleets always start ready."""
+    find it; static fleets always start ready. Pools are ranked everywhere here (warm replica,
+    static fleets, the scale-to-zero lever) as the work policy ranks them: by a replica's audio
+    seconds per second on the trace's windows (``Simulation.capacity_audio_s``). Ranked by windows
+    per second at the mean window instead, the large-v3 scenarios' static fleets and warm replicas
+    sat on the L40S pool while the policy preferred the A10G one: the static fleets cost 1.85x what
+    the same fleet on A10G costs, and each autoscaled run first paid for moving its replica."""
     win = mean_window_s(requests)
+    sim = Simulation(spec, requests, profiles, options)
+    capacity = {p.name: sim.capacity_audio_s(p.name) for p in spec.pools}  # the work policy's ranking
     if start_warm and options.warm is None:
-        snaps0 = tuple(PoolSnapshot(p.name, p.replicas.min, p.replicas.max, p.cost_usd_per_h,
-                                    replica_rate(spec, p.name, profiles_for(spec, profiles)[p.name], win))
+        snaps0 = tuple(PoolSnapshot(p.name, p.replicas.min, p.replicas.max, p.cost_usd_per_h, capacity[p.name])
                        for p in spec.pools)
         options = dataclasses.replace(options, warm={k: v for k, v in autoscaler_policy.place(
             max(1, sum(p.replicas.min for p in spec.pools)), snaps0).items() if v})
@@ -197,7 +206,7 @@ def compare(spec: EndpointSpec, requests: Sequence[TraceRequest], profiles: Sequ
     runs = []
     for name, rate, what in (("static-peak", peak, f"peak {peak * 60:.0f} req/min"),
                              ("static-mean", mean, f"mean {mean * 60:.1f} req/min")):
-        fleet = static_fleet(spec, profiles, rate, win, utilization)
+        fleet = static_fleet(spec, profiles, rate, win, utilization, rank=capacity)
         desc = (f"fixed on-demand fleet for the {what}: " + ", ".join(f"{k} x {p}" for p, k in fleet.items()))
         runs.append(run(name, desc, static_spec, dataclasses.replace(options, static=fleet, warm=None)))
     base = run("tideserve", f"autoscaling as the endpoint file says (metric {spec.autoscaling.metric}, scale to "
@@ -214,12 +223,15 @@ def compare(spec: EndpointSpec, requests: Sequence[TraceRequest], profiles: Sequ
         if s is None:
             levers.append(Lever(name, None, None, note))
             return
-        off = run(f"no {name}", note, s, dataclasses.replace(options, static=None))
+        opt = dataclasses.replace(options, static=None)
+        names = {p.name for p in s.pools}
+        if opt.warm is not None and not set(opt.warm) <= names:  # the warm replicas go to the pools left
+            opt = dataclasses.replace(opt, warm={s.pools[0].name: sum(opt.warm.values())})
+        off = run(f"no {name}", note, s, opt)
         levers.append(Lever(name, off, off.summary.cost_usd - base.summary.cost_usd, note))
 
     # Scale to zero off: the pool the autoscaler fills first keeps one replica.
-    snaps = tuple(PoolSnapshot(p.name, 0, p.replicas.max, p.cost_usd_per_h,
-                               replica_rate(spec, p.name, by_pool[p.name], win)) for p in spec.pools)
+    snaps = tuple(PoolSnapshot(p.name, 0, p.replicas.max, p.cost_usd_per_h, capacity[p.name]) for p in spec.pools)
     first = next(p for p, k in autoscaler_policy.place(1, snaps).items() if k)
     if any(p.replicas.min >= 1 for p in spec.pools):
         lever("scale-to-zero", None, "not applicable: a pool keeps min >= 1 replicas in the endpoint file")

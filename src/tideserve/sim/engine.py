@@ -81,6 +81,7 @@ def _policy() -> dict[str, Callable]:
         "place": autoscaler_policy.place,
         "plan_launches": prov_choose.plan_launches,
         "consolidate": prov_choose.consolidate,
+        "replacements": prov_choose.replacements,
     }
 
 
@@ -252,6 +253,7 @@ class Simulation:
         self.timeline: list[tuple[float, int, dict[str, int], int, int]] = []
         self.replica_starts = 0
         self.interruptions = 0
+        self.replaced_nodes = 0  # nodes replaced by cheaper ones (consolidation by replacement)
         self.decisions = 0
         self._waiting_batch: tuple[float, float] | None = None  # (first pending, last pending)
         self._spot_blocked: dict[str, float] = {}
@@ -270,7 +272,7 @@ class Simulation:
             self._win = sum(lengths) / len(lengths) if lengths else WINDOW_S
         return self._win
 
-    def _capacity_audio_s(self, pool: str) -> float:
+    def capacity_audio_s(self, pool: str) -> float:
         """Audio seconds per second one replica serves at the best batch size it can reach
         (<= min(max_batch_size, max_concurrency)), from the profile and the trace's window
         lengths (``_batch_rate``). The live gateway passes its measured throughput instead
@@ -518,7 +520,7 @@ class Simulation:
                                          r.rec.outstanding_audio_s, r.rec.wanted_at)
                          for r in self.replicas.values() if r.pool == p.name and r.state.counts_as_capacity)
             pools.append(PoolSnapshot(p.name, p.replicas.min, p.replicas.max, p.cost_usd_per_h, rates.get(p.name), True,
-                                      reps, self._capacity_audio_s(p.name), cold.get(p.name),
+                                      reps, self.capacity_audio_s(p.name), cold.get(p.name),
                                       self.profiles[p.name].service_time_s(1, win)))
         slots = self.opt.replica_slots if self.opt.cluster == "local" else None
         rate, rate_at = self.load.arrival_rate_audio_s()
@@ -547,6 +549,11 @@ class Simulation:
         for pool, n in plan.add.items():
             for _ in range(n):
                 self._new_replica(pool, RS.WAITING)
+        # A leaving replica waits for a replacement only while one is coming; when the decision
+        # starts none (the other replicas suffice, or the pool scales to zero) it drains now.
+        coming = {r.pool for r in self.replicas.values() if r.state.not_ready_yet}
+        for r in [r for r in self.replicas.values() if r.state == RS.LEAVING and r.pool not in coming]:
+            self._drain(r)
         if plan.add:
             self._want_machines()
 
@@ -559,6 +566,20 @@ class Simulation:
             node = self.nodes[name]
             if not node.replicas and node.empty_since is not None and self.now - node.empty_since >= cs.consolidate_after_s:
                 self._end_node(node, "consolidated")
+        # Replacement (make before break): the replicas of a node a cheaper one would replace
+        # become LEAVING; the autoscaler asks for their replacements, and each drains once one
+        # is ready (_on_replica_ready). Only nodes whose replicas all serve and take requests.
+        steady = [v for v in self._node_views()
+                  if all(self.replicas[r].state == RS.READY for r in self.nodes[v.name].replicas)]
+        shapes = {p: ReplicaRequest(p, self._accel_key(p), 1, tuple(self.pools[p].capacity_types)) for p in self.pools}
+        replaced = self._fns["replacements"](steady, shapes, self._offerings(), self._market(), self.now,
+                                             cs.consolidate_after_s)
+        for name in replaced:
+            for rid in self.nodes[name].replicas:
+                self._set(self.replicas[rid], RS.LEAVING)
+            self.replaced_nodes += 1
+        if replaced:
+            self._autoscale()
 
     # -- the run -----------------------------------------------------------------------------
     def _initial(self) -> None:

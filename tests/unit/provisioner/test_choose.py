@@ -14,6 +14,7 @@ from tideserve.provisioner import (
     consolidate,
     local_node,
     plan_launches,
+    replacements,
 )
 
 OFF = {o.instance_type: o for o in AWS_US_EAST_1}
@@ -229,3 +230,26 @@ def test_consolidate_is_deterministic():
     first = consolidate(nodes, MARKET, now=100.0)
     assert first == ("n0", "n3", "n1", "n2")
     assert consolidate(nodes[::-1], MARKET, now=100.0) == first
+
+
+def test_replacements_name_on_demand_nodes_a_cheaper_spot_node_would_replace():
+    """Karpenter's consolidation by replacement: an on-demand g5.xlarge (1.006 $/h) whose replica
+    may run on spot is replaced by a spot g5.xlarge (0.4024 $/h) once spot has capacity; not while
+    it has none, not when the pool is on-demand only, not a young node, not a spot node."""
+    shapes = {"a": ReplicaRequest("a", "a10g", 1, ("spot", "on-demand")), "od": ReplicaRequest("od", "a10g", 1, OD)}
+    nodes = [Node("n1", OFF["g5.xlarge"], "on-demand", ("a",), 0.0),
+             Node("n2", OFF["g5.xlarge"], "on-demand", ("od",), 0.0),
+             Node("young", OFF["g5.xlarge"], "on-demand", ("a",), 90.0),
+             Node("cheap", OFF["g5.xlarge"], "spot", ("a",), 0.0),
+             Node("empty", OFF["g5.xlarge"], "on-demand", (), 0.0)]
+    assert replacements(nodes, shapes, AWS_US_EAST_1, MARKET, now=100.0, min_age_s=30.0) == ("n1",)
+    no_spot = SpotMarket(0.6, frozenset({"g5.xlarge", "g5.2xlarge", "g5.12xlarge"}))
+    assert replacements(nodes, shapes, AWS_US_EAST_1, no_spot, now=100.0, min_age_s=30.0) == ()
+    # Three replicas on an on-demand g5.12xlarge (5.672 $/h): plan_launches would put them on three
+    # spot g5.xlarge; a replacement is ONE node (Karpenter replaces one node by one), so none.
+    big = [Node("big", OFF["g5.12xlarge"], "on-demand", ("a", "a", "a"), 0.0)]
+    assert replacements(big, shapes, AWS_US_EAST_1, MARKET, now=100.0) == ()
+    assert replacements(nodes, {}, AWS_US_EAST_1, MARKET, now=100.0) == ()  # pools it does not know: left alone
+    with pytest.raises(ValueError, match="min_age_s"):
+        replacements(big, shapes, AWS_US_EAST_1, MARKET, now=100.0, min_age_s=-1)
+

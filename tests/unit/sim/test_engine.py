@@ -136,7 +136,7 @@ def test_the_simulator_calls_the_live_policy_functions(monkeypatch):
 
     for module, name in ((router, "choose_replica"), (core, "may_hold"), (core, "hold_deadline"),
                          (batching, "cut_batch"), (autoscaler_policy, "decide"), (autoscaler_policy, "place"),
-                         (prov_choose, "plan_launches"), (prov_choose, "consolidate")):
+                         (prov_choose, "plan_launches"), (prov_choose, "consolidate"), (prov_choose, "replacements")):
         spy(module, name)
     res = simulate(_hetero_spec(), _trace(60), PROFILES, RunOptions(seed=1, spot_interruption_rate_per_h=2.0))
     assert set(calls) == set(engine.POLICY) and all(v > 0 for v in calls.values()), calls
@@ -183,8 +183,10 @@ def test_gpu_pool_cold_start_phases_and_price_from_the_catalog():
 def test_spot_interruption_two_minute_notice_and_on_demand_replacement():
     """A request every 10 s keeps one L4 replica busy; its spot node is interrupted at a time
     drawn from the seeded RNG (the first draw). The node ends 120 s after the notice; the
-    autoscaler replaces the drained replica and, spot for g6.xlarge being unavailable after an
-    interruption, plan_launches falls back to on-demand. Every request is still answered."""
+    autoscaler replaces the leaving replica and, spot for g6.xlarge being unavailable after an
+    interruption, plan_launches falls back to on-demand. Once spot has capacity again (600 s),
+    consolidation replaces that on-demand node with a spot one, make before break: the on-demand
+    node ends only after the spot node's replica is ready. Every request is still answered."""
     import random
 
     rate, seed = 4.0, 5
@@ -197,7 +199,10 @@ def test_spot_interruption_two_minute_notice_and_on_demand_replacement():
     assert first.capacity_type == "spot" and first.end_reason == "interrupted"
     assert first.ended_s == pytest.approx(notice + 120.0)
     assert second.capacity_type == "on-demand" and notice <= second.launched_s < notice + 2.5
-    assert res.spot_interruptions == 1 and all(r.status == "ok" for r in res.requests)
+    third = res.nodes[2]
+    assert third.capacity_type == "spot" and notice + 600.0 <= third.launched_s < notice + 610.0
+    assert second.end_reason == "consolidated" and second.ended_s > third.launched_s + 200  # its GPU cold start
+    assert res.spot_interruptions >= 1 and all(r.status == "ok" for r in res.requests)
 
 
 def test_a_warm_replica_stands_for_a_running_service_and_is_not_scaled_to_zero_at_t0():
@@ -233,4 +238,4 @@ def test_a_replica_under_a_spot_notice_serves_until_its_replacement_is_ready():
     assert later and all(r.held and r.status == "ok" for r in later)
     first, second = res.nodes[0], res.nodes[1]
     assert first.end_reason == "interrupted" and second.capacity_type == "on-demand"
-    assert res.replica_starts == 2  # the first replica (from zero at t = 0) and its replacement
+    assert second.launched_s < notice + 2.5  # the replacement was launched at the notice
