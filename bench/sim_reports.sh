@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Regenerate the four committed simulator reports (issue 14) from the repository root:
-#   bash bench/sim_reports.sh            # all four, one after another (a few minutes each)
-# Traces: the Azure LLM inference traces 2023 in ../shared/traces (README, Attribution).
+# Regenerate the five committed simulator reports (issue 14) from the repository root:
+#   bash bench/sim_reports.sh            # all five, one after another (the day about 4 minutes)
+# Traces: the Azure LLM inference traces 2023 in ../shared/traces (README, Attribution), and the
+# SYNTHETIC day built from them by bench/make_day_trace.py (bench/traces/day_synthetic.csv).
 set -euo pipefail
 TS=${TIDESERVE:-.venv/bin/tideserve}
 CPU=(bench/scenarios/cpu-cluster.yaml --profile bench/profiles/cpu-2core-tiny-en.json --spot-interruption-rate-per-h 0.5)
@@ -12,3 +13,4 @@ common=(--seed 1 --slo-s 15 --start-warm)
 "$TS" simulate "${CPU[@]}" --trace ../shared/traces/azure_llm_2023_conv.csv --thin 0.1 "${common[@]}" --out bench/reports/sim-azure-conv
 "$TS" simulate "${GPU[@]}" --trace ../shared/traces/azure_llm_2023_code.csv --thin 0.3 "${common[@]}" --out bench/reports/sim-azure-code-gpu
 "$TS" simulate "${GPU[@]}" --trace ../shared/traces/azure_llm_2023_conv.csv --thin 0.1 "${common[@]}" --out bench/reports/sim-azure-conv-gpu
+"$TS" simulate "${GPU[@]}" --trace bench/traces/day_synthetic.csv "${common[@]}" --out bench/reports/sim-day-gpu
