@@ -71,3 +71,5 @@ def run_top(fetch: Callable[[], tuple[dict, str]], interval_s: float, iterations
                 n += 1
         except KeyboardInterrupt:
             pass
+    if not console.is_terminal:
+        console.line()  # Live leaves its last frame without a newline when the output is a pipe or file
