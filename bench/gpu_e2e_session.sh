@@ -6,14 +6,9 @@
 # weights packed as int8 by `bench/gpu_parity.py pack` (expanded to fp16 there) and the English
 # clips. Results land in $OUT. Env: CONC, REQS, BATCH (gpu_e2e.py's --concurrency, --requests,
 # --batch); SKIP: its --skip; SWEEP (tiny only): extra in-process engine runs, gpu_e2e.py's --engine-sweep.
-set -u
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
+source bench/gpu_setup.sh
 nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv,noheader
 nproc
-python3 bench/gpu_parity.py unpack .devdata/tiny-en /tmp/tiny-en >/dev/null
 case "${1:-tiny}" in
 tiny)
   echo "== torch backend and continuous batching tests on this GPU"

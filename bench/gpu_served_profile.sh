@@ -6,12 +6,7 @@
 # process of `tideserve up` (gateway, worker front, prep processes, engine) by thread, 200 Hz, while
 # gpu_e2e.py serves CONC clients (default 256) REQS requests (default 3000); the collapsed stacks land
 # in $OUT/served_profile.raw (read them with bench/profile_summary.py). PREP: prep processes (0: default).
-set -u
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
-python3 bench/gpu_parity.py unpack .devdata/tiny-en /tmp/tiny-en >/dev/null
+source bench/gpu_setup.sh
 timeout 400 .devdata/py-spy record -r 200 --subprocesses --threads --nonblocking --format raw -o "$OUT/served_profile.raw" -- \
   python3 bench/gpu_e2e.py --model-dir /tmp/tiny-en --clips .devdata/clips --out "$OUT" --skip engine,hf,pipeline,hol \
   --concurrency "${CONC:-256}" --requests "${REQS:-3000}" --prep-processes "${PREP:-0}" 2>&1 | grep -v "^\[transformers\]\|Warning\|warn(" | tail -8

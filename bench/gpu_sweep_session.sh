@@ -6,12 +6,7 @@
 # --target DIR py-spy here, copy DIR/bin/py-spy). Results land in $OUT (committed as
 # bench/results/gpu_engine_sweep_h200.json). SWEEP: the configurations; SKIP: parts of gpu_e2e.py
 # to skip (default served,hol); PROFILE=0: no profile.
-set -u
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
-python3 bench/gpu_parity.py unpack .devdata/tiny-en /tmp/tiny-en >/dev/null
+source bench/gpu_setup.sh
 timeout 300 python3 bench/gpu_e2e.py --model-dir /tmp/tiny-en --clips .devdata/clips --out "$OUT" --skip "${SKIP:-served,hol}" \
   --engine-sweep "${SWEEP:-64x16:nograph,64x16,64x32,128x16}" 2>&1 | grep -v "^\[transformers\]\|Warning\|warn(\|Loading weights"
 mv "$OUT/gpu_e2e.json" "$OUT/gpu_e2e_sweep.json"
