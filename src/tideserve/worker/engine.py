@@ -184,6 +184,9 @@ class _Request:
     #: before it), and the text decoded since the last prompt reset.
     later: collections.deque[_Part] = field(default_factory=collections.deque)
     context: str = ""
+    #: The decode that identified the spoken language, until its fields ride on an accepted
+    #: result (the identifying decode itself may be split or fall back and not be accepted).
+    heard: WindowResult | None = None
 
 
 Emit = Callable[[tuple], None]
@@ -559,6 +562,7 @@ class EngineLoop:
         part.compute_s = 0.0
         if part.identify:
             part.identify = False  # a fallback decode of this window does not identify again
+            req.heard = result
             lid = self.language_id
             if lid is not None and lid.reject and other_language(result.model_language_probability, lid.min_probability):
                 self._fail(part.rid, LanguageMismatchError(mismatch_message(
@@ -584,7 +588,13 @@ class EngineLoop:
             self.queue.appendleft(part)
             return
         chain = req.results.setdefault(part.segment, [])
-        chain.append(action.result)
+        accepted = action.result
+        if req.heard is not None:  # the language heard rides on the first result accepted after it
+            h, req.heard = req.heard, None
+            accepted = replace(accepted, detected_language=h.detected_language,
+                               detected_language_probability=h.detected_language_probability,
+                               model_language_probability=h.model_language_probability)
+        chain.append(accepted)
         if self.decoding.condition_on_previous_text:
             # openai/whisper transcribe: prompt_reset_on_temperature 0.5
             text = action.result.text.strip()

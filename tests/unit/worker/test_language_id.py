@@ -13,7 +13,7 @@ from test_engine_loop import Clock, StaticBackend, ok, pcm
 
 from tideserve.errors import EngineMismatchError
 from tideserve.spec.models import Decoding, ModelSpec, Target
-from tideserve.worker.backends.base import WindowTask
+from tideserve.worker.backends.base import WindowResult, WindowTask
 from tideserve.worker.engine import EngineLoop, RequestOptions
 from tideserve.worker.language_id import LanguageIdConfig, other_language
 from tideserve.worker.timings import ExecutionTimings
@@ -131,3 +131,38 @@ def test_reject_fails_the_request_with_a_422_naming_the_language():
     assert "'whisper' transcribes English only" in errors[0][3]
     assert not [m for m in out if m[0] == "segment" and m[1] == 7]  # nothing of it is answered
     assert 7 not in loop.requests
+
+
+class HearsFrenchAndLoops(StaticBackend):
+    """The identifying decode of a 12 s window loops in one segment (so it is split and never
+    accepted); the halves decode plainly, with no identification."""
+
+    identifies_language = True
+
+    def transcribe_batch(self, tasks):
+        self.batches.append(tasks)
+        out = []
+        for t in tasks:
+            if t.identify_language:
+                out.append(WindowResult(text="la " * 60, language="en", avg_logprob=-0.2, compression_ratio=20.0,
+                                        looping_segment=True, loop_free_text="", detected_language="fr",
+                                        detected_language_probability=0.9, model_language_probability=0.03))
+            else:
+                out.append(ok(t, f"half@{t.offset_s:g}"))
+        return out, ExecutionTimings(0.1, 0.2, 0.0)
+
+
+def test_the_language_heard_survives_a_split_of_the_identifying_decode():
+    """Found in review: the flag rode only on the identifying decode's own result, so a first
+    window that looped (split into halves, as English-only models often do with other speech)
+    lost it, and the request came back unflagged."""
+    backend = HearsFrenchAndLoops()
+    loop, out = _loop(backend, reject=False)
+    loop.submit(3, [(pcm(12.0), 0.0)], RequestOptions())
+    while not loop.idle:
+        loop.run_once()
+    (seg,) = [m for m in out if m[0] == "segment" and m[1] == 3]
+    chain = seg[3]
+    assert len(chain) == 2 and chain[0].text == "half@0" and chain[1].text.startswith("half@")  # the two halves
+    assert chain[0].detected_language == "fr" and chain[0].model_language_probability == 0.03
+    assert all(r.detected_language is None for r in chain[1:])  # once per request
