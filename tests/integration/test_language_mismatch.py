@@ -95,3 +95,16 @@ def test_reject_answers_422_naming_the_language_and_serves_english(reject):
         assert "language 'es'" in r.json()["message"] and "transcribes English only" in r.json()["message"]
     assert oa.json()["code"] == "language_mismatch"
     assert ok.status_code == 200 and "hello world" in ok.json()["transcribe_text"].lower()
+
+
+def test_a_streamed_answer_carries_the_flag_in_its_done_event(flag):
+    import json
+
+    with flag.client() as c:
+        r = c.post("/v1/audio/transcriptions", files={"file": ("a.wav", _wav("fr", "bonjour_monde"))},
+                   data={"model": MODEL, "stream": "true"})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    events = [json.loads(line[len("data: "):]) for line in r.text.splitlines() if line.startswith("data: ")]
+    done = events[-1]
+    assert done["type"] == "transcript.text.done"
+    assert done["language_mismatch"] is True and done["detected_language"] == "fr"

@@ -153,7 +153,9 @@ def format_response(result: TranscriptionResult, fmt: str, task: str = "transcri
 
 # --- streaming (server-sent events, as OpenAI's transcription streaming) ---------------------
 # Events: {"type": "transcript.text.delta", "delta": "..."} as text is ready, then
-# {"type": "transcript.text.done", "text": "<the whole text>"}; each as one SSE "data:" line.
+# {"type": "transcript.text.done", "text": "<the whole text>"} (with detected_language,
+# detected_language_probability and language_mismatch when a language-ID model ran); each as one
+# SSE "data:" line.
 STREAM_FORMATS = ("json", "text")
 
 
@@ -180,8 +182,10 @@ def delta_event(delta: str) -> bytes:
     return sse({"type": "transcript.text.delta", "delta": delta})
 
 
-def done_event(text: str) -> bytes:
-    return sse({"type": "transcript.text.done", "text": text})
+def done_event(result: TranscriptionResult) -> bytes:
+    """The last event: the whole text, and the language fields when a language-ID model ran
+    (``identification_fields``; a streamed answer's headers leave before the language is heard)."""
+    return sse({"type": "transcript.text.done", "text": result.text, **identification_fields(result)})
 
 
 def error_event(code: str, message: str) -> bytes:

@@ -429,7 +429,7 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
                 await resp.prepare(request)
             while not deltas.empty():
                 await resp.write(openai.delta_event(deltas.get_nowait()))
-            await resp.write(openai.done_event(result.text))
+            await resp.write(openai.done_event(result))
             await resp.write_eof()
             return resp
         finally:
