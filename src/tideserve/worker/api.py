@@ -40,7 +40,7 @@ from tideserve.protocol.types import identification_headers
 from tideserve.worker.timings import Usage
 from tideserve.worker.engine import RequestOptions
 from tideserve.worker.engine_client import EngineClient
-from tideserve.worker.language_id import mismatch_message, other_language
+from tideserve.worker.language_id import mismatch_message
 from tideserve.worker.prep import (
     Prepared,
     PrepPool,
@@ -95,9 +95,8 @@ class WorkerService:
     def __init__(self, model_name: str, prep: PrepPool, engine: EngineClient, metrics: TritonMetrics,
                  max_audio_s: float | None = None, max_prompt_chars: int | None = None,
                  languages: frozenset[str] = frozenset(), max_audio_s_in_flight: float | None = None,
-                 aliases: tuple[str, ...] = (), language_id_min_probability: float = 0.5) -> None:
+                 aliases: tuple[str, ...] = ()) -> None:
         self.model_name = model_name
-        self.language_id_min_probability = language_id_min_probability
         self.aliases = aliases
         self.max_audio_s = max_audio_s
         cap = max_audio_s_in_flight or (2 * max_audio_s if max_audio_s else None)
@@ -187,7 +186,7 @@ class WorkerService:
         detected = None if heard is None else heard.detected_language
         detected_p = None if heard is None else heard.detected_language_probability
         ours = None if heard is None else heard.model_language_probability
-        mismatch = other_language(ours, self.language_id_min_probability)
+        mismatch = heard is not None and heard.language_mismatch  # decided by the engine
         if mismatch:
             self.metrics.add("tideserve_worker_language_mismatch", 1)
             log.warning("%s", mismatch_message(detected or "", detected_p or 0.0, ours or 0.0, self.model_name))

@@ -591,9 +591,12 @@ class EngineLoop:
         accepted = action.result
         if req.heard is not None:  # the language heard rides on the first result accepted after it
             h, req.heard = req.heard, None
+            lid = self.language_id
             accepted = replace(accepted, detected_language=h.detected_language,
                                detected_language_probability=h.detected_language_probability,
-                               model_language_probability=h.model_language_probability)
+                               model_language_probability=h.model_language_probability,
+                               language_mismatch=lid is not None and other_language(h.model_language_probability,
+                                                                                    lid.min_probability))
         chain.append(accepted)
         if self.decoding.condition_on_previous_text:
             # openai/whisper transcribe: prompt_reset_on_temperature 0.5

@@ -103,8 +103,7 @@ async def serve(args: argparse.Namespace, phases: dict[str, float]) -> int:
         loop.add_signal_handler(sig, stop.set)
 
     service = WorkerService(spec.model.name, prep, engine, metrics, spec.gateway.max_audio_s, spec.gateway.max_prompt_chars,
-                            max_audio_s_in_flight=spec.gateway.max_audio_s_in_flight, aliases=tuple(spec.model.aliases),
-                            language_id_min_probability=lid.min_probability if lid else 0.5)
+                            max_audio_s_in_flight=spec.gateway.max_audio_s_in_flight, aliases=tuple(spec.model.aliases))
     app = build_app(service, spec.gateway.max_body_bytes, os.environ.get("TIDESERVE_WORKER_TOKEN") or None,
                     platform=spec.model.backend)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)

@@ -67,6 +67,9 @@ class WindowResult:
     detected_language: str | None = None
     detected_language_probability: float | None = None
     model_language_probability: float | None = None
+    #: Set by the engine (the one owner of ``model.language_id``'s rule): the speech is in a
+    #: language the model cannot transcribe (``worker.language_id.other_language``).
+    language_mismatch: bool = False
 
 
 class Backend(Protocol):
