@@ -130,9 +130,11 @@ def simulate_cmd(
     try:
         profs = [load_profile(p) for p in paths]
         reqs = load_trace(trace, duration_rule, seed, thin, time_scale, max_trace_s)
+        # A CPU replica's machine has the cores its profile was measured with.
+        cpu_cores = max((p.metadata.cpus for p in profs if p.metadata.gpu is None and p.metadata.cpus), default=2)
         opts = RunOptions(cluster="aws" if cluster == "aws" else "local",
                           replica_slots=replica_slots, seed=seed, spot_discount=spot_discount,
-                          spot_interruption_rate_per_h=spot_interruption_rate_per_h)
+                          spot_interruption_rate_per_h=spot_interruption_rate_per_h, cpu_cores=cpu_cores)
         pools = pools_for_backend(profs, list(paths), ep.spec.model.backend)
         cs = ColdStartCatalog() if model_bytes is None else ColdStartCatalog(model_bytes=model_bytes)
         opts = dataclasses.replace(opts, coldstart=cs)

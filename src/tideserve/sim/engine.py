@@ -12,9 +12,16 @@ imported here and called with the virtual time (``POLICY`` lists them; tests che
   inter-arrival histogram, cold starts), the FIFO ``HoldQueue`` (``may_hold`` / ``hold_deadline``:
   ``max_pending``, ``hold_timeout_s``) and ``plan_apply``; a held request triggers an autoscaler
   decision at once (activation) when the policy wakes on holds;
-- batching: ``tideserve.worker.batching.cut_batch`` per replica (``max_batch_size``,
-  ``max_queue_delay_ms``); executions run one at a time per replica, each taking the profile's
-  service time for its batch size and longest window;
+- batching: ``tideserve.worker.batching.cut_batch`` and ``schedulable`` per replica
+  (``max_batch_size``, ``max_queue_delay_ms``) on up to ``instances`` model instances, as the
+  worker's engine does (``batching.instances``, default ``worker.engine.default_instances`` of the
+  CPU cores; one for the torch backend, whose continuous batching is modelled as one execution at
+  a time). An execution's work is the profile's service time for its batch size and longest
+  window, measured alone on the machine. Executions that run at once share what they run on
+  (processor sharing): on a CPU pool, the machine's ``RunOptions.cpu_cores`` (all replicas of the
+  machine: embedded mode puts them on one), each execution asking for the backend's intra-op
+  threads (``worker.cores.intra_op_threads``), so each runs at min(1, cores / threads asked) of
+  its measured speed; on a GPU pool, its replica's GPU, at 1 / executions;
 - autoscaling: ``tideserve.autoscaler.policy.decide`` every ``autoscaling.interval_s`` and on
   activation, or a baseline of ``tideserve.sim.baselines`` (``RunOptions.autoscaler``) at its
   own interval; its ``desired``/``drain`` are applied through ``core.plan_apply`` (drain the
@@ -65,6 +72,8 @@ from tideserve.sim.profile import PoolProfile
 from tideserve.sim.trace import TraceRequest
 from tideserve.spec.models import EndpointSpec
 from tideserve.worker import batching
+from tideserve.worker.cores import intra_op_threads
+from tideserve.worker.engine import default_instances
 
 WINDOW_S = 30.0
 
@@ -77,6 +86,7 @@ def _policy() -> dict[str, Callable]:
         "may_hold": core.may_hold,
         "hold_deadline": core.hold_deadline,
         "cut_batch": batching.cut_batch,
+        "schedulable": batching.schedulable,
         "decide": autoscaler_policy.decide,
         "place": autoscaler_policy.place,
         "plan_launches": prov_choose.plan_launches,
@@ -97,7 +107,9 @@ class RunOptions:
     None: tideserve autoscaling. ``warm``: pool -> replicas already ready at t = 0 (default: the
     pools' ``replicas.min``, or ``static``). ``spot_interruption_rate_per_h``: interruptions per
     spot node-hour (exponential inter-arrival times from the seeded RNG). ``spot_discount``:
-    fraction off on-demand (``SpotMarket``; an assumption).
+    fraction off on-demand (``SpotMarket``; an assumption). ``cpu_cores``: cores of the machine a
+    CPU replica runs on (the local machine, or one CPU pool node), which the executions on it
+    share; pass the CPU profile's ``metadata.cpus`` (it was measured with those).
     """
 
     cluster: Literal["aws", "local"] = "aws"
@@ -111,6 +123,7 @@ class RunOptions:
     coldstart: ColdStartCatalog = field(default_factory=ColdStartCatalog)
     offerings: tuple[Offering, ...] = prov_catalog.AWS_US_EAST_1
     autoscaler: str = "tideserve"  # tideserve (policy.decide) | a baseline of tideserve.sim.baselines
+    cpu_cores: int = 2  # cores of a CPU replica's machine, shared by its executions (the CPU profile's)
 
 
 @dataclass
@@ -163,6 +176,19 @@ class RunResult:
 
 
 @dataclass
+class _Execution:
+    """One batch executing: the request id of each of its windows, the work left in seconds at
+    the speed it was measured (alone on the machine), its current speed (0-1: the share of the
+    machine it gets) and a token that invalidates its completion event when the speed changes."""
+
+    ids: tuple[int, ...]
+    work_s: float
+    since: float
+    speed: float = 1.0
+    token: int = 0
+
+
+@dataclass
 class _Replica:
     """The core's record of a replica plus what only the simulator has: its machine and its
     worker's batch queue."""
@@ -170,7 +196,7 @@ class _Replica:
     rec: ReplicaRecord
     node: str | None = None
     queue: list[tuple[int, float, float]] = field(default_factory=list)  # (request id, enqueued, audio_s)
-    executing: bool = False
+    executions: list[_Execution] = field(default_factory=list)
     wake_token: int = 0
     requests: set[int] = field(default_factory=set)
 
@@ -189,6 +215,10 @@ class _Replica:
     @property
     def outstanding(self) -> int:
         return self.rec.outstanding
+
+    @property
+    def executing(self) -> bool:
+        return bool(self.executions)
 
 
 @dataclass
@@ -490,24 +520,76 @@ class Simulation:
         self.held.release(lambda rid: self._try_dispatch(self.reqs[rid]))
 
     # -- batcher -----------------------------------------------------------------------------
+    def _instances(self, pool: str) -> int:
+        """Model instances of one replica of ``pool`` (as ``worker.engine.EngineLoop``)."""
+        if self.spec.model.backend == "torch":
+            return 1
+        return self.spec.batching.instances or default_instances(self.opt.cpu_cores)
+
     def _poke(self, r: _Replica) -> None:
-        if r.executing or not r.queue or not (r.state.serves or r.state == RS.DRAINING):
+        """Start batches on ``r``'s free instances (``schedulable``, then ``cut_batch``), or
+        schedule the wake-up for when the oldest queued window's delay runs out."""
+        if not r.queue or not (r.state.serves or r.state == RS.DRAINING):
             return
         batch_spec = self.spec.batching
-        items = [batching.QueuedItem(rid, t) for rid, t, _ in r.queue]
-        cut = self._fns["cut_batch"](items, batch_spec.max_batch_size, batch_spec.max_queue_delay_ms / 1000.0, self.now)
-        if not cut.take:
-            r.wake_token += 1
-            self._at(self.now + cut.wait_s, "batch_wake", r.id, r.wake_token)
+        instances = self._instances(r.pool)
+        started = False
+        while r.queue and len(r.executions) < instances:
+            items = [batching.QueuedItem(rid, t) for rid, t, _ in r.queue]
+            busy = {i for e in r.executions for i in e.ids}
+            allowed = self._fns["schedulable"](items, busy, instances - len(r.executions), instances)
+            if not allowed:
+                break
+            cut = self._fns["cut_batch"]([items[k] for k in allowed], batch_spec.max_batch_size,
+                                         batch_spec.max_queue_delay_ms / 1000.0, self.now)
+            if not cut.take:
+                r.wake_token += 1
+                self._at(self.now + cut.wait_s, "batch_wake", r.id, r.wake_token)
+                break
+            take = [allowed[k] for k in cut.take]
+            batch = [r.queue[k] for k in take]
+            taken = set(take)
+            r.queue = [x for k, x in enumerate(r.queue) if k not in taken]
+            service = self.profiles[r.pool].service_time_s(len(batch), max(a for _, _, a in batch))
+            acc = self.pools[r.pool].accelerator
+            self.busy_s[acc] = self.busy_s.get(acc, 0.0) + service
+            self._share_advance(r)
+            r.executions.append(_Execution(tuple(rid for rid, _, _ in batch), service, self.now))
+            started = True
+        if started:
+            self._share_reschedule(r)
+
+    def _sharers(self, r: _Replica) -> list[_Replica]:
+        """The replicas whose executions share what ``r``'s run on: for a CPU pool, every CPU
+        replica on its machine; for a GPU pool, ``r`` alone (its own GPU)."""
+        if self._is_gpu(r.pool) or r.node is None or r.node not in self.nodes:
+            return [r]
+        return [self.replicas[x] for x in self.nodes[r.node].replicas
+                if x in self.replicas and not self._is_gpu(self.replicas[x].pool)]
+
+    def _share_advance(self, r: _Replica) -> None:
+        """Charge the work done since the last change to every execution sharing with ``r``."""
+        for x in self._sharers(r):
+            for e in x.executions:
+                e.work_s = max(0.0, e.work_s - (self.now - e.since) * e.speed)
+                e.since = self.now
+
+    def _share_reschedule(self, r: _Replica) -> None:
+        """Give every execution sharing with ``r`` its new speed and completion event."""
+        sharers = self._sharers(r)
+        running = [e for x in sharers for e in x.executions]
+        if not running:
             return
-        batch = [r.queue[k] for k in cut.take]
-        taken = set(cut.take)
-        r.queue = [x for k, x in enumerate(r.queue) if k not in taken]
-        service = self.profiles[r.pool].service_time_s(len(batch), max(a for _, _, a in batch))
-        r.executing = True
-        acc = self.pools[r.pool].accelerator
-        self.busy_s[acc] = self.busy_s.get(acc, 0.0) + service
-        self._at(self.now + service, "batch_done", r.id, tuple(rid for rid, _, _ in batch))
+        if self._is_gpu(r.pool):
+            speed = 1.0 / len(running)
+        else:
+            cores = self.opt.cpu_cores
+            speed = min(1.0, cores / (intra_op_threads(cores) * len(running)))
+        for x in sharers:
+            for e in x.executions:
+                e.speed, e.since = speed, self.now
+                e.token += 1
+                self._at(self.now + e.work_s / speed, "batch_done", x.id, e, e.token)
 
     # -- autoscaler --------------------------------------------------------------------------
     def _snapshot(self) -> Snapshot:
@@ -710,10 +792,14 @@ class Simulation:
         if token == r.wake_token:
             self._poke(r)
 
-    def _on_batch_done(self, rid: str, ids: tuple[int, ...]) -> None:
+    def _on_batch_done(self, rid: str, execution: _Execution, token: int) -> None:
         r = self.replicas[rid]
-        r.executing = False
-        for qid in ids:
+        if token != execution.token or execution not in r.executions:
+            return  # its speed changed since (a newer event stands), or its machine was lost
+        self._share_advance(r)
+        r.executions.remove(execution)
+        self._share_reschedule(r)
+        for qid in execution.ids:
             q = self.reqs[qid]
             if q.replica != rid or q.out.status != "pending":
                 continue  # retried elsewhere after a spot termination
@@ -759,7 +845,7 @@ class Simulation:
             lost = sorted(r.requests)
             for qid in lost:
                 self.load.finished(rid, self.reqs[qid].out.audio_s, served=False)
-            r.queue, r.requests, r.executing = [], set(), False
+            r.queue, r.requests, r.executions = [], set(), []
             self._remove_replica(r)
             for qid in lost:
                 q = self.reqs[qid]

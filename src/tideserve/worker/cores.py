@@ -26,3 +26,9 @@ def usable_cores(cpu_max: Path = CGROUP_CPU_MAX) -> int:
     except (OSError, ValueError):
         pass
     return max(1, n)
+
+
+def intra_op_threads(cores: int) -> int:
+    """Intra-op threads of one CPU model instance on ``cores`` cores: all of them, at most 4
+    (CTranslate2's own default of 4, lowered so a small replica does not oversubscribe)."""
+    return max(1, min(4, cores))

@@ -122,6 +122,7 @@ def test_the_simulator_calls_the_live_policy_functions(monkeypatch):
     assert engine._policy()["decide"] is autoscaler_policy.decide
     assert engine._policy()["choose_replica"] is router.choose_replica
     assert engine._policy()["cut_batch"] is batching.cut_batch
+    assert engine._policy()["schedulable"] is batching.schedulable
     assert engine._policy()["plan_launches"] is prov_choose.plan_launches
     calls: dict[str, int] = {}
 
@@ -135,7 +136,7 @@ def test_the_simulator_calls_the_live_policy_functions(monkeypatch):
         monkeypatch.setattr(module, name, wrapper)
 
     for module, name in ((router, "choose_replica"), (core, "may_hold"), (core, "hold_deadline"),
-                         (batching, "cut_batch"), (autoscaler_policy, "decide"), (autoscaler_policy, "place"),
+                         (batching, "cut_batch"), (batching, "schedulable"), (autoscaler_policy, "decide"), (autoscaler_policy, "place"),
                          (prov_choose, "plan_launches"), (prov_choose, "consolidate"), (prov_choose, "replacements")):
         spy(module, name)
     res = simulate(_hetero_spec(), _trace(60), PROFILES, RunOptions(seed=1, spot_interruption_rate_per_h=2.0))
@@ -239,3 +240,37 @@ def test_a_replica_under_a_spot_notice_serves_until_its_replacement_is_ready():
     first, second = res.nodes[0], res.nodes[1]
     assert first.end_reason == "interrupted" and second.capacity_type == "on-demand"
     assert second.launched_s < notice + 2.5  # the replacement was launched at the notice
+
+
+def test_instances_share_the_cores_and_the_last_free_one_is_kept_for_newcomers():
+    """As the worker's engine runs a static backend: up to ``batching.instances`` (3) batches at
+    once, the last free instance kept for requests with nothing executing
+    (``batching.schedulable``), and the batches that run at once share the machine's 2 cores,
+    each instance asking for 2 intra-op threads (processor sharing). Each window takes 3.0 s
+    alone (batch of one).
+
+    t=0    A (90 s: three 30 s windows) arrives: windows 1 and 2 start (instances free: 3, then
+           2); window 3 may not take the last free instance (A is executing). Two executions on
+           2 cores: each at half speed.
+    t=1    B (5 s) arrives and takes the last instance: three executions, each at 1/3. A's
+           windows have 3 - 0.5 = 2.5 s of work left, B 3.0.
+    t=8.5  A's windows 1 and 2 end (2.5 s at 1/3); B has 3 - 7.5 / 3 = 0.5 s left and runs
+           alone until window 3 of A starts (at once: two instances free): both at half speed.
+    t=9.5  B ends (0.5 s at 1/2): latency 8.5 s. A's window 3 has 3 - 0.5 = 2.5 s left, alone.
+    t=12   A ends: latency 12.0 s. One at a time (the simulator before), B ended at 12: behind
+           all of A.
+    """
+    spec = make_spec(batching={"max_batch_size": 1, "max_queue_delay_ms": 0, "instances": 3},
+                     pools=[{"name": "cpu", "target": "cpu-x86_64-int8", "replicas": {"min": 1, "max": 1},
+                             "max_concurrency": 4}])
+    reqs = [TraceRequest(0, 0.0, 90.0), TraceRequest(1, 1.0, 5.0)]
+    res = simulate(spec, reqs, [fixed_profile(latency_s=3.0)],
+                   RunOptions(cluster="local", replica_slots=1, cpu_cores=2))
+    assert [r.latency_s for r in res.requests] == [pytest.approx(12.0), pytest.approx(8.5)]
+    assert res.busy_s == {"cpu": pytest.approx(12.0)}  # four windows of 3 s of work each
+    # With 12 cores, the same three instances (4 threads each) do not slow each other down:
+    # A's windows 1 and 2 end at 3, B at 4; window 3 starts at 3, ends at 6.
+    res = simulate(spec, reqs, [fixed_profile(latency_s=3.0)],
+                   RunOptions(cluster="local", replica_slots=1, cpu_cores=12))
+    assert [r.latency_s for r in res.requests] == [pytest.approx(6.0), pytest.approx(3.0)]
+
