@@ -9,9 +9,10 @@ policy holds for the running system:
 - ``ReplicaRecord``: one replica as the core tracks it (state, when it was wanted and became
   ready, outstanding requests and outstanding work in audio seconds, when last chosen);
 - ``LoadTracker``: load tracking: arrivals (last arrival, a histogram of inter-arrival times for
-  the keep-alive, the arrival rate of work), outstanding requests and work per replica, each
-  pool's measured service time and its throughput in audio seconds per busy second (the service
-  rate at the batch sizes reached), and each pool's measured cold start;
+  the keep-alive, the arrival rate of work, an hour of work arrived per 5 s bin for the burst
+  term), outstanding requests and work per replica, each pool's measured service time and its
+  throughput in audio seconds per busy second (the service rate at the batch sizes reached),
+  and each pool's measured cold start;
 - ``HoldQueue``: requests held for capacity, released first in, first out, each with a deadline;
 - ``plan_apply``: applying an autoscaling decision to a set of replica records: which replicas
   go at once (not started yet), which drain, how many to add per pool.
@@ -43,6 +44,13 @@ RATE_TAU_S = 60.0
 #: bounds" (the paper's OOB).
 IAT_EDGES_S: tuple[float, ...] = tuple(
     [float(s) for s in range(1, 11)] + [float(s) for s in range(20, 121, 10)] + [60.0 * m for m in range(3, 241)])
+
+#: The arrival history behind the autoscaler's burst term (``autoscaler.policy.burst_level``):
+#: audio seconds that arrived per ``ARRIVAL_BIN_S`` bin, kept for ``ARRIVAL_HISTORY_S`` (an hour:
+#: long enough to see a trace's bursts recur, short enough to follow a day's peaks and troughs;
+#: Shahrad et al. keep 4 h of inter-arrival times for the keep-alive, which changes more slowly).
+ARRIVAL_BIN_S = 5.0
+ARRIVAL_HISTORY_S = 3600.0
 
 
 class ReplicaState(str, enum.Enum):  # noqa: UP042  StrEnum would change str()/format() of a member (value, not ReplicaState.NAME)
@@ -127,6 +135,7 @@ class LoadTracker:
         self._last_arrival: float | None = None
         self.iat_counts: list[int] = [0] * (len(IAT_EDGES_S) + 1)  # last bin: out of bounds
         self._arrived_work = _Decayed()
+        self._bins: deque[list] = deque()  # [bin index (time // ARRIVAL_BIN_S), audio s], oldest first
         self._service_s: dict[str, float] = {}
         self._done_work: dict[str, _Decayed] = {}
         self._busy: dict[str, _Decayed] = {}
@@ -175,11 +184,33 @@ class LoadTracker:
             self.iat_counts[bisect.bisect_left(IAT_EDGES_S, gap)] += 1
         self._last_arrival = now
         self._arrived_work.add(audio_s, now)
+        self._bin(audio_s, now)
 
     def arrived_work(self, audio_s: float) -> None:
         """The work of a request counted at ``arrived`` with none (known only later, e.g.
         once the gateway has read its body)."""
-        self._arrived_work.add(audio_s, self.clock())
+        now = self.clock()
+        self._arrived_work.add(audio_s, now)
+        self._bin(audio_s, now)
+
+    def _bin(self, audio_s: float, now: float) -> None:
+        if audio_s <= 0:
+            return
+        k = int(now // ARRIVAL_BIN_S)
+        if self._bins and self._bins[-1][0] == k:
+            self._bins[-1][1] += audio_s
+        else:
+            self._bins.append([k, audio_s])
+        horizon = ARRIVAL_HISTORY_S / ARRIVAL_BIN_S
+        while self._bins and self._bins[0][0] <= k - horizon:
+            self._bins.popleft()
+
+    def arrival_bins(self) -> tuple[tuple[int, float], ...]:
+        """The arrival history: ``(bin, audio_s)`` for each ``ARRIVAL_BIN_S`` bin with arrivals
+        over the ``ARRIVAL_HISTORY_S`` before the last arrival, oldest first; ``bin`` is
+        time // ARRIVAL_BIN_S on this tracker's clock. Pruned at arrivals only (a reader drops
+        bins older than its own horizon), so an unchanged load gives the same value."""
+        return tuple((k, w) for k, w in self._bins)
 
     def last_arrival(self) -> float | None:
         return self._last_arrival

@@ -83,7 +83,8 @@ class Autoscaler:
                                       self.actuator.schedulable(p.name), reps, throughput.get(p.name), cold.get(p.name)))
         rate, rate_at = tracker.arrival_rate_audio_s()
         return Snapshot(self.load.pending, self.load.in_flight(), self.load.last_arrival(), tuple(pools),
-                        self.actuator.slots(), self.load.pending_audio_s(), rate, tracker.iat_histogram(), rate_at)
+                        self.actuator.slots(), self.load.pending_audio_s(), rate, tracker.iat_histogram(), rate_at,
+                        tracker.arrival_bins())
 
     async def step(self) -> Decision:
         now = self.clock()

@@ -28,12 +28,13 @@ keep-alive.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 from dataclasses import dataclass, field
 from collections.abc import Mapping
 
-from tideserve.core import IAT_EDGES_S, RATE_TAU_S
+from tideserve.core import ARRIVAL_BIN_S, ARRIVAL_HISTORY_S, IAT_EDGES_S, RATE_TAU_S
 from tideserve.spec.models import Autoscaling
 
 
@@ -81,6 +82,7 @@ class Snapshot:
     arrival_rate_audio_s: float = 0.0  # audio s arriving per s (recent)
     iat_histogram: tuple[int, ...] = ()  # counts per core.IAT_EDGES_S bin, last: out of bounds
     arrival_rate_at: float | None = None  # arrival_rate_audio_s as of this time (decayed to now here)
+    arrival_bins: tuple[tuple[int, float], ...] = ()  # core.LoadTracker.arrival_bins: (bin, audio s)
 
 
 @dataclass(frozen=True)
@@ -286,6 +288,50 @@ def requests_per_cold_start(hist: tuple[int, ...], edges: tuple[float, ...], col
     return math.inf if short >= n else n / (n - short)
 
 
+def burst_level(bins: tuple[tuple[int, float], ...], now: float, window_s: float, miss_share: float,
+                bin_s: float = ARRIVAL_BIN_S, history_s: float = ARRIVAL_HISTORY_S) -> float:
+    """Audio seconds arriving within ``window_s`` that the endpoint's recent bursts reach, for
+    the burst term of ``decide_work``: capacity that drains this much within the window meets
+    the latency SLO for all but ``miss_share`` of the work that arrived in the last ``history_s``.
+
+    ``bins``: ``(bin, audio_s)`` per ``bin_s`` bin (``core.LoadTracker.arrival_bins``); bins
+    before ``now - history_s`` are ignored. Each bin's work is charged the work arriving in the
+    window that starts with it (``window_s`` rounded up to whole bins); the level is the
+    work-weighted (1 - ``miss_share``) quantile of those window sums (the work in bins whose
+    window holds more is at most ``miss_share`` of all), lowered to the second-largest
+    of the window sums that do not overlap: capacity is kept only for a burst that came twice
+    in the history (a prediction from recurrence; one burst asks for nothing). 0.0 without two
+    bursts. Raises ValueError for ``window_s`` <= 0 or ``miss_share`` outside [0, 1)."""
+    if window_s <= 0:
+        raise ValueError(f"window_s {window_s} must be > 0")
+    if not 0.0 <= miss_share < 1.0:
+        raise ValueError(f"miss_share {miss_share} must be in [0, 1)")
+    first = (now - history_s) / bin_s
+    live = [(k, w) for k, w in bins if k >= first and w > 0]
+    if len(live) < 2:
+        return 0.0
+    span = max(1, math.ceil(window_s / bin_s - 1e-9))
+    keys = [k for k, _ in live]
+    prefix = [0.0]
+    for _, w in live:
+        prefix.append(prefix[-1] + w)
+    sums = [(prefix[bisect.bisect_left(keys, k + span)] - prefix[i], k, w) for i, (k, w) in enumerate(live)]
+    total = prefix[-1]
+    level, seen = 0.0, 0.0
+    for ws, _, w in sorted(sums, reverse=True):
+        if seen + w > miss_share * total + 1e-12:
+            level = ws
+            break
+        seen += w
+    peaks: list[tuple[float, int]] = []
+    for ws, k, _ in sorted(sums, reverse=True):
+        if all(abs(k - pk) >= span for _, pk in peaks):
+            peaks.append((ws, k))
+            if len(peaks) == 2:
+                break
+    return min(level, peaks[1][0]) if len(peaks) == 2 else 0.0
+
+
 def drain_time_s(work_s: float, arrival_rate: float, ready_capacity: float,
                  starting: list[tuple[float, float]]) -> float:
     """Seconds until a backlog of ``work_s`` audio seconds is served, with work arriving at
@@ -324,6 +370,11 @@ def decide_work(
        (``drain_time_s``: ready capacity now, starting replicas when they are expected ready);
        a burst shorter than a cold start asks for none.
     4. Held requests at zero replicas: at least one replica at once (activation).
+       Bursts (the SLO term on history): when a cold start is longer than the SLO budget, a
+       replica asked for at a burst comes after it, so capacity for the bursts the endpoint has
+       seen recur is kept ready: enough to serve ``burst_level`` audio seconds (the work of the
+       recurring bursts within the budget, at the ``slo_attainment`` work quantile, over the
+       last ``core.ARRIVAL_HISTORY_S``) within the budget. A burst seen once asks for nothing.
     5. Scale-down: to the highest recommendation over ``scale_down_stabilization_s``.
     6. Scale to zero once nothing is outstanding and no request arrived for the keep-alive:
        when a cold start (plus the lone-request latency) still meets the SLO, the break-even
@@ -371,12 +422,18 @@ def decide_work(
     lat0 = max((p.min_latency_s or 0.0 for p in usable), default=0.0)
     budget = max(spec.slo_p95_s - lat0, 0.25 * spec.slo_p95_s)
     need = max(lam / spec.target_utilization, work / budget)
-    n_need = 0
-    while n_need < ceiling:
-        got = place(n_need, pools, snapshot.slots)
-        if sum(k * cap[name] for name, k in got.items()) >= need - 1e-9:
-            break
-        n_need += 1
+
+    def fewest(capacity: float) -> int:
+        """The fewest replicas, placed by ``place``, whose capacity covers ``capacity``."""
+        n = 0
+        while n < ceiling:
+            got = place(n, pools, snapshot.slots)
+            if sum(k * cap[name] for name, k in got.items()) >= capacity - 1e-9:
+                break
+            n += 1
+        return n
+
+    n_need = fewest(need)
     first = next((name for name, k in place(max(1, current + 1), pools, snapshot.slots).items()
                   if k > sum(1 for p in usable if p.name == name for _ in p.replicas)), None)
     cs_new = cold[first] if first is not None else min(cold.values(), default=spec.cold_start_s)
@@ -399,6 +456,16 @@ def decide_work(
     else:
         raw = n_need
         why = nums
+    # Bursts the history shows recur, when a replica asked for at a burst would come too late.
+    level = (burst_level(snapshot.arrival_bins, now, budget, 1.0 - spec.slo_attainment)
+             if cs_new > budget and snapshot.arrival_bins else 0.0)
+    n_burst = fewest(level / budget) if level > 0 else 0
+    if n_burst > raw:
+        raw = n_burst
+        why += (f"; bursts of {level:.1f} audio-s within the SLO budget {budget:.1f}s came at least twice in the last "
+                f"{ARRIVAL_HISTORY_S / 60:.0f} min (work quantile {spec.slo_attainment:g}): {level / budget:.2f} "
+                f"audio-s/s ({n_burst} replica(s)) kept for them, since a cold start ({cs_new:.1f}s) is longer "
+                "than the budget")
 
     since = None if snapshot.last_arrival is None else now - snapshot.last_arrival
     # Break-even: the cold start of the replica a scale from zero would start.
@@ -446,6 +513,7 @@ def decide_work(
                 "capacity_ready_audio_s": round(ready_cap, 4), "need_audio_s": round(need, 4),
                 "drain_time_s": None if t_drain == math.inf else round(t_drain, 3),
                 "cold_start_s": round(cs_new, 3), "keep_alive_s": round(keep_alive, 3),
+                "burst_audio_s": round(level, 3), "burst_replicas": n_burst,
                 "since_last_arrival_s": None if since is None else round(since, 3), "recommendation": raw})
     return decision, ScalingState(tuple(window))
 

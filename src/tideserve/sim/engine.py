@@ -607,7 +607,8 @@ class Simulation:
         slots = self.opt.replica_slots if self.opt.cluster == "local" else None
         rate, rate_at = self.load.arrival_rate_audio_s()
         return Snapshot(len(self.held), self.load.in_flight(), self.load.last_arrival(), tuple(pools), slots,
-                        self.held.audio_s(), rate, self.load.iat_histogram(), rate_at)
+                        self.held.audio_s(), rate, self.load.iat_histogram(), rate_at,
+                        self.load.arrival_bins())
 
     def _autoscale(self) -> None:
         if self.opt.static is not None:

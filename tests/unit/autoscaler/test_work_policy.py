@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 
 from tideserve.autoscaler.policy import (
-    PoolSnapshot, ReplicaSnapshot, ScalingState, Snapshot, decide, drain_time_s, learned_keep_alive,
+    PoolSnapshot, ReplicaSnapshot, ScalingState, Snapshot, burst_level, decide, drain_time_s, learned_keep_alive,
 )
 from tideserve.core import IAT_EDGES_S
 from tideserve.spec.models import Autoscaling
@@ -142,3 +143,40 @@ def test_outstanding_work_keeps_replicas_past_the_keep_alive():
 def test_decide_work_is_pure():
     s = snap(pool(ready(0, work=300, n=20), cold=20.0), last=0.0)
     assert decide(s, SPEC, ScalingState(), 1.0) == decide(s, SPEC, ScalingState(), 1.0)
+
+
+def _bursty_bins(*bursts: int) -> tuple[tuple[int, float], ...]:
+    """5 s bins over 10 min: 1 audio-s in each, 200 more in each bin of ``bursts``."""
+    bins = {k: 1.0 for k in range(120)}
+    for k in bursts:
+        bins[k] += 200.0
+    return tuple(sorted(bins.items()))
+
+
+def test_burst_level_is_a_burst_that_recurred_within_the_window():
+    # Window 9 s = 2 bins: the window of a burst's bin (or of the bin before it) holds 202.
+    assert burst_level(_bursty_bins(40, 80), now=600.0, window_s=9.0, miss_share=0.01) == pytest.approx(202.0)
+    # The same burst once: no prediction from it, only the trickle's 2 per window.
+    assert burst_level(_bursty_bins(40), now=600.0, window_s=9.0, miss_share=0.01) == pytest.approx(2.0)
+    # A miss budget that covers the bursts' work (402 of 520 audio-s) leaves only the trickle.
+    assert burst_level(_bursty_bins(40, 80), now=600.0, window_s=9.0, miss_share=0.8) == pytest.approx(2.0)
+    # Bins older than the hour of history are forgotten.
+    assert burst_level(_bursty_bins(40, 80), now=600.0 + 3600.0, window_s=9.0, miss_share=0.01) == 0.0
+    with pytest.raises(ValueError, match="miss_share"):
+        burst_level((), now=0.0, window_s=9.0, miss_share=1.0)
+
+
+def test_recurring_bursts_keep_capacity_ready_when_a_cold_start_is_longer_than_the_slo():
+    # SLO 10 s, lone latency 1 s: budget 9 s; bursts of 202 audio-s per 9 s came twice: 202 / 9 =
+    # 22.4 audio-s/s, 3 replicas of 10. Nothing outstanding now: the backlog rule alone keeps 1.
+    s = dataclasses.replace(snap(pool(ready(0)), last=590.0), arrival_bins=_bursty_bins(40, 80))
+    d, _ = decide(s, SPEC, ScalingState(), now=600.0)
+    assert d.total == 3 and "came at least twice" in d.reason and "22.44 audio-s/s (3 replica(s))" in d.reason
+    assert (d.inputs["burst_audio_s"], d.inputs["burst_replicas"]) == (pytest.approx(202.0), 3)
+    # Seen once: nothing kept for it.
+    s1 = dataclasses.replace(s, arrival_bins=_bursty_bins(40))
+    assert decide(s1, SPEC, ScalingState(), now=600.0)[0].total == 1
+    # A cold start (5 s) shorter than the budget: a replica asked for at the burst is in time.
+    s5 = dataclasses.replace(snap(pool(ready(0), cold=5.0), last=598.0), arrival_bins=_bursty_bins(40, 80))
+    d5, _ = decide(s5, SPEC, ScalingState(), now=600.0)
+    assert d5.total == 1 and d5.inputs["burst_replicas"] == 0

@@ -61,3 +61,17 @@ def test_states_counted_as_capacity():
     assert {s for s in ReplicaState if s.counts_as_capacity} == {
         ReplicaState.WAITING, ReplicaState.STARTING, ReplicaState.READY, ReplicaState.RESTARTING}
     assert ReplicaState.READY == "ready"  # the strings the status page shows
+
+
+def test_arrival_bins_sum_work_per_5_s_and_keep_an_hour():
+    now = [0.0]
+    t = LoadTracker(lambda: now[0])
+    for at, audio in ((1.0, 10.0), (4.9, 5.0), (5.0, 2.0), (12.0, 0.0)):  # a request of unknown length: no work
+        now[0] = at
+        t.arrived(audio)
+    now[0] = 13.0
+    t.arrived_work(3.0)  # its length, once known, counts in the bin it became known
+    assert t.arrival_bins() == ((0, 15.0), (1, 2.0), (2, 3.0))
+    now[0] = 3600.0 + 7.0  # bin 721: bins 0 and 1 are now more than an hour old
+    t.arrived(1.0)
+    assert t.arrival_bins() == ((2, 3.0), (721, 1.0))
