@@ -274,3 +274,20 @@ def test_instances_share_the_cores_and_the_last_free_one_is_kept_for_newcomers()
                    RunOptions(cluster="local", replica_slots=1, cpu_cores=12))
     assert [r.latency_s for r in res.requests] == [pytest.approx(6.0), pytest.approx(3.0)]
 
+
+def test_static_peak_is_grown_until_it_meets_the_slo():
+    """Bursts of 6 requests of 2.0 s each, one a minute for 10 min: the peak rate (6 a minute)
+    is 0.1 request/s, which one replica (0.5/s) serves at 20% utilisation, but a burst then
+    waits 2, 4, ..., 12 s: 2 of 6 within a 5 s SLO. Two replicas: 4 of 6; three: all. The
+    static-peak fleet is the first that meets the SLO for 99% of requests: 3 replicas."""
+    spec = make_spec(pools=[{"name": "cpu", "accelerator": "cpu", "target": "cpu-x86_64-int8",
+                             "replicas": {"min": 0, "max": 4}, "max_concurrency": 1, "cost_usd_per_h": 3.6}])
+    reqs = [TraceRequest(6 * m + i, 60.0 * m, 5.0) for m in range(10) for i in range(6)]
+    runs, _ = compare(spec, reqs, [fixed_profile()], RunOptions(coldstart=CATALOG), slo_s=5.0)
+    by = {r.name: r for r in runs}
+    assert by["static-peak"].options.static == {"cpu": 3}
+    assert by["static-peak"].summary.slo_attainment == 1.0
+    assert "1 x cpu met 33.3%" in by["static-peak"].description
+    # static-mean keeps the rate's sizing, whatever its SLO.
+    assert by["static-mean"].options.static == {"cpu": 1}
+    assert by["static-mean"].summary.slo_attainment == pytest.approx(20 / 60)
