@@ -112,8 +112,10 @@ def test_same_seed_same_results_and_the_seed_matters():
     other = compare(_hetero_spec(), _trace(), PROFILES, dataclasses.replace(opts, seed=12), slo_s=20)
     assert key(other) != key(one)
     names = [r.name for r in one[0]] + [lv.name for lv in one[1]]
-    assert names == ["static-peak", "static-mean", "tideserve", "keda-hpa", "knative", "oracle",
+    assert names == ["static-peak", "static-mean", "tideserve", "keda-hpa", "knative", "oracle", "oracle (no spot)",
                      "scale-to-zero", "heterogeneous pools", "spot", "batching"]
+    bound = next(r for r in one[0] if r.name == "oracle (no spot)")
+    assert {n.capacity_type for n in bound.result.nodes} == {"on-demand"} and bound.options.autoscaler == "oracle"
 
 
 def test_the_simulator_calls_the_live_policy_functions(monkeypatch):
@@ -291,3 +293,20 @@ def test_static_peak_is_grown_until_it_meets_the_slo():
     # static-mean keeps the rate's sizing, whatever its SLO.
     assert by["static-mean"].options.static == {"cpu": 1}
     assert by["static-mean"].summary.slo_attainment == pytest.approx(20 / 60)
+
+
+def test_the_no_spot_goal_line_says_whether_any_policy_could_reach_it():
+    from tideserve.sim.compare import Lever, PolicyRun, Summary
+    from tideserve.sim.report import goal_lines
+
+    def run(name, cost, slo=1.0):
+        s = Summary(cost, 1, 0, 0, 0, slo, 1, 2, 3, 10, 0, 0, 0, 0, 0, 3600)
+        return PolicyRun(name, "", None, None, None, s)
+
+    runs = [run("static-peak", 1.0), run("tideserve", 0.4), run("oracle (no spot)", 0.9)]
+    lines = goal_lines(runs, [Lever("spot", run("no spot", 1.0), 0.6)])
+    assert ("- no spot >= 40% below static-peak at >= 99% SLO: +0.0%, SLO 100.0%: NOT MET; the clairvoyant oracle "
+            "on-demand only is -10.0% (SLO 100.0%): no policy reaches it on this trace") in lines
+    runs[-1] = run("oracle (no spot)", 0.5)
+    assert any(x.endswith("-50.0% (SLO 100.0%): reachable, tideserve falls short")
+               for x in goal_lines(runs, [Lever("spot", run("no spot", 1.0), 0.6)]))
