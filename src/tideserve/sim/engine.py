@@ -17,11 +17,20 @@ imported here and called with the virtual time (``POLICY`` lists them; tests che
   worker's engine does (``batching.instances``, default ``worker.engine.default_instances`` of the
   CPU cores; one for the torch backend, whose continuous batching is modelled as one execution at
   a time). An execution's work is the profile's service time for its batch size and longest
-  window, measured alone on the machine. Executions that run at once share what they run on
-  (processor sharing): on a CPU pool, the machine's ``RunOptions.cpu_cores`` (all replicas of the
-  machine: embedded mode puts them on one), each execution asking for the backend's intra-op
-  threads (``worker.cores.intra_op_threads``), so each runs at min(1, cores / threads asked) of
-  its measured speed; on a GPU pool, its replica's GPU, at 1 / executions;
+  window, measured alone on the machine. Executions that run at once share what they run on: on
+  a CPU pool, the machine's ``RunOptions.cpu_cores`` (all replicas of the machine: embedded mode
+  puts them on one), each execution asking for the backend's intra-op threads
+  (``worker.cores.intra_op_threads``) but keeping only c(b) = min(threads, c1 x b) cores busy
+  for a batch of b windows, c1 the pool profile's ``busy_cores_per_window`` (measured by running
+  lone requests at once: bench/profile_e2e.py; default: all its threads); each execution runs at
+  min(1, cores / sum of c(b) over the executions) of its measured speed (processor sharing).
+  Measured on 2 cores, three lone tiny.en requests at once each took about what one takes alone
+  and four 1.34x (c1 = 0.67: a batch-1 decode does not keep its 2 threads busy); taking every
+  execution as using all its threads put the validation's p50 at 3x the real one. On a GPU pool:
+  its replica's GPU, at 1 / executions. An execution's work is drawn from the measured samples
+  of the nearest profile point (work = the interpolated median x a sample / that point's median,
+  from a generator seeded by the run's seed + 1): the samples of an end-to-end profile are other
+  speech each, and a window's decode time depends on what it says (one 15 s window 1.1-4.2 s);
 - autoscaling: ``tideserve.autoscaler.policy.decide`` every ``autoscaling.interval_s`` and on
   activation, or a baseline of ``tideserve.sim.baselines`` (``RunOptions.autoscaler``) at its
   own interval; its ``desired``/``drain`` are applied through ``core.plan_apply`` (drain the
@@ -184,8 +193,13 @@ class _Execution:
     ids: tuple[int, ...]
     work_s: float
     since: float
+    audio_s: float = 0.0  # its longest window
     speed: float = 1.0
     token: int = 0
+
+    @property
+    def size(self) -> int:
+        return len(self.ids)
 
 
 @dataclass
@@ -265,6 +279,7 @@ class Simulation:
         self.opt = options or RunOptions()
         self.requests = list(requests)
         self.rng = random.Random(self.opt.seed)
+        self._draw = random.Random(self.opt.seed + 1)  # service-time draws (own stream: spot draws unchanged)
         self.profiles = profiles_for(spec, profiles)
         self.pools = {p.name: p for p in spec.pools}
         self.now = 0.0
@@ -550,14 +565,24 @@ class Simulation:
             batch = [r.queue[k] for k in take]
             taken = set(take)
             r.queue = [x for k, x in enumerate(r.queue) if k not in taken]
-            service = self.profiles[r.pool].service_time_s(len(batch), max(a for _, _, a in batch))
+            service = self._work_s(self.profiles[r.pool], len(batch), max(a for _, _, a in batch))
             acc = self.pools[r.pool].accelerator
             self.busy_s[acc] = self.busy_s.get(acc, 0.0) + service
             self._share_advance(r)
-            r.executions.append(_Execution(tuple(rid for rid, _, _ in batch), service, self.now))
+            r.executions.append(_Execution(tuple(rid for rid, _, _ in batch), service, self.now,
+                                           max(a for _, _, a in batch)))
             started = True
         if started:
             self._share_reschedule(r)
+
+    def _work_s(self, prof: PoolProfile, size: int, audio_s: float) -> float:
+        """One execution's work, s: the profile's interpolated median times a draw from the
+        nearest measured point's samples over its median (module docstring)."""
+        median = prof.service_time_s(size, audio_s)
+        point = min(prof.points, key=lambda p: (abs(p.audio_s - audio_s), abs(p.batch_size - size)))
+        if not point.samples_s:
+            return median
+        return median * self._draw.choice(point.samples_s) / point.latency_s
 
     def _sharers(self, r: _Replica) -> list[_Replica]:
         """The replicas whose executions share what ``r``'s run on: for a CPU pool, every CPU
@@ -580,13 +605,16 @@ class Simulation:
         running = [e for x in sharers for e in x.executions]
         if not running:
             return
-        if self._is_gpu(r.pool):
-            speed = 1.0 / len(running)
-        else:
-            cores = self.opt.cpu_cores
-            speed = min(1.0, cores / (intra_op_threads(cores) * len(running)))
+        cores = self.opt.cpu_cores
+        threads = intra_op_threads(cores)
         for x in sharers:
+            prof = self.profiles[x.pool]
             for e in x.executions:
+                if self._is_gpu(x.pool):
+                    speed = 1.0 / len(running)
+                else:
+                    c1 = prof.busy_cores_per_window or threads
+                    speed = min(1.0, cores / sum(min(threads, c1 * y.size) for y in running))
                 e.speed, e.since = speed, self.now
                 e.token += 1
                 self._at(self.now + e.work_s / speed, "batch_done", x.id, e, e.token)

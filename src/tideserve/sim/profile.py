@@ -56,6 +56,10 @@ class PoolProfile(_Strict):
     target: str = Field(description="Engine target measured, e.g. cpu-x86_64-int8 or cuda-sm90-bf16.")
     accelerator: str = Field(description="cpu or the GPU model (a10g, l4, l40s, a100, h100, h200).")
     points: list[ProfilePoint] = Field(min_length=1)
+    busy_cores_per_window: float | None = Field(
+        None, gt=0, description="CPU pools: cores one window of an execution keeps busy (an execution of b windows "
+        "keeps min(intra-op threads, b x this) busy), measured by running lone requests at once on as many instances "
+        "(bench/profile_e2e.py); None: an execution keeps all its intra-op threads busy.")
 
     @model_validator(mode="after")
     def _unique(self) -> PoolProfile:

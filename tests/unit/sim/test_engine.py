@@ -310,3 +310,26 @@ def test_the_no_spot_goal_line_says_whether_any_policy_could_reach_it():
     runs[-1] = run("oracle (no spot)", 0.5)
     assert any(x.endswith("-50.0% (SLO 100.0%): reachable, tideserve falls short")
                for x in goal_lines(runs, [Lever("spot", run("no spot", 1.0), 0.6)]))
+
+
+def test_executions_keep_the_measured_cores_busy_and_their_work_is_drawn_from_the_samples():
+    """busy_cores_per_window 0.75 on 2 cores: three lone windows at once ask for 2.25 cores, so
+    each runs at 2 / 2.25 of its speed: 3.0 s of work takes 3.375 s; two at once (1.5 cores)
+    run at full speed."""
+    spec = make_spec(batching={"max_batch_size": 1, "max_queue_delay_ms": 0, "instances": 3},
+                     pools=[{"name": "cpu", "target": "cpu-x86_64-int8", "replicas": {"min": 1, "max": 1},
+                             "max_concurrency": 4}])
+    prof = fixed_profile(latency_s=3.0).model_copy(update={"busy_cores_per_window": 0.75})
+    opts = RunOptions(cluster="local", replica_slots=1, cpu_cores=2)
+    three = simulate(spec, [TraceRequest(i, 0.0, 5.0) for i in range(3)], [prof], opts)
+    assert [r.latency_s for r in three.requests] == [pytest.approx(3.375)] * 3
+    two = simulate(spec, [TraceRequest(i, 0.0, 5.0) for i in range(2)], [prof], opts)
+    assert [r.latency_s for r in two.requests] == [pytest.approx(3.0)] * 2
+    # A point measured on other speech each time (samples 1.0 and 3.0 s, median 2.0): each lone
+    # request takes one of the samples, drawn from the run's seed.
+    drawn = PoolProfile(pool="cpu", target="cpu-x86_64-int8", accelerator="cpu", points=[
+        ProfilePoint(batch_size=1, audio_s=5.0, latency_s=2.0, samples_s=[1.0, 3.0])])
+    lone = [TraceRequest(i, 10.0 * i, 5.0) for i in range(20)]
+    got = [r.latency_s for r in simulate(spec, lone, [drawn], opts).requests]
+    assert sorted({round(x, 6) for x in got}) == [1.0, 3.0]
+    assert got == [r.latency_s for r in simulate(spec, lone, [drawn], opts).requests]  # same seed, same draws
