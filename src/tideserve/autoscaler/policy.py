@@ -372,9 +372,10 @@ def decide_work(
     4. Held requests at zero replicas: at least one replica at once (activation).
        Bursts (the SLO term on history): when a cold start is longer than the SLO budget, a
        replica asked for at a burst comes after it, so capacity for the bursts the endpoint has
-       seen recur is kept ready: enough to serve ``burst_level`` audio seconds (the work of the
-       recurring bursts within the budget, at the ``slo_attainment`` work quantile, over the
-       last ``core.ARRIVAL_HISTORY_S``) within the budget. A burst seen once asks for nothing.
+       seen recur is kept ready: ``burst_level`` audio seconds (the work of the recurring bursts
+       arriving within one budget, at the ``slo_attainment`` work quantile, over the last
+       ``core.ARRIVAL_HISTORY_S``) served within two budgets (the burst's last request arrives one
+       budget after its first and may wait one more). A burst seen once asks for nothing.
     5. Scale-down: to the highest recommendation over ``scale_down_stabilization_s``.
     6. Scale to zero once nothing is outstanding and no request arrived for the keep-alive:
        when a cold start (plus the lone-request latency) still meets the SLO, the break-even
@@ -459,11 +460,14 @@ def decide_work(
     # Bursts the history shows recur, when a replica asked for at a burst would come too late.
     level = (burst_level(snapshot.arrival_bins, now, budget, 1.0 - spec.slo_attainment)
              if cs_new > budget and snapshot.arrival_bins else 0.0)
-    n_burst = fewest(level / budget) if level > 0 else 0
+    # A burst's work arrives over one budget and its last request may wait one more: served at
+    # c audio-s/s, the last is done W / c after the first arrived, within 2 budgets if c >= W / 2b.
+    burst_need = level / (2 * budget)
+    n_burst = fewest(burst_need) if level > 0 else 0
     if n_burst > raw:
         raw = n_burst
         why += (f"; bursts of {level:.1f} audio-s within the SLO budget {budget:.1f}s came at least twice in the last "
-                f"{ARRIVAL_HISTORY_S / 60:.0f} min (work quantile {spec.slo_attainment:g}): {level / budget:.2f} "
+                f"{ARRIVAL_HISTORY_S / 60:.0f} min (work quantile {spec.slo_attainment:g}): {burst_need:.2f} "
                 f"audio-s/s ({n_burst} replica(s)) kept for them, since a cold start ({cs_new:.1f}s) is longer "
                 "than the budget")
 
