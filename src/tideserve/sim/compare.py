@@ -14,7 +14,8 @@ Policies (each a ``simulate`` run of the same requests):
   the autoscaler replaced by a baseline of ``tideserve.sim.baselines`` (published defaults; the
   oracle knows the arrivals and cold starts in advance: see there how it is computed);
 - ``oracle (no spot)``, where a pool lists spot: the oracle on on-demand machines only, the
-  lower bound for ``no spot`` (the on-demand-only lever).
+  yardstick for ``no spot`` (the on-demand-only lever); the oracle is a clairvoyant heuristic,
+  not an optimum, so it bounds nothing (on the CPU code trace it costs more than a static fleet).
 
 Static fleets run on on-demand machines and never scale; their size N is the smallest for which
 the autoscaler's own placement ``place(N, pools)`` (cheapest per unit of service rate first, pool
@@ -242,9 +243,9 @@ def compare(spec: EndpointSpec, requests: Sequence[TraceRequest], profiles: Sequ
     for name, desc in BASELINES:
         runs.append(run(name, desc, spec, dataclasses.replace(options, static=None, autoscaler=name)))
     if any("spot" in p.capacity_types for p in spec.pools):
-        # The lower bound of the on-demand-only goal: what the clairvoyant oracle pays without spot.
-        runs.append(run("oracle (no spot)", "the oracle with every pool on-demand only: the lowest on-demand cost at "
-                        "the SLO any policy could reach on this trace", static_spec,
+        # The yardstick of the on-demand-only goal: what the clairvoyant oracle pays without spot.
+        runs.append(run("oracle (no spot)", "the oracle with every pool on-demand only: what knowing the arrivals in "
+                        "advance buys without spot", static_spec,
                         dataclasses.replace(options, static=None, autoscaler="oracle")))
 
     by_pool = profiles_for(spec, profiles)

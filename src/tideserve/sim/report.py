@@ -54,7 +54,7 @@ def goal_lines(runs: Sequence[PolicyRun], levers: Sequence[Lever]) -> list[str]:
             reachable = bound.cost_usd <= 0.6 * peak.cost_usd and bound.slo_attainment >= 0.99
             line += (f"; the clairvoyant oracle on-demand only is {pct(bound.cost_usd, peak.cost_usd)} (SLO "
                      f"{100 * bound.slo_attainment:.1f}%): " +
-                     ("reachable, tideserve falls short" if reachable else "no policy reaches it on this trace"))
+                     ("it reaches the goal, tideserve falls short" if reachable else "it falls short too"))
         out.append(line)
     for base in ("keda-hpa", "knative"):
         b = by.get(base)
