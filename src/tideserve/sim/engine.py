@@ -24,9 +24,10 @@ imported here and called with the virtual time (``POLICY`` lists them; tests che
   for a batch of b windows, c1 the pool profile's ``busy_cores_per_window`` (measured by running
   lone requests at once: bench/profile_e2e.py; default: all its threads); each execution runs at
   min(1, cores / sum of c(b) over the executions) of its measured speed (processor sharing).
-  Measured on 2 cores, three lone tiny.en requests at once each took about what one takes alone
-  and four 1.34x (c1 = 0.67: a batch-1 decode does not keep its 2 threads busy); taking every
-  execution as using all its threads put the validation's p50 at 3x the real one. On a GPU pool:
+  Measured on 2 cores (int8), three lone tiny.en requests at once took 1.09x what they take
+  alone and four 1.48x (c1 = 0.73: a batch-1 decode does not keep its 2 threads busy); taking
+  every execution as keeping all its threads busy put the validation's p50 at 2.2x the real one
+  (3.75 s against 1.7 s). On a GPU pool:
   its replica's GPU, at 1 / executions. An execution's work is drawn from the measured samples
   of the nearest profile point (work = the interpolated median x a sample / that point's median,
   from a generator seeded by the run's seed + 1): the samples of an end-to-end profile are other
