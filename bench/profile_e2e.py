@@ -56,13 +56,7 @@ from tideserve.spec import load_endpoint  # noqa: E402
 
 async def one_batch(url: str, bodies: list[dict]) -> float:
     """Seconds from sending ``bodies`` at once to the last answer."""
-    async with httpx.AsyncClient(base_url=url, timeout=600) as c:
-        t = time.perf_counter()
-        answers = await asyncio.gather(*(c.post("/invocations", json=b) for b in bodies))
-        took = time.perf_counter() - t
-    for a in answers:
-        a.raise_for_status()
-    return took
+    return max(await each_latency(url, bodies))
 
 
 def endpoint_for(here: Path, name: str, target: str, **batching) -> Path:

@@ -317,14 +317,15 @@ def burst_level(bins: tuple[tuple[int, float], ...], now: float, window_s: float
         prefix.append(prefix[-1] + w)
     sums = [(prefix[bisect.bisect_left(keys, k + span)] - prefix[i], k, w) for i, (k, w) in enumerate(live)]
     total = prefix[-1]
+    ranked = sorted(sums, reverse=True)
     level, seen = 0.0, 0.0
-    for ws, _, w in sorted(sums, reverse=True):
+    for ws, _, w in ranked:
         if seen + w > miss_share * total + 1e-12:
             level = ws
             break
         seen += w
     peaks: list[tuple[float, int]] = []
-    for ws, k, _ in sorted(sums, reverse=True):
+    for ws, k, _ in ranked:
         if all(abs(k - pk) >= span for _, pk in peaks):
             peaks.append((ws, k))
             if len(peaks) == 2:

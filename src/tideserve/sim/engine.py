@@ -606,16 +606,16 @@ class Simulation:
         running = [e for x in sharers for e in x.executions]
         if not running:
             return
-        cores = self.opt.cpu_cores
-        threads = intra_op_threads(cores)
+        if self._is_gpu(r.pool):
+            speed = 1.0 / len(running)
+        else:  # each execution keeps the cores its own pool's profile says busy
+            cores = self.opt.cpu_cores
+            threads = intra_op_threads(cores)
+            busy = sum(min(threads, (self.profiles[x.pool].busy_cores_per_window or threads) * e.size)
+                       for x in sharers for e in x.executions)
+            speed = min(1.0, cores / busy)
         for x in sharers:
-            prof = self.profiles[x.pool]
             for e in x.executions:
-                if self._is_gpu(x.pool):
-                    speed = 1.0 / len(running)
-                else:
-                    c1 = prof.busy_cores_per_window or threads
-                    speed = min(1.0, cores / sum(min(threads, c1 * y.size) for y in running))
                 e.speed, e.since = speed, self.now
                 e.token += 1
                 self._at(self.now + e.work_s / speed, "batch_done", x.id, e, e.token)

@@ -97,8 +97,8 @@ class FasterWhisperBackend:
 
     ``instances``: CTranslate2 workers (``num_workers``, sharing one copy of the weights), so
     that many ``transcribe_batch`` calls from as many threads run at once, each on
-    ``cpu_threads`` intra-op threads (0: ``worker.cores.intra_op_threads``: the cores, at most 4, as CTranslate2's default of 4
-    but no more threads than cores per instance; measured on 2 cores with 3 instances, a 5-minute
+    ``cpu_threads`` intra-op threads (0: ``worker.cores.intra_op_threads``: the cores, at most
+    4, as CTranslate2's default of 4 but no more threads than cores per instance; measured on 2 cores with 3 instances, a 5-minute
     file took 15.3 s at 2 threads, 17.9 s at 4; bench/fairness.py).
 
     Raises EngineMismatchError when the target is not a CPU target or its compute type is not
@@ -112,10 +112,11 @@ class FasterWhisperBackend:
             raise EngineMismatchError(
                 f"the faster-whisper backend runs CPU targets here; {target.name} needs a CUDA backend"
             )
+        threads = cpu_threads or intra_op_threads(usable_cores())
         try:
             self._model = WhisperModel(
                 str(model_dir), device="cpu", compute_type=target.backend_compute_type,
-                cpu_threads=cpu_threads or intra_op_threads(usable_cores()), num_workers=instances,
+                cpu_threads=threads, num_workers=instances,
             )
         except ValueError as exc:  # e.g. "Requested int8 compute type, but the target device ... does not support"
             raise EngineMismatchError(f"cannot load {model_dir} for {target.name}: {exc}") from None
@@ -125,7 +126,7 @@ class FasterWhisperBackend:
         # A multilingual model identifies the language itself; an English-only one uses the
         # language-ID model when the endpoint has one.
         self._identifier = None if language_id is None or self._multilingual else _Identifier(
-            Path(language_id.model_dir), target, cpu_threads or intra_op_threads(usable_cores()), instances, language_id.seconds,
+            Path(language_id.model_dir), target, threads, instances, language_id.seconds,
             self.languages)
         self.identifies_language = self._identifier is not None
         self._tokenizers: dict[tuple[str | None, str], Tokenizer] = {}
