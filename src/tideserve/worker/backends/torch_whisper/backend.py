@@ -15,6 +15,7 @@ backend refuses ``beam_size`` > 1 with a clear error.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import time
 from typing import Any
 from pathlib import Path
@@ -27,8 +28,10 @@ from tideserve.spec.models import Decoding, Target
 from tideserve.worker.backends.base import WindowResult, WindowTask
 from tideserve.worker.backends.torch_whisper.decode import GreedyDecoder, SpecialTokens
 from tideserve.worker.backends.torch_whisper.features import LogMel
+from tideserve.worker.backends.torch_whisper.identify import LanguageIdentifier, language_tokens
 from tideserve.worker.backends.torch_whisper.model import GraphedEncoder, Whisper, load_hf_dir
 from tideserve.worker.backends.whisper_text import MAX_LENGTH, window_result
+from tideserve.worker.language_id import LanguageIdConfig
 from tideserve.worker.timings import ExecutionTimings
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -93,16 +96,17 @@ class TorchWhisperBackend:
 
     Raises EngineMismatchError when the target's device, architecture or compute type cannot
     run here, ValueError when the directory is not a Whisper model or decoding asks for beam
-    search. ``run_ahead``: see ``GreedyDecoder`` (0 turns it off).
+    search. ``run_ahead``: see ``GreedyDecoder`` (0 turns it off). ``language_id``: beside an
+    English-only model, a multilingual one that hears the language of the windows that ask
+    (``WindowTask.identify_language``; ``identify.LanguageIdentifier``, on the same device and
+    dtype); a multilingual model identifies languages itself and ignores it.
     """
 
     def __init__(self, model_dir: Path, target: Target, decoding: Decoding, cpu_threads: int = 0,
                  max_batch_size: int = 64, use_cuda_graphs: bool | None = None,
                  encoder_graphs: bool | None = None, instances: int = 1, run_ahead: int = RUN_AHEAD_STEPS,
-                 language_id: object | None = None) -> None:
+                 language_id: LanguageIdConfig | None = None) -> None:
         del instances  # continuous batching: one decode loop holds every slot
-        if language_id is not None:
-            raise ValueError("the torch backend identifies no language; model.language_id needs faster-whisper")
         self.device = _device_for(target)
         if decoding.beam_size != 1:
             raise ValueError(f"the torch backend decodes greedily; set model.decoding.beam_size: 1 "
@@ -127,7 +131,11 @@ class TorchWhisperBackend:
         self.model: Whisper = load_hf_dir(model_dir, dtype, self.device)
         self.special = special_tokens(self.tokenizer)
         self.multilingual = self.model.dims.vocab_size >= 51865
-        self.languages = _languages(self.tokenizer) if self.multilingual else _LANGS_EN_ONLY
+        self.languages = (frozenset(language_tokens(self.tokenizer)) or _LANGS_EN_ONLY) if self.multilingual \
+            else _LANGS_EN_ONLY
+        self._identifier = None if language_id is None or self.multilingual else LanguageIdentifier(
+            Path(language_id.model_dir), dtype, self.device, language_id.seconds, self.languages)
+        self.identifies_language = self._identifier is not None
         self.decoding = decoding
         self.features = LogMel(self.model.dims.num_mel_bins, self.device)
         self.decoder = GreedyDecoder(self.model, self.special, max_batch=max_batch_size,
@@ -135,7 +143,8 @@ class TorchWhisperBackend:
         graph_encoder = ((use_cuda_graphs is not False and GraphedEncoder.enabled_for(self.model, self.device))
                          if encoder_graphs is None else encoder_graphs and self.device.type == "cuda")
         self.encode = GraphedEncoder(self.model, max_batch_size) if graph_encoder else self.model.encode
-        self._rows: dict[int, tuple[WindowTask, str]] = {}  # busy slot -> its task and language
+        # busy slot -> its task, language, and the language-ID probabilities heard (on the device)
+        self._rows: dict[int, tuple[WindowTask, str, torch.Tensor | None]] = {}
         self._encoder_events: collections.deque[tuple[Any, Any]] = collections.deque()  # (start, end) not yet read
         # CUDA graphs are captured on first use of each (batch bucket, span), not here: capturing
         # all of them at load (GreedyDecoder.capture_all) doubled a tiny replica's load on the
@@ -159,6 +168,17 @@ class TorchWhisperBackend:
         prompts = [self.prompt(lang, ts, t.prompt, t.task) for t, lang, ts in zip(tasks, languages, with_ts, strict=True)]
         return languages, with_ts, prompts
 
+    def _identify(self, tasks: list[WindowTask]) -> list[torch.Tensor | None]:
+        """Per task: its language probabilities (a row on the device, not yet read) when it asks
+        for identification and this backend has an identifier; None otherwise."""
+        out: list[torch.Tensor | None] = [None] * len(tasks)
+        idx = [i for i, t in enumerate(tasks) if t.identify_language]
+        if self._identifier is not None and idx:
+            probabilities = self._identifier.probabilities([tasks[i].samples for i in idx])
+            for j, i in enumerate(idx):
+                out[i] = probabilities[j]
+        return out
+
     @torch.inference_mode()
     def admit(self, tasks: list[WindowTask]) -> tuple[list[int], ExecutionTimings]:
         """Features and one encoder pass for ``tasks``, then their rows join the running decode.
@@ -176,9 +196,10 @@ class TorchWhisperBackend:
         slots = self.decoder.admit(encoded, prompts, with_ts, max_new_tokens=self.decoding.max_new_tokens,
                                    temperatures=[t.temperature for t in tasks],
                                    min_new_tokens=self.decoding.min_new_tokens)
+        heard = self._identify(tasks)
         t2 = time.perf_counter()
-        for slot, task, lang in zip(slots, tasks, languages, strict=True):
-            self._rows[slot] = (task, lang)
+        for slot, task, lang, h in zip(slots, tasks, languages, heard, strict=True):
+            self._rows[slot] = (task, lang, h)
         if not cuda:
             return slots, ExecutionTimings(input_s=t1 - t0, infer_s=t2 - t1)
         # No synchronisation here: the encoder runs on the device while this thread goes on
@@ -210,12 +231,17 @@ class TorchWhisperBackend:
         for s in slots:
             self._rows.pop(s, None)
 
-    def _result(self, task: WindowTask, lang: str, row) -> WindowResult:
+    def _result(self, task: WindowTask, lang: str, heard: torch.Tensor | None, row) -> WindowResult:
         s, d = self.special, self.decoding
         avg = row.sum_logprob / (len(row.tokens) + 1)
-        return window_result(task, row.tokens, lang, avg, row.no_speech_prob, s.eot, s.timestamp_begin,
-                             lambda ids: self.tokenizer.decode(ids), d.no_speech_threshold, d.log_prob_threshold,
-                             d.compression_ratio_threshold)
+        out = window_result(task, row.tokens, lang, avg, row.no_speech_prob, s.eot, s.timestamp_begin,
+                            lambda ids: self.tokenizer.decode(ids), d.no_speech_threshold, d.log_prob_threshold,
+                            d.compression_ratio_threshold)
+        if heard is None or self._identifier is None:
+            return out
+        detected, probability, ours = self._identifier.read(heard)
+        return dataclasses.replace(out, detected_language=detected, detected_language_probability=probability,
+                                   model_language_probability=ours)
 
     # --- one static batch ---------------------------------------------------------------------
 
@@ -231,20 +257,13 @@ class TorchWhisperBackend:
         rows = self.decoder.decode(encoded, prompts, with_ts, max_new_tokens=self.decoding.max_new_tokens,
                                    temperatures=[t.temperature for t in tasks],
                                    min_new_tokens=self.decoding.min_new_tokens)
+        heard = self._identify(tasks)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         t2 = time.perf_counter()
-        out = [self._result(task, lang, row) for task, lang, row in zip(tasks, languages, rows, strict=True)]
+        out = [self._result(task, lang, h, row) for task, lang, h, row in zip(tasks, languages, heard, rows, strict=True)]
         t3 = time.perf_counter()
         return out, ExecutionTimings(input_s=t1 - t0, infer_s=t2 - t1, output_s=t3 - t2)
-
-
-def _languages(tok: Tokenizer) -> frozenset[str]:
-    codes = set()
-    for name in tok.get_vocab():
-        if name.startswith("<|") and name.endswith("|>") and 2 <= len(name) - 4 <= 3 and name[2:-2].isalpha():
-            codes.add(name[2:-2])
-    return frozenset(codes) or _LANGS_EN_ONLY
 
 
 def _device_for(target: Target) -> torch.device:

@@ -261,6 +261,25 @@ class Whisper(nn.Module):
         return (x @ dec.embed_tokens.weight.T).float()
 
 
+    def first_position_logits(self, encoded: torch.Tensor, token: int) -> torch.Tensor:
+        """Logits ``[B, vocab]`` (float32) at the decoder's first position, given ``token`` there
+        (``<|startoftranscript|>`` for Whisper's language detection), over ``encoded``
+        ``[B, T, d_model]`` (any T up to 1500: a shorter input is a shorter encoding). No cache:
+        one position attends only to itself, so its self-attention is its value projection."""
+        dec = self.decoder
+        tokens = torch.full((encoded.shape[0],), token, dtype=torch.long, device=encoded.device)
+        x = (dec.embed_tokens(tokens) + dec.embed_positions.weight[0])[:, None, :]  # [B, 1, D]
+        for layer in dec.blocks():
+            a = layer.self_attn
+            x = x + a.out_proj(a.v_proj(layer.self_attn_layer_norm(x)))
+            c = layer.encoder_attn
+            q = c.split(c.q_proj(layer.encoder_attn_layer_norm(x)))
+            k, v = c.split(c.k_proj(encoded)), c.split(c.v_proj(encoded))
+            x = x + c.out_proj(c.merge(F.scaled_dot_product_attention(q, k, v)))
+            x = x + layer.fc2(F.gelu(layer.fc1(layer.final_layer_norm(x))))
+        return (dec.layer_norm(x)[:, 0, :] @ dec.embed_tokens.weight.T).float()
+
+
 def load_hf_dir(model_dir: Path, dtype: torch.dtype, device: torch.device) -> Whisper:
     """A Whisper from a Hugging Face-format directory: ``config.json`` and ``model.safetensors``
     (or ``pytorch_model.bin``), or from a CTranslate2 directory (``model.bin``), converted in

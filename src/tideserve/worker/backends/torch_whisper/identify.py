@@ -1,0 +1,83 @@
+"""Spoken-language identification on PyTorch beside an English-only model (``model.language_id``
+with the torch backend; the faster-whisper backend has its own on CTranslate2).
+
+Whisper's rule (Radford et al. 2022, section 2.3; openai/whisper ``detect_language``): encode the
+audio, put ``<|startoftranscript|>`` at the decoder's first position, and read the softmax of the
+logits over the language tokens only. As the faster-whisper identifier does, the encoder sees the
+first ``seconds`` of each window (no more than the window has, at least 1 s; the windows of one
+call padded to the longest): a shorter input is a shorter encoding, so a 2 s clip costs a 2 s
+encoder pass, not a 30 s one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+
+from tideserve.errors import EngineMismatchError
+from tideserve.worker.backends.torch_whisper.features import HOP, N_FRAMES, LogMel
+from tideserve.worker.backends.torch_whisper.model import Whisper, load_hf_dir
+
+#: Whisper's multilingual vocabularies have 51,865 (v1/v2) or 51,866 (v3) tokens; English-only 51,864.
+MULTILINGUAL_VOCAB = 51_865
+MIN_FRAMES = 100  # 1 s of 10 ms frames
+
+
+def language_tokens(tok: Tokenizer) -> dict[str, int]:
+    """``{language code: token id}`` of a Whisper tokenizer's language tokens (``<|fr|>``...;
+    {} for an English-only one, which has none)."""
+    out = {}
+    for name, i in tok.get_vocab().items():
+        if name.startswith("<|") and name.endswith("|>") and 2 <= len(name) - 4 <= 3 and name[2:-2].isalpha():
+            out[name[2:-2]] = i
+    return out
+
+
+class LanguageIdentifier:
+    """A multilingual Whisper model (``model_dir``: Hugging Face or CTranslate2 format, with its
+    ``tokenizer.json``) on ``device`` in ``dtype`` that hears which language a window is in.
+
+    ``languages``: the transcribing model's languages, whose probabilities are summed
+    (``worker.language_id.other_language`` compares that sum with the minimum).
+    Raises EngineMismatchError when the directory cannot be loaded or is an English-only model."""
+
+    def __init__(self, model_dir: Path, dtype: torch.dtype, device: torch.device, seconds: float,
+                 languages: frozenset[str]) -> None:
+        try:
+            tok = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
+            self.model: Whisper = load_hf_dir(Path(model_dir), dtype, device)
+        except Exception as exc:  # tokenizers raises its own Exception type; load_hf_dir ValueError/OSError
+            raise EngineMismatchError(f"cannot load the language-ID model {model_dir}: {exc}") from None
+        codes = language_tokens(tok)
+        if self.model.dims.vocab_size < MULTILINGUAL_VOCAB or not codes:
+            raise EngineMismatchError(f"the language-ID model {model_dir} is English-only; model.language_id.source "
+                                      "must be a multilingual Whisper model (e.g. Whisper base)")
+        sot = tok.token_to_id("<|startoftranscript|>")
+        if sot is None:
+            raise EngineMismatchError(f"the language-ID model {model_dir} has no <|startoftranscript|> token")
+        self._sot = sot
+        self.codes = sorted(codes)
+        self._ids = torch.tensor([codes[c] for c in self.codes], device=device)
+        self._ours = torch.tensor([c in languages for c in self.codes])
+        self._dtype = dtype
+        self._features = LogMel(self.model.dims.num_mel_bins, device)
+        self._max_frames = min(N_FRAMES, max(MIN_FRAMES, round(seconds * 100)))
+
+    @torch.inference_mode()
+    def probabilities(self, windows: list[np.ndarray]) -> torch.Tensor:
+        """``[B, len(codes)]`` language probabilities (rows sum to 1), left on the device: reading
+        them waits for the device, so the caller reads them (``read``) when it synchronises anyway."""
+        n = max(min(self._max_frames, max(MIN_FRAMES, len(w) // HOP)) for w in windows)
+        feats = self._features([w[: n * HOP] for w in windows])[..., :n]
+        logits = self.model.first_position_logits(self.model.encode(feats.to(self._dtype)), self._sot)
+        return torch.softmax(logits[:, self._ids], dim=-1)
+
+    def read(self, row: torch.Tensor) -> tuple[str, float, float]:
+        """``(most probable language, its probability, the transcribing model's languages'
+        probability together)`` of one row of ``probabilities``."""
+        p = row.float().cpu()
+        best = int(p.argmax())
+        return self.codes[best], float(p[best]), float(p[self._ours].sum())
