@@ -57,7 +57,7 @@ def test_the_worker_document_lists_its_routes(endpoint, en_clips):
                     ("POST", "/v2/repository/index"), ("GET", "/admin/status"), ("GET", "/admin/sd")} | {
         ("GET", p + s) for p in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}")
         for s in ("/config", "/stats")}
-    assert _operations(doc) == (_gateway_routes() - gateway_only) | {("GET", "/admin/worker")}
+    assert _operations(doc) == (_gateway_routes() - gateway_only) | {("GET", "/admin/worker"), ("POST", "/internal/part")}
 
 
 def test_an_undocumented_route_is_an_error():

@@ -49,14 +49,14 @@ from tideserve.httpcommon import (
 )
 from tideserve.protocol import kserve, openai, sagemaker
 from tideserve.protocol.errors import api_family
-from tideserve.protocol.internal import COMPUTE_HEADER, TOKEN_HEADER
+from tideserve.protocol.internal import COMPUTE_HEADER, PARTS_HEADER, SPREAD_HEADER, TOKEN_HEADER
 from tideserve.protocol.types import LANGUAGE_MISMATCH_HEADER
 from tideserve.spec import InferenceEndpoint
 
 log = logging.getLogger("tideserve.gateway")
 MAX_ATTEMPTS = 3
 _FORWARD_REQUEST_HEADERS = ("Content-Type", kserve.HEADER_LENGTH, "Accept")
-_FORWARD_RESPONSE_HEADERS = ("Content-Type", kserve.HEADER_LENGTH, "Retry-After", LANGUAGE_MISMATCH_HEADER)
+_FORWARD_RESPONSE_HEADERS = ("Content-Type", kserve.HEADER_LENGTH, "Retry-After", LANGUAGE_MISMATCH_HEADER, PARTS_HEADER)
 OPEN_PATHS = frozenset({"/ping", "/v2/health/live", "/v2/health/ready", "/openapi.json"})
 
 
@@ -276,10 +276,18 @@ def build_gateway_app(
                     ctx["hold_ms"] = round((time.monotonic() - held) * 1000, 1)
                     ctx["pool"], ctx["replica"] = replica.pool, replica.id
                     metrics.routed.labels(ep_name, replica.pool).inc()
+                    # Idle replicas the worker may send parts of a long file to (it decides on the
+                    # decoded duration), reserved so that the load view counts them. Offered on the
+                    # estimate (estimate_audio_s), so that a reservation is rarely left unused: a
+                    # compressed file is spread from 2-4x the threshold, or when the client sends
+                    # its duration (AUDIO_HEADER).
+                    helpers = dispatcher.reserve_idle(frozenset(failed | {replica.id}), gw.spread_max_parts - 1) \
+                        if gw.spread_min_audio_s and audio_est >= gw.spread_min_audio_s else []
                     metrics.in_flight.labels(ep_name).set(dispatcher.in_flight())
+                    sent_headers = {**headers, SPREAD_HEADER: ",".join(h.url for h in helpers)} if helpers else headers
                     try:
                         sent = clock()
-                        async with session.request(method, replica.url + path, data=body, headers=headers) as resp:
+                        async with session.request(method, replica.url + path, data=body, headers=sent_headers) as resp:
                             if resp.status == 200 and resp.content_type == "text/event-stream" and on_stream:
                                 return await on_stream(resp, replica.pool, sent)
                             data = await resp.read()
@@ -303,6 +311,8 @@ def build_gateway_app(
                         metrics.retries.labels(ep_name, replica.pool).inc()
                     finally:
                         dispatcher.release(replica.id, audio_s=audio_est)
+                        for h in helpers:
+                            dispatcher.release(h.id, served=False)
                         metrics.in_flight.labels(ep_name).set(dispatcher.in_flight())
                 # Replicas that dropped the connection are being restarted or replaced: retry soon.
                 raise UpstreamError(f"the request failed on {len(failed)} replica(s): {', '.join(sorted(failed))}; "

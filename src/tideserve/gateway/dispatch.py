@@ -134,6 +134,21 @@ class Dispatcher:
         self.load.dispatched(rid, eps[rid].pool, audio_s)
         return eps[rid]
 
+    def reserve_idle(self, exclude: frozenset[str], limit: int) -> list[ReplicaEndpoint]:
+        """Up to ``limit`` ready replicas with nothing outstanding (not in ``exclude``), each with a
+        slot reserved (``release`` each after; no work counted: the file's estimate stays with the
+        replica that received it), the fastest pools first. None while requests are held: a held
+        request has the first claim on any free slot. For spreading a long file (``SPREAD_HEADER``)."""
+        if limit <= 0 or len(self.held):
+            return []
+        rates = self.service_rates()
+        idle = [e for e in self.source.endpoints()
+                if e.ready and e.id not in exclude and e.max_concurrency > 0 and not self.load.outstanding_of(e.id)]
+        idle.sort(key=lambda e: (-rates.get(e.pool, 1.0), e.id))
+        for e in idle[:limit]:
+            self.load.dispatched(e.id, e.pool, 0.0)
+        return idle[:limit]
+
     def _place(self, w: _Waiter) -> bool:
         if w.future.done():
             return True  # gave up (timeout, cancelled): drop it from the queue

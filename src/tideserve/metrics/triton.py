@@ -51,6 +51,9 @@ _FAMILIES: dict[str, tuple[str, str]] = {
     "tideserve_worker_loop_splits": ("counter", "Looping windows decoded again as two halves cut at their longest pause"),
     "tideserve_worker_language_mismatch": ("counter", "Requests whose speech the language-ID model heard in a "
                                            "language the model cannot transcribe (model.language_id)"),
+    "tideserve_worker_spread_parts": ("counter", "Later parts of spread long files (spec.gateway.spread_min_audio_s) this "
+                                      "replica sent out, by where they were transcribed (helper: another replica; "
+                                      "here: this one, after the helper failed)"),
     "tideserve_worker_active_rows": ("gauge", "Windows decoding in the engine now"),
     "tideserve_worker_audio_held_seconds": ("gauge", "Decoded audio this replica holds now, in seconds (the budget is "
                                             "spec.gateway.max_audio_s_in_flight)"),

@@ -1,9 +1,17 @@
-"""Headers between the gateway (or the local runtime) and its workers; never sent by clients.
+"""What the gateway (or the local runtime) and its workers, and workers among themselves, send
+each other; never sent by clients: headers, and the part protocol of a spread file (its options
+as a header, its result as JSON, and how the parts' results join into one).
 
 Defined once here so the gateway, the runtime and the worker agree.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from tideserve.protocol.types import Segment, TranscriptionResult, Word
 
 #: The shared secret a worker requires on every route but liveness (the gateway, the runtime's
 #: readiness checks and the Kubernetes readiness probe send it). A worker also takes it as
@@ -12,3 +20,65 @@ TOKEN_HEADER = "X-Tideserve-Token"
 
 #: Set by workers on each answer: model compute time the request used, in milliseconds (text).
 COMPUTE_HEADER = "X-Tideserve-Compute-Ms"
+
+#: Gateway -> worker, on a request whose audio may be long: the base URLs of replicas the gateway
+#: reserved for it because they were idle (comma-separated); the worker may send parts of the
+#: file there (``PART_PATH``). Set only by the gateway, which authenticates with ``TOKEN_HEADER``.
+SPREAD_HEADER = "X-Tideserve-Spread"
+
+#: Worker -> worker: a part of a spread file, as a 16 kHz mono 16-bit WAV body, with this header
+#: holding the request's options as JSON (``part_options``); answered with ``result_to_json``.
+PART_PATH = "/internal/part"
+PART_HEADER = "X-Tideserve-Part"
+
+#: Worker -> client (through the gateway): how many parts the file was transcribed in (1: not spread).
+PARTS_HEADER = "X-Tideserve-Parts"
+
+
+def part_options(prompt: str | None, language: str | None, timestamps: bool, task: str, words: bool) -> str:
+    """The ``PART_HEADER`` value: a part's options as compact JSON (ASCII, so it fits a header)."""
+    return json.dumps({"prompt": prompt, "language": language, "timestamps": timestamps, "task": task,
+                       "words": words}, separators=(",", ":"))
+
+
+def parse_part_options(value: str) -> dict[str, Any]:
+    """The options of ``part_options``, checked. Raises ValueError naming what is wrong."""
+    doc = json.loads(value)
+    if not isinstance(doc, dict) or set(doc) != {"prompt", "language", "timestamps", "task", "words"}:
+        raise ValueError(f"{PART_HEADER} must be a JSON object with prompt, language, timestamps, task and words")
+    for key, kinds in (("prompt", (str, type(None))), ("language", (str, type(None))), ("timestamps", (bool,)),
+                       ("task", (str,)), ("words", (bool,))):
+        if not isinstance(doc[key], kinds):
+            raise ValueError(f"{PART_HEADER}: '{key}' has the wrong type")
+    return doc
+
+
+def result_to_json(result: TranscriptionResult) -> dict[str, Any]:
+    """Every field of ``result`` as JSON (times in seconds), for ``result_from_json``."""
+    return dataclasses.asdict(result)
+
+
+def result_from_json(doc: dict[str, Any]) -> TranscriptionResult:
+    """The inverse of ``result_to_json``. Raises ValueError / KeyError / TypeError on another shape."""
+    segments = [Segment(**{**s, "tokens": tuple(s["tokens"]), "words": tuple(Word(**w) for w in s["words"])})
+                for s in doc["segments"]]
+    return TranscriptionResult(**{**doc, "segments": segments})
+
+
+def shifted(result: TranscriptionResult, offset_s: float) -> list[Segment]:
+    """``result``'s segments (and their words) moved ``offset_s`` seconds later."""
+    return [dataclasses.replace(
+        s, start_s=s.start_s + offset_s, end_s=s.end_s + offset_s, window_start_s=s.window_start_s + offset_s,
+        words=tuple(dataclasses.replace(w, start_s=w.start_s + offset_s, end_s=w.end_s + offset_s) for w in s.words))
+        for s in result.segments]
+
+
+def joined(first: TranscriptionResult, parts: list[tuple[float, TranscriptionResult]],
+           duration_s: float) -> TranscriptionResult:
+    """One file's result from its first part's and the later parts' ``(offset_s, result)`` (times
+    relative to each part's start), in audio order: texts joined by one space, segments moved to
+    the file's time; language and identification are the first part's."""
+    later = sorted(parts, key=lambda p: p[0])
+    texts = [t for t in (first.text, *(r.text for _, r in later)) if t]
+    segments = list(first.segments) + [s for off, r in later for s in shifted(r, off)]
+    return dataclasses.replace(first, text=" ".join(texts), segments=segments, duration_s=duration_s)

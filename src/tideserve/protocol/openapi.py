@@ -92,6 +92,10 @@ OPERATIONS: dict[tuple[str, str], Op] = {
     ("GET", "/admin/status"): Op("Endpoint, pools, replicas and the autoscaler's last decision", "operations"),
     ("GET", "/admin/sd"): Op("Prometheus HTTP service discovery of the workers", "operations", ok=_JSON_ARRAY),
     ("GET", "/admin/worker"): Op("One worker's state (workers only)", "operations"),
+    ("POST", "/internal/part"): Op(
+        "A later part of a long file that another replica spread (workers only): a 16 kHz mono 16-bit WAV body, "
+        "the request's options as JSON in X-Tideserve-Part; answers the part's full result", "operations",
+        body={"audio/wav": {"schema": {"type": "string", "format": "binary"}}}, errors=(400, 401, 413, 503)),
 }
 
 _MODELS = (schemas.InvocationRequest, schemas.InvocationResponse, schemas.InferRequest, schemas.InferResponse,

@@ -393,6 +393,16 @@ class GatewaySpec(_Strict):
         description="Longest a connection may stay silent, in seconds: while a request body is being read "
                     "(408 past it) and between requests on a kept-alive connection (closed past it).",
     )
+    spread_min_audio_s: float = Field(
+        120, ge=0, le=86_400,
+        description="A file at least this long (decoded) is cut at pauses into parts of at least half this "
+                    "length, and the parts after the first are transcribed by replicas that are idle when it arrives, "
+                    "at once (one answer, the same text as on one replica). The gateway offers idle replicas on its "
+                    "estimate of the duration (body bytes at 32 kB/s, or the client's X-Audio-Seconds header), so a "
+                    "compressed file spreads from 2-4x this length unless the client sends its duration. 0: never spread.",
+    )
+    spread_max_parts: int = Field(
+        8, ge=2, le=64, description="Most parts one spread file is cut into (the receiving replica's own included).")
     max_connections_per_client: int = Field(
         256, ge=0, le=1_000_000,
         description="Most connections open at once from one client IP address; a further one is answered 429 "

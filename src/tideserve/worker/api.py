@@ -14,12 +14,14 @@ engine drops the request's queued windows and stops its decoding rows.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import aiohttp
 from aiohttp import web
 
 from tideserve import __version__
@@ -35,7 +37,19 @@ from tideserve.httpcommon import OPENAPI_PATH_VALUES, OPENAPI_TITLE, REQUEST_ID,
 from tideserve.metrics.gpu import GpuMetrics
 from tideserve.metrics.triton import TritonMetrics
 from tideserve.protocol import TranscriptionRequest, TranscriptionResult, kserve, openai, sagemaker
-from tideserve.protocol.internal import COMPUTE_HEADER, TOKEN_HEADER
+from tideserve.protocol.internal import (
+    COMPUTE_HEADER,
+    PART_HEADER,
+    PART_PATH,
+    PARTS_HEADER,
+    SPREAD_HEADER,
+    TOKEN_HEADER,
+    joined,
+    parse_part_options,
+    part_options,
+    result_from_json,
+    result_to_json,
+)
 from tideserve.protocol.types import identification_headers
 from tideserve.worker.timings import Usage
 from tideserve.worker.engine import RequestOptions
@@ -45,10 +59,12 @@ from tideserve.worker.prep import (
     Prepared,
     PrepPool,
     PrepProcessDied,
+    RemotePart,
     prepare_audio,
     prepare_for_engine,
     prepare_infer,
     prepare_invocation,
+    prepare_spread,
 )
 
 log = logging.getLogger("tideserve.worker")
@@ -90,12 +106,17 @@ class WorkerService:
     """Transcription on top of the prep processes and the engine process; no HTTP here.
 
     ``prep`` runs parsing and audio decoding (``PrepPool``), ``engine`` the model
-    (``EngineClient``); ``languages`` are the model's (from the engine once it has loaded)."""
+    (``EngineClient``); ``languages`` are the model's (from the engine once it has loaded).
+    ``spread_min_audio_s`` (``spec.gateway``; 0: off): a file at least this long, sent with idle
+    replicas in ``SPREAD_HEADER``, is cut into parts of at least half this length whose later
+    parts go to those replicas (``PART_PATH``, with ``token``); a part a replica fails is
+    transcribed here instead."""
 
     def __init__(self, model_name: str, prep: PrepPool, engine: EngineClient, metrics: TritonMetrics,
                  max_audio_s: float | None = None, max_prompt_chars: int | None = None,
                  languages: frozenset[str] = frozenset(), max_audio_s_in_flight: float | None = None,
-                 aliases: tuple[str, ...] = ()) -> None:
+                 aliases: tuple[str, ...] = (), spread_min_audio_s: float = 0.0, spread_max_parts: int = 8,
+                 token: str | None = None) -> None:
         self.model_name = model_name
         self.aliases = aliases
         self.max_audio_s = max_audio_s
@@ -107,6 +128,28 @@ class WorkerService:
         self.metrics = metrics
         self.languages = languages
         self.state = WorkerState()
+        self.spread_min_audio_s = spread_min_audio_s
+        self.spread_max_parts = spread_max_parts
+        self.token = token
+        self._session: aiohttp.ClientSession | None = None
+
+    def helpers(self, header: str | None) -> list[str]:
+        """The replica base URLs in a ``SPREAD_HEADER`` value that may take parts of this request
+        (at most ``spread_max_parts - 1``); [] when spreading is off or there are none."""
+        if not header or not self.spread_min_audio_s:
+            return []
+        urls = [u for u in (x.strip() for x in header.split(",")) if u.startswith(("http://", "https://"))]
+        return urls[: self.spread_max_parts - 1]
+
+    async def prepare_request(self, helpers: list[str], fn, *args) -> Prepared:
+        """``prepare(fn, *args)``, cut into parts for ``helpers`` when there are any (``prep.spread``)."""
+        if not helpers:
+            return await self.prepare(fn, *args)
+        return await self.prepare(prepare_spread, len(helpers) + 1, self.spread_min_audio_s / 2, fn, *args)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
 
     def check(self, req: TranscriptionRequest) -> None:
         """Raise BadInputError for a prompt over the limit or a language the model does not know."""
@@ -156,10 +199,13 @@ class WorkerService:
             self.engine.drop(prepared.engine_rid)
 
     async def transcribe(self, prepared: Prepared, usage: Usage | None = None,
-                         on_text: Callable[[int, str], None] | None = None) -> TranscriptionResult:
-        """Decode the prepared request's windows in the engine. ``usage`` collects the model
-        time it used; ``on_text(window index, text)`` is called as each window is done (in
-        any order). Raises BadInputError for a bad prompt or language, EngineDiedError."""
+                         on_text: Callable[[int, str], None] | None = None,
+                         helpers: list[str] | None = None) -> TranscriptionResult:
+        """Decode the prepared request's windows in the engine, and its ``remote`` parts (a spread
+        file) on ``helpers`` at the same time. ``usage`` collects the model time it used (the
+        helpers' too); ``on_text(index, text)`` is called as each window, then each remote part,
+        is done (in any order; a remote part's index follows the windows'). Raises
+        BadInputError for a bad prompt or language, EngineDiedError."""
         req = prepared.request
         try:
             self.check(req)
@@ -167,6 +213,15 @@ class WorkerService:
             self.discard(prepared)
             raise
         options = RequestOptions(req.prompt, req.language, req.timestamps, req.task, req.words)
+        parts: list[asyncio.Future[TranscriptionResult]] = []
+        if prepared.remote:
+            # An English-only model's parts are English: no identification there (the first part's decides).
+            opts = part_options(req.prompt, req.language or ("en" if self.languages == {"en"} else None),
+                                req.timestamps, req.task, req.words)
+            n = len(prepared.cuts)
+            parts = [asyncio.ensure_future(self._part(url, part, opts, usage, None if on_text is None else
+                                                      functools.partial(on_text, n + j)))
+                     for j, (url, part) in enumerate(zip(helpers or [], prepared.remote, strict=False))]
         self.metrics.add("tideserve_worker_requests_in_batcher", 1)
         try:
             on_segment = None if on_text is None else (
@@ -176,8 +231,11 @@ class WorkerService:
                     prepared.engine_rid, len(prepared.cuts), options, on_segment=on_segment)
             else:
                 results, compute_s = await self.engine.transcribe(prepared.segments(), options, on_segment=on_segment)
+            later = await asyncio.gather(*parts)
         finally:
             self.metrics.add("tideserve_worker_requests_in_batcher", -1)
+            for job in parts:
+                job.cancel()  # the request failed or went away: stop the parts still running
         if usage is not None:
             usage.compute_s += compute_s
         language = results[0].language if results else (req.language or "en")
@@ -190,7 +248,7 @@ class WorkerService:
         if mismatch:
             self.metrics.add("tideserve_worker_language_mismatch", 1)
             log.warning("%s", mismatch_message(detected or "", detected_p or 0.0, ours or 0.0, self.model_name))
-        return TranscriptionResult(
+        result = TranscriptionResult(
             text=" ".join(r.text for r in results if r.text),
             language=language,
             language_probability=probability,
@@ -200,6 +258,41 @@ class WorkerService:
             detected_language_probability=detected_p,
             language_mismatch=mismatch,
         )
+        if not later:
+            return result
+        return joined(result, [(p.offset_s, r) for p, r in zip(prepared.remote, later, strict=True)], prepared.duration_s)
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, connect=5))
+        return self._session
+
+    async def _part(self, url: str, part: RemotePart, options: str, usage: Usage | None,
+                    on_text: Callable[[str], None] | None) -> TranscriptionResult:
+        """One later part of a spread file, transcribed by the replica at ``url``; here when that
+        replica cannot (unreachable, not 200, a malformed answer): the request never depends on
+        a helper. Times in the result are the part's own (from its start)."""
+        result: TranscriptionResult | None = None
+        headers = {PART_HEADER: options, "Content-Type": "audio/wav", **({TOKEN_HEADER: self.token} if self.token else {})}
+        try:
+            async with self._client().post(url + PART_PATH, data=part.wav, headers=headers) as resp:
+                if resp.status == 200:
+                    result = result_from_json(await resp.json())
+                    if usage is not None and resp.headers.get(COMPUTE_HEADER):
+                        usage.compute_s += float(resp.headers[COMPUTE_HEADER]) / 1000
+                else:
+                    log.warning("replica %s answered %d to a part of a spread file; transcribing it here", url,
+                                resp.status)
+        except (aiohttp.ClientError, ValueError, KeyError, TypeError) as exc:
+            log.warning("replica %s failed a part of a spread file (%s); transcribing it here", url, exc)
+        self.metrics.add("tideserve_worker_spread_parts", 1, placement="helper" if result is not None else "here")
+        if result is None:
+            o = parse_part_options(options)
+            sub = await self.prepare(prepare_audio, TranscriptionRequest(audio=part.wav, **o), self.max_audio_s)
+            result = await self.transcribe(sub, usage)
+        if on_text is not None:
+            on_text(result.text)
+        return result
 
 
 #: The only route a worker answers without its gateway's token: liveness (kubelet's liveness
@@ -238,8 +331,10 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
     async def compute_header(request: web.Request, handler):
         resp = await handler(request)
         usage = request.get("usage")
-        if usage is not None:
+        if usage is not None and not resp.prepared:  # a stream's headers are already sent
             resp.headers[COMPUTE_HEADER] = f"{usage.compute_s * 1000:.3f}"
+            if request.get("parts", 1) > 1:
+                resp.headers[PARTS_HEADER] = str(request["parts"])
         return resp
 
     app = web.Application(client_max_size=max_body_bytes,
@@ -268,8 +363,10 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
         usage = Usage()
         request["usage"] = usage
         held = 0.0
+        helpers = service.helpers(request.headers.get(SPREAD_HEADER))
         try:
-            prepared = await service.prepare(prep_fn, *args)
+            prepared = await service.prepare_request(helpers, prep_fn, *args)
+            request["parts"] = 1 + len(prepared.remote)
             budget = service.budget
             if budget is not None:
                 if not budget.take(prepared.duration_s):
@@ -280,7 +377,7 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
                         "(spec.gateway.max_audio_s_in_flight); retry", retry_after_s=1)
                 held = prepared.duration_s
                 service.metrics.set("tideserve_worker_audio_held_seconds", budget.held_s)
-            result = await service.transcribe(prepared, usage, on_text)
+            result = await service.transcribe(prepared, usage, on_text, helpers)
         except (BadInputError, PayloadTooLargeError):
             service.metrics.on_request(False, time.monotonic() - started, "REJECTED")
             raise
@@ -440,6 +537,17 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
     async def models(request: web.Request) -> web.Response:
         return web.json_response(openai.models_response(name, request.match_info.get("model"), service.aliases))
 
+    # --- a part of a spread file, from another replica -----------------------------------
+    async def part(request: web.Request) -> web.Response:
+        check_accepting()
+        try:
+            options = parse_part_options(request.headers.get(PART_HEADER, ""))
+        except ValueError as exc:
+            raise BadInputError(f"malformed {PART_HEADER} header: {exc}") from None
+        req = TranscriptionRequest(audio=await request.read(), **options)
+        _, result = await run(request, prepare_audio, req, service.max_audio_s)
+        return web.json_response(result_to_json(result))
+
     # --- operations ----------------------------------------------------------------------
     gpus = GpuMetrics()
 
@@ -464,4 +572,5 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
         models=models, metrics=metrics,
     ))
     app.router.add_get("/admin/worker", admin)
+    app.router.add_post(PART_PATH, part)
     return app

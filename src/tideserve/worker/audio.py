@@ -150,6 +150,17 @@ def decode_audio(data: bytes, max_duration_s: float | None = None) -> np.ndarray
     return np.clip(samples, -1.0, 1.0, out=samples)
 
 
+def wav_file(pcm: np.ndarray) -> bytes:
+    """int16 samples (16 kHz mono) as a RIFF/WAVE file (what ``pcm16_wav`` reads back unchanged)."""
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(SAMPLE_RATE)
+        w.writeframes(np.ascontiguousarray(pcm, dtype="<i2").tobytes())
+    return buf.getvalue()
+
+
 def pcm16_wav(data: bytes, max_duration_s: float | None = None) -> np.ndarray | None:
     """The samples of a complete RIFF/WAVE file that is already 16 kHz, mono, 16-bit PCM (read
     without FFmpeg, one copy), or None for any other file. The duration limit is checked from

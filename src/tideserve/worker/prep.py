@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import multiprocessing
 import os
 import select
@@ -36,9 +37,23 @@ from tideserve.protocol import kserve, sagemaker
 from tideserve.protocol.types import TranscriptionRequest
 from tideserve.worker import handoff
 from tideserve.worker.cores import usable_cores
-from tideserve.worker.audio import SAMPLE_RATE, decode_pcm16
+from tideserve.worker.audio import SAMPLE_RATE, decode_pcm16, wav_file
 from tideserve.worker.longform import is_digital_silence
 from tideserve.worker.windows import split_windows, windows_of
+
+
+@dataclass(frozen=True)
+class RemotePart:
+    """A later part of a spread file (``spread``): its first and end sample in the file, and its
+    audio as a 16 kHz mono 16-bit WAV file (what ``protocol.internal.PART_PATH`` takes)."""
+
+    start: int
+    end: int
+    wav: bytes
+
+    @property
+    def offset_s(self) -> float:
+        return self.start / SAMPLE_RATE
 
 
 @dataclass(frozen=True)
@@ -57,9 +72,15 @@ class Prepared:
     #: Set when the PCM was sent to the engine under this request id (``prepare_for_engine``):
     #: then ``pcm`` is empty and the front starts (or drops) the request by this id.
     engine_rid: int | None = None
+    #: The later parts of a spread file, to be transcribed elsewhere (``spread``); ``pcm``,
+    #: ``cuts`` and ``silent`` are then the first part's.
+    remote: tuple[RemotePart, ...] = ()
 
     @property
     def duration_s(self) -> float:
+        """The whole file's duration in seconds (spread or not)."""
+        if self.remote:
+            return self.remote[-1].end / SAMPLE_RATE
         return (self.cuts[-1][1] if self.cuts else len(self.pcm)) / SAMPLE_RATE
 
     def segments(self) -> list[tuple[np.ndarray, float, bool | None]]:
@@ -93,6 +114,42 @@ def prepare_infer(body: bytes, header_length: str | None, max_audio_s: float | N
     parsed = kserve.parse_infer(body, header_length)
     slim = dataclasses.replace(parsed, request=dataclasses.replace(parsed.request, audio=b""))
     return prepare_audio(parsed.request, max_audio_s, extra=slim)
+
+
+def spread(prepared: Prepared, parts: int, min_part_s: float) -> Prepared:
+    """``prepared`` cut into at most ``parts`` parts of whole windows (so at pauses, where the
+    windows were cut), each about the same duration and at least ``min_part_s`` long: the first
+    stays in ``prepared`` (its ``pcm``, ``cuts``, ``silent``), the others go to ``remote`` as WAV
+    files. A file under two parts' length, or of one window, is returned as it is.
+
+    The parts' boundaries are the window ends nearest to the even split, so each later part
+    starts where one of the file's windows starts: cut into windows again there (the same rule
+    from the same sample), it gets the same windows, and so the same text, as in one piece."""
+    n = len(prepared.cuts)
+    k = min(parts, int(prepared.duration_s // min_part_s)) if min_part_s > 0 else parts
+    if k < 2 or n < 2 or prepared.remote:
+        return prepared
+    total = prepared.cuts[-1][1]
+    ends = [e for _, e in prepared.cuts]
+    last: list[int] = []  # index of each part's last window
+    for i in range(1, k):
+        j = min(range(n - 1), key=lambda w: abs(ends[w] - i * total / k))
+        if not last or j > last[-1]:
+            last.append(j)
+    last.append(n - 1)
+    if len(last) < 2:
+        return prepared
+    first_end = last[0] + 1
+    remote = tuple(RemotePart(prepared.cuts[a + 1][0], prepared.cuts[b][1],
+                              wav_file(prepared.pcm[prepared.cuts[a + 1][0]: prepared.cuts[b][1]]))
+                   for a, b in itertools.pairwise(last))
+    return dataclasses.replace(prepared, pcm=prepared.pcm[: prepared.cuts[last[0]][1]], cuts=prepared.cuts[:first_end],
+                               silent=prepared.silent[:first_end], remote=remote)
+
+
+def prepare_spread(parts: int, min_part_s: float, fn: Callable[..., Prepared], *args: Any) -> Prepared:
+    """``spread(fn(*args), parts, min_part_s)``: a prep function (picklable) for ``PrepPool``."""
+    return spread(fn(*args), parts, min_part_s)
 
 
 #: In a prep process: the engine's handoff socket ``(path, authkey)`` (set by the pool's

@@ -102,10 +102,12 @@ async def serve(args: argparse.Namespace, phases: dict[str, float]) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
+    token = os.environ.get("TIDESERVE_WORKER_TOKEN") or None
     service = WorkerService(spec.model.name, prep, engine, metrics, spec.gateway.max_audio_s, spec.gateway.max_prompt_chars,
-                            max_audio_s_in_flight=spec.gateway.max_audio_s_in_flight, aliases=tuple(spec.model.aliases))
-    app = build_app(service, spec.gateway.max_body_bytes, os.environ.get("TIDESERVE_WORKER_TOKEN") or None,
-                    platform=spec.model.backend)
+                            max_audio_s_in_flight=spec.gateway.max_audio_s_in_flight, aliases=tuple(spec.model.aliases),
+                            spread_min_audio_s=spec.gateway.spread_min_audio_s,
+                            spread_max_parts=spec.gateway.spread_max_parts, token=token)
+    app = build_app(service, spec.gateway.max_body_bytes, token, platform=spec.model.backend)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)
@@ -156,6 +158,7 @@ async def serve(args: argparse.Namespace, phases: dict[str, float]) -> int:
         await asyncio.sleep(0.05)
     log.info("drained; exiting", extra={"left_in_flight": service.state.in_flight})
     await runner.cleanup()
+    await service.close()
     prep.close()
     engine.stop()
     return code

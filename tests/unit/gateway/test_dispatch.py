@@ -163,3 +163,40 @@ def test_audio_estimate_from_header_or_body_size():
     assert estimate_audio_s(320_000) == 10.0
     assert estimate_audio_s(320_000, {"X-Audio-Seconds": "3.5"}) == 3.5
     assert estimate_audio_s(64_000, {"X-Audio-Seconds": "bad"}) == 2.0
+
+
+def test_reserve_idle_offers_only_idle_ready_replicas_fastest_first_and_none_while_requests_are_held():
+    async def main():
+        src = Source([ep(0), ep(1), ep(2, ready=False), ep(3)])
+        d = Dispatcher(src, max_pending=10, hold_timeout_s=5)
+        d.record_service("cpu", 1.0)
+        a = await d.acquire()  # r0, the first of equals
+        helpers = d.reserve_idle(frozenset({a.id}), limit=5)
+        assert [h.id for h in helpers] == ["r1", "r3"]  # r2 is not ready, r0 is busy
+        assert d.outstanding == {"r0": 1, "r1": 1, "r3": 1} and d.work_of("r1") == 0.0
+        assert d.reserve_idle(frozenset(), limit=5) == []  # nobody idle now
+        waiter = asyncio.ensure_future(d.acquire())  # every slot taken: held
+        await held(d)
+        d.release("r1", served=False)
+        got = await asyncio.wait_for(waiter, 2)  # the held request got r1's slot, not a helper
+        assert got.id == "r1" and d.reserve_idle(frozenset(), limit=1) == []
+        d.release("r3", served=False)
+        assert [h.id for h in d.reserve_idle(frozenset(), limit=1)] == ["r3"]
+        assert d.reserve_idle(frozenset(), limit=0) == []
+
+    asyncio.run(main())
+
+
+def test_reserve_idle_offers_none_while_a_request_is_held():
+    async def main():
+        src = Source([ep(0), ep(1, ready=False)])
+        d = Dispatcher(src, max_pending=10, hold_timeout_s=5)
+        await d.acquire()
+        waiter = asyncio.ensure_future(d.acquire())
+        await held(d)
+        src.eps = [ep(0), ep(1)]  # r1 became ready, and nobody notified yet: the held request comes first
+        assert d.reserve_idle(frozenset({"r0"}), limit=1) == []
+        d.notify()
+        assert (await asyncio.wait_for(waiter, 2)).id == "r1"
+
+    asyncio.run(main())

@@ -1,0 +1,103 @@
+"""A long file spread over replicas (issue 13, ``spec.gateway.spread_min_audio_s``): the gateway
+offers the replica that receives it the replicas idle at that moment; that replica cuts the file
+into parts of whole windows and sends the later parts there, then answers once, with the same
+transcript as one replica writes alone. A helper that cannot be reached costs nothing but time:
+its part is transcribed by the receiving replica."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import httpx
+import pytest
+
+from endpoint import EndpointProcess, write_endpoint
+
+MODEL = "whisper-tiny.en"
+PARTS = "X-Tideserve-Parts"
+POOL = {"name": "cpu", "accelerator": "cpu", "target": "cpu-x86_64-int8", "replicas": {"min": 2, "max": 2},
+        "max_concurrency": 4, "capacity_types": ["on-demand"], "cost_usd_per_h": 0.1}
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("spread")
+    path = write_endpoint(tmp, pools=[POOL], gateway={"spread_min_audio_s": 20},
+                          model={"decoding": {"beam_size": 1, "without_timestamps": False}})
+    with EndpointProcess(path, tmp) as ep:
+        yield ep
+
+
+@pytest.fixture(scope="module")
+def long_audio(en_clips):
+    from audio import join_clips
+
+    clip = join_clips(en_clips, repeat=7, name="spread")  # about 70 s, windows cut at the 1 s gaps
+    assert clip.duration_s > 60
+    return clip
+
+
+def _form(audio: bytes, **extra: str):
+    return {"files": {"file": ("a.wav", audio)},
+            "data": {"model": MODEL, "response_format": "verbose_json", **extra}}
+
+
+def _workers(ep: EndpointProcess) -> list[str]:
+    with ep.client(timeout=10) as c:
+        return sorted(f"http://{t}" for g in c.get("/admin/sd").json() for t in g["targets"])
+
+
+def _direct(ep: EndpointProcess, worker: str, audio: bytes, spread: str | None = None) -> httpx.Response:
+    headers = {"X-Tideserve-Token": ep.worker_token, **({"X-Tideserve-Spread": spread} if spread else {})}
+    return httpx.post(worker + "/v1/audio/transcriptions", headers=headers, timeout=120, **_form(audio))
+
+
+def _parts_metric(ep: EndpointProcess, placement: str) -> float:
+    found = re.findall(rf'tideserve_worker_spread_parts\{{[^}}]*placement="{placement}"[^}}]*\}} (\S+)',
+                       ep.worker_metrics())
+    return sum(float(v) for v in found)
+
+
+def _same_transcript(a: dict, b: dict) -> None:
+    assert a["text"] == b["text"]
+    assert [s["text"] for s in a["segments"]] == [s["text"] for s in b["segments"]]
+    for x, y in zip(a["segments"], b["segments"], strict=True):
+        assert x["start"] == pytest.approx(y["start"], abs=0.011) and x["end"] == pytest.approx(y["end"], abs=0.011)
+
+
+def test_a_long_file_is_spread_over_the_idle_replica_with_the_same_transcript(two, long_audio):
+    workers = _workers(two)
+    assert len(workers) == 2
+    alone = _direct(two, workers[0], long_audio.wav)  # no helpers offered: one replica, one piece
+    assert alone.status_code == 200 and PARTS not in alone.headers, alone.text
+    with two.client() as c:
+        spread = c.post("/v1/audio/transcriptions", **_form(long_audio.wav))
+    assert spread.status_code == 200, spread.text
+    assert spread.headers[PARTS] == "2"  # two replicas, 70 s, parts of at least 10 s
+    assert _parts_metric(two, "helper") == 1 and _parts_metric(two, "here") == 0
+    body = spread.json()
+    _same_transcript(body, alone.json())
+    starts = [s["start"] for s in body["segments"]]
+    assert starts == sorted(starts) and body["segments"][-1]["end"] <= body["duration"] + 0.02
+    assert body["duration"] == pytest.approx(long_audio.duration_s, abs=0.01)
+
+
+def test_a_helper_that_cannot_be_reached_leaves_its_part_to_the_receiving_replica(two, long_audio):
+    workers = _workers(two)
+    before = _parts_metric(two, "here")
+    r = _direct(two, workers[1], long_audio.wav, spread="http://127.0.0.1:1")  # nothing listens there
+    assert r.status_code == 200 and r.headers[PARTS] == "2", r.text
+    assert _parts_metric(two, "here") == before + 1
+    _same_transcript(r.json(), _direct(two, workers[1], long_audio.wav).json())
+
+
+def test_a_spread_stream_sends_the_parts_text_in_audio_order(two, long_audio):
+    with two.client() as c:
+        whole = c.post("/v1/audio/transcriptions", **_form(long_audio.wav)).json()["text"]
+        r = c.post("/v1/audio/transcriptions", **_form(long_audio.wav, stream="true", response_format="json"))
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    events = [json.loads(line[len("data: "):]) for line in r.text.splitlines() if line.startswith("data: ")]
+    deltas = "".join(e["delta"] for e in events if e["type"] == "transcript.text.delta")
+    assert deltas == whole and events[-1]["type"] == "transcript.text.done" and events[-1]["text"] == whole
+    assert _parts_metric(two, "helper") == 3  # this stream's part and the whole file's went to the helper too

@@ -1,0 +1,82 @@
+"""Spreading a long file over replicas (issue 13): cutting it into parts of whole windows
+(``worker.prep.spread``) and joining the parts' results (``protocol.internal``)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from tideserve.protocol.internal import joined, parse_part_options, part_options, result_from_json, result_to_json
+from tideserve.protocol.types import Segment, TranscriptionRequest, TranscriptionResult, Word
+from tideserve.worker.audio import SAMPLE_RATE, pcm16_wav
+from tideserve.worker.prep import Prepared, spread
+
+SR = SAMPLE_RATE
+
+
+def _prepared(window_s: list[float]) -> Prepared:
+    """A file of windows of the given lengths (samples numbered so that slices can be checked)."""
+    edges = np.cumsum([0, *(round(s * SR) for s in window_s)])
+    pcm = (np.arange(edges[-1]) % 30_000).astype(np.int16)
+    cuts = tuple((int(a), int(b)) for a, b in itertools.pairwise(edges))
+    return Prepared(TranscriptionRequest(audio=b""), pcm, cuts, silent=tuple(i == 2 for i in range(len(cuts))))
+
+
+def test_a_file_is_cut_at_window_ends_nearest_the_even_split():
+    p = _prepared([30, 30, 20, 30, 10, 30])  # 150 s
+    out = spread(p, parts=3, min_part_s=30)
+    # Window ends 30, 60, 80, 110, 120, 150 s; the even split is 50 s and 100 s: nearest ends 60 s and 110 s.
+    assert [c for c in out.cuts] == list(p.cuts[:2])
+    assert [(r.start / SR, r.end / SR) for r in out.remote] == [(60.0, 110.0), (110.0, 150.0)]
+    assert out.duration_s == 150.0 and len(out.pcm) == 60 * SR and out.silent == (False, False)
+    for r in out.remote:  # each part's audio is its slice of the file, as a WAV file
+        assert np.array_equal(pcm16_wav(r.wav), p.pcm[r.start: r.end])
+    assert out.remote[0].offset_s == 60.0
+
+
+def test_parts_are_at_least_min_part_s_and_at_most_parts():
+    p = _prepared([30] * 10)  # 300 s
+    assert len(spread(p, parts=8, min_part_s=100).remote) == 2  # 3 parts of 100 s
+    assert len(spread(p, parts=2, min_part_s=10).remote) == 1
+    assert spread(p, parts=8, min_part_s=301) is p  # shorter than two parts: as it is
+    one = _prepared([200])  # one window: nothing to cut
+    assert spread(one, parts=4, min_part_s=10) is one
+
+
+def test_windows_are_never_split_and_no_part_is_empty():
+    p = _prepared([29.5, 0.5, 0.5, 29.5])  # the even split falls in a window: parts take whole windows
+    out = spread(p, parts=4, min_part_s=5)
+    bounds = [(0, out.cuts[-1][1])] + [(r.start, r.end) for r in out.remote]
+    assert all(a < b for a, b in bounds) and bounds[-1][1] == p.cuts[-1][1]
+    assert {a for a, _ in bounds[1:]} <= {a for a, _ in p.cuts}  # every part starts where a window starts
+    assert all(b == nxt for (_, b), (nxt, _) in itertools.pairwise(bounds))
+
+
+def _result(text: str, times: list[tuple[float, float]], lang: str = "en") -> TranscriptionResult:
+    segs = [Segment(a, b, f"{text}{i}", tokens=(1, 2), avg_logprob=-0.2, words=(Word(a, b, "w", 0.9),),
+                    window_start_s=a) for i, (a, b) in enumerate(times)]
+    return TranscriptionResult(text, lang, 10.0, segs, language_probability=0.9)
+
+
+def test_results_round_trip_through_json_and_join_in_file_time():
+    first = TranscriptionResult("one", "en", 60.0, [Segment(0.0, 2.0, "one")], detected_language="en",
+                                detected_language_probability=0.8, language_mismatch=False)
+    second = _result("two", [(0.0, 1.5), (3.0, 4.0)], lang="fr")
+    back = result_from_json(result_to_json(second))
+    assert back == second
+    out = joined(first, [(110.0, _result("three", [(1.0, 2.0)])), (60.0, back)], duration_s=150.0)
+    assert out.text == "one two three" and out.duration_s == 150.0
+    assert [(s.start_s, s.end_s) for s in out.segments] == [(0.0, 2.0), (60.0, 61.5), (63.0, 64.0), (111.0, 112.0)]
+    assert out.segments[2].words[0].start_s == 63.0 and out.segments[2].window_start_s == 63.0
+    assert out.language == "en" and out.detected_language == "en"  # the first part's
+    assert joined(first, [(60.0, TranscriptionResult("", "en", 5.0))], 65.0).text == "one"
+
+
+def test_part_options_round_trip_and_bad_ones_are_refused():
+    o = parse_part_options(part_options("a prompt", None, True, "transcribe", False))
+    assert o == {"prompt": "a prompt", "language": None, "timestamps": True, "task": "transcribe", "words": False}
+    for bad in ("", "[]", '{"prompt": null}', part_options(None, None, True, "transcribe", False).replace("true", '"yes"')):
+        with pytest.raises(ValueError):
+            parse_part_options(bad)
