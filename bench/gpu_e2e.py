@@ -165,11 +165,13 @@ def served(a, files: list[np.ndarray], tmp: Path) -> dict:
         decoding += f", max_new_tokens: {a.fixed_tokens}, min_new_tokens: {a.fixed_tokens}"
     decoding += "}"
     accelerator = "cpu" if a.target.startswith("cpu") else "h200"
+    lid_dir = Path(a.language_id).resolve() if a.language_id else None
+    lid = f', language_id: {{source: "file://{lid_dir}"}}' if lid_dir else ""
     ep.write_text(f"""apiVersion: tideserve.io/v1alpha1
 kind: InferenceEndpoint
 metadata: {{name: e2e}}
 spec:
-  model: {{name: whisper, backend: torch, source: "file://{model}", decoding: {decoding}}}
+  model: {{name: whisper, backend: torch, source: "file://{model}", decoding: {decoding}{lid}}}
   batching: {{max_batch_size: {a.batch}, max_queue_delay_ms: 5}}
   pools:
     - {{name: gpu, accelerator: {accelerator}, target: {a.target}, replicas: {{min: 1, max: 1}}, max_concurrency: 4096}}
@@ -177,7 +179,8 @@ spec:
   gateway: {{port: {a.port}, hold_timeout_s: 900, request_timeout_s: 900, max_pending: 100000}}
 """)
     local = tmp / "local.yaml"
-    local.write_text(f"cache_dir: {tmp}/cache\nallowed_file_roots: [{model.parent}]\n"
+    roots = ", ".join(sorted({str(model.parent), *([str(lid_dir.parent)] if lid_dir else [])}))
+    local.write_text(f"cache_dir: {tmp}/cache\nallowed_file_roots: [{roots}]\n"
                      + (f"prep_processes: {a.prep_processes}\n" if a.prep_processes else ""))
     url = f"http://127.0.0.1:{a.port}"
     with open(tmp / "up.log", "w") as log:
@@ -424,6 +427,8 @@ def main() -> int:
     ap.add_argument("--client-procs", type=int, default=4)
     ap.add_argument("--warmup", type=int, default=8, help="warm-up requests per file before measuring")
     ap.add_argument("--fixed-tokens", type=int, default=0, help="force this many tokens per window (random weights)")
+    ap.add_argument("--language-id", default="",
+                    help="a multilingual Whisper directory served as model.language_id beside the model (its cost)")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: served,engine,hf,pipeline,hol")
     ap.add_argument("--engine-sweep", default="",
                     help="comma list of BATCHxCHUNK_STEPS[:nograph][:aheadN] for extra in-process engine runs "
@@ -436,6 +441,7 @@ def main() -> int:
     tmp.mkdir(exist_ok=True)
     files = build_audio(sorted(a.clips.glob("*.wav")))
     res: dict = {"files_s": [len(f) / SR for f in files], "model_dir": a.model_dir, "fixed_tokens": a.fixed_tokens,
+                 "language_id": a.language_id or None,
                  "prep_processes": a.prep_processes or "default",
                  "batch": a.batch, "concurrency": a.concurrency, "requests": a.requests}
     try:

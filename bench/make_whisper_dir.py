@@ -23,14 +23,18 @@ from tideserve.worker.backends.torch_whisper.model import Whisper, WhisperDims
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--size", choices=["tiny", "large-v3"], default="tiny")
+    ap.add_argument("--size", choices=["tiny", "base", "large-v3"], default="tiny")
     ap.add_argument("--tokenizer", type=Path, required=True, help="a Whisper tokenizer.json of the same vocabulary")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--vocab-size", type=int, default=None,
                     help="override the size's vocabulary (e.g. 51864 to pair large-v3 shapes with tiny.en's tokenizer)")
     a = ap.parse_args()
-    dims = WhisperDims.tiny() if a.size == "tiny" else WhisperDims.large_v3()
+    # base: 74 M parameters, multilingual (Radford et al. 2022, table 1), the language-ID model's size
+    dims = {"tiny": WhisperDims.tiny(), "large-v3": WhisperDims.large_v3(),
+            "base": WhisperDims(d_model=512, encoder_layers=6, encoder_attention_heads=8, encoder_ffn_dim=2048,
+                                decoder_layers=6, decoder_attention_heads=8, decoder_ffn_dim=2048,
+                                vocab_size=51865)}[a.size]
     if a.vocab_size:
         from dataclasses import replace
         dims = replace(dims, vocab_size=a.vocab_size)
