@@ -28,7 +28,7 @@ from tideserve.spec.models import Decoding, Target
 from tideserve.worker.backends.base import WindowResult, WindowTask
 from tideserve.worker.backends.torch_whisper.decode import GreedyDecoder, SpecialTokens
 from tideserve.worker.backends.torch_whisper.features import LogMel
-from tideserve.worker.backends.torch_whisper.identify import LanguageIdentifier, language_tokens
+from tideserve.worker.backends.torch_whisper.identify import Heard, LanguageIdentifier, language_tokens
 from tideserve.worker.backends.torch_whisper.model import GraphedEncoder, Whisper, load_hf_dir
 from tideserve.worker.backends.whisper_text import MAX_LENGTH, window_result
 from tideserve.worker.language_id import LanguageIdConfig
@@ -143,8 +143,8 @@ class TorchWhisperBackend:
         graph_encoder = ((use_cuda_graphs is not False and GraphedEncoder.enabled_for(self.model, self.device))
                          if encoder_graphs is None else encoder_graphs and self.device.type == "cuda")
         self.encode = GraphedEncoder(self.model, max_batch_size) if graph_encoder else self.model.encode
-        # busy slot -> its task, language, and the language-ID probabilities heard (on the device)
-        self._rows: dict[int, tuple[WindowTask, str, torch.Tensor | None]] = {}
+        # busy slot -> its task, language, and the language-ID probabilities heard (with its row)
+        self._rows: dict[int, tuple[WindowTask, str, tuple[Heard, int] | None]] = {}
         self._encoder_events: collections.deque[tuple[Any, Any]] = collections.deque()  # (start, end) not yet read
         # CUDA graphs are captured on first use of each (batch bucket, span), not here: capturing
         # all of them at load (GreedyDecoder.capture_all) doubled a tiny replica's load on the
@@ -168,15 +168,15 @@ class TorchWhisperBackend:
         prompts = [self.prompt(lang, ts, t.prompt, t.task) for t, lang, ts in zip(tasks, languages, with_ts, strict=True)]
         return languages, with_ts, prompts
 
-    def _identify(self, tasks: list[WindowTask]) -> list[torch.Tensor | None]:
-        """Per task: its language probabilities (a row on the device, not yet read) when it asks
-        for identification and this backend has an identifier; None otherwise."""
-        out: list[torch.Tensor | None] = [None] * len(tasks)
+    def _identify(self, tasks: list[WindowTask]) -> list[tuple[Heard, int] | None]:
+        """Per task: its language probabilities (not yet read: the call's and its row) when it
+        asks for identification and this backend has an identifier; None otherwise."""
+        out: list[tuple[Heard, int] | None] = [None] * len(tasks)
         idx = [i for i, t in enumerate(tasks) if t.identify_language]
         if self._identifier is not None and idx:
-            probabilities = self._identifier.probabilities([tasks[i].samples for i in idx])
+            heard = self._identifier.probabilities([tasks[i].samples for i in idx])
             for j, i in enumerate(idx):
-                out[i] = probabilities[j]
+                out[i] = (heard, j)
         return out
 
     @torch.inference_mode()
@@ -231,7 +231,7 @@ class TorchWhisperBackend:
         for s in slots:
             self._rows.pop(s, None)
 
-    def _result(self, task: WindowTask, lang: str, heard: torch.Tensor | None, row) -> WindowResult:
+    def _result(self, task: WindowTask, lang: str, heard: tuple[Heard, int] | None, row) -> WindowResult:
         s, d = self.special, self.decoding
         avg = row.sum_logprob / (len(row.tokens) + 1)
         out = window_result(task, row.tokens, lang, avg, row.no_speech_prob, s.eot, s.timestamp_begin,
@@ -239,7 +239,7 @@ class TorchWhisperBackend:
                             d.compression_ratio_threshold)
         if heard is None or self._identifier is None:
             return out
-        detected, probability, ours = self._identifier.read(heard)
+        detected, probability, ours = self._identifier.read(*heard)
         return dataclasses.replace(out, detected_language=detected, detected_language_probability=probability,
                                    model_language_probability=ours)
 

@@ -11,7 +11,9 @@ encoder pass, not a 30 s one.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,6 +36,15 @@ def language_tokens(tok: Tokenizer) -> dict[str, int]:
         if name.startswith("<|") and name.endswith("|>") and 2 <= len(name) - 4 <= 3 and name[2:-2].isalpha():
             out[name[2:-2]] = i
     return out
+
+
+@dataclass(frozen=True)
+class Heard:
+    """Language probabilities of one call (``LanguageIdentifier.probabilities``): on the host
+    (page-locked) once ``copied`` (a CUDA event; None on the CPU) has completed."""
+
+    host: torch.Tensor
+    copied: Any
 
 
 class LanguageIdentifier:
@@ -67,17 +78,29 @@ class LanguageIdentifier:
         self._max_frames = min(N_FRAMES, max(MIN_FRAMES, round(seconds * 100)))
 
     @torch.inference_mode()
-    def probabilities(self, windows: list[np.ndarray]) -> torch.Tensor:
-        """``[B, len(codes)]`` language probabilities (rows sum to 1), left on the device: reading
-        them waits for the device, so the caller reads them (``read``) when it synchronises anyway."""
+    def probabilities(self, windows: list[np.ndarray]) -> Heard:
+        """The windows' language probabilities (``[B, len(codes)]``, rows sum to 1), queued on the
+        device with their copy to the host; ``read`` gives one row's answer. Nothing here waits
+        for the device (the engine queues decode steps ahead of the host: a wait here, or a
+        ``.cpu()`` later, would drain them; on the H200 reading each row with ``.cpu()`` served
+        0.67x the audio-seconds without identification, at 46% GPU busy instead of 81%)."""
         n = max(min(self._max_frames, max(MIN_FRAMES, len(w) // HOP)) for w in windows)
         feats = self._features([w[: n * HOP] for w in windows])[..., :n]
         logits = self.model.first_position_logits(self.model.encode(feats.to(self._dtype)), self._sot)
-        return torch.softmax(logits[:, self._ids], dim=-1)
+        probabilities = torch.softmax(logits[:, self._ids], dim=-1)
+        if probabilities.device.type != "cuda":
+            return Heard(probabilities, None)
+        host = torch.empty(probabilities.shape, dtype=probabilities.dtype, pin_memory=True)
+        host.copy_(probabilities, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return Heard(host, done)
 
-    def read(self, row: torch.Tensor) -> tuple[str, float, float]:
+    def read(self, heard: Heard, row: int) -> tuple[str, float, float]:
         """``(most probable language, its probability, the transcribing model's languages'
-        probability together)`` of one row of ``probabilities``."""
-        p = row.float().cpu()
+        probability together)`` of row ``row`` of ``heard``; waits only for that copy."""
+        if heard.copied is not None:
+            heard.copied.synchronize()
+        p = heard.host[row].float()
         best = int(p.argmax())
         return self.codes[best], float(p[best]), float(p[self._ours].sum())
