@@ -101,3 +101,24 @@ def test_a_spread_stream_sends_the_parts_text_in_audio_order(two, long_audio):
     deltas = "".join(e["delta"] for e in events if e["type"] == "transcript.text.delta")
     assert deltas == whole and events[-1]["type"] == "transcript.text.done" and events[-1]["text"] == whole
     assert _parts_metric(two, "helper") == 3  # this stream's part and the whole file's went to the helper too
+
+
+def test_a_compressed_file_is_spread_when_the_client_sends_its_duration(two, long_audio):
+    """Opus at 48 kHz is far smaller than the 32 kB/s the gateway's estimate assumes: without
+    X-Audio-Seconds it looks short and no replica is offered; with it, it is spread."""
+    from audio import encode
+
+    ogg = encode(long_audio.samples, "ogg")
+    assert len(ogg) / 32_000 < 20  # the estimate from its size: under spread_min_audio_s
+    with two.client() as c:
+        plain = c.post("/invocations", content=ogg, headers={"Content-Type": "audio/ogg"})
+        told = c.post("/invocations", content=ogg, headers={"Content-Type": "audio/ogg",
+                                                            "X-Audio-Seconds": f"{long_audio.duration_s:.1f}"})
+    assert plain.status_code == 200 and PARTS not in plain.headers, plain.text
+    assert told.status_code == 200 and told.headers[PARTS] == "2", told.text
+    assert told.json()["transcribe_text"] == plain.json()["transcribe_text"]
+    # The helper's log line of its part carries the client's request id too.
+    rid = told.headers["X-Request-Id"]
+    lines = [json.loads(x) for x in (two.tmp / "up.log").read_text().splitlines() if x.startswith("{")]
+    done = sorted(x["audio_s"] for x in lines if x.get("msg") == "transcribed" and x.get("request_id") == rid)
+    assert len(done) == 2 and done[0] < done[1] == pytest.approx(long_audio.duration_s, abs=0.1)

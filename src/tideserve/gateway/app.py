@@ -34,7 +34,7 @@ from tideserve.errors import (
     UnknownModelError,
     UpstreamError,
 )
-from tideserve.gateway.dispatch import Dispatcher, estimate_audio_s
+from tideserve.gateway.dispatch import AUDIO_HEADER, Dispatcher, estimate_audio_s
 from tideserve.replicas import ReplicaSource
 from tideserve.gateway.metrics import GatewayMetrics
 from tideserve.httpguard import read_body
@@ -55,7 +55,8 @@ from tideserve.spec import InferenceEndpoint
 
 log = logging.getLogger("tideserve.gateway")
 MAX_ATTEMPTS = 3
-_FORWARD_REQUEST_HEADERS = ("Content-Type", kserve.HEADER_LENGTH, "Accept")
+# AUDIO_HEADER: the client's duration, for the work estimate (and the offer of idle replicas).
+_FORWARD_REQUEST_HEADERS = ("Content-Type", kserve.HEADER_LENGTH, "Accept", AUDIO_HEADER)
 _FORWARD_RESPONSE_HEADERS = ("Content-Type", kserve.HEADER_LENGTH, "Retry-After", LANGUAGE_MISMATCH_HEADER, PARTS_HEADER)
 OPEN_PATHS = frozenset({"/ping", "/v2/health/live", "/v2/health/ready", "/openapi.json"})
 

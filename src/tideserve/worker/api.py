@@ -200,11 +200,12 @@ class WorkerService:
 
     async def transcribe(self, prepared: Prepared, usage: Usage | None = None,
                          on_text: Callable[[int, str], None] | None = None,
-                         helpers: list[str] | None = None) -> TranscriptionResult:
+                         helpers: list[str] | None = None, request_id: str | None = None) -> TranscriptionResult:
         """Decode the prepared request's windows in the engine, and its ``remote`` parts (a spread
         file) on ``helpers`` at the same time. ``usage`` collects the model time it used (the
         helpers' too); ``on_text(index, text)`` is called as each window, then each remote part,
-        is done (in any order; a remote part's index follows the windows'). Raises
+        is done (in any order; a remote part's index follows the windows'); ``request_id`` goes
+        with the parts, so that the helpers' log lines carry the client's request id. Raises
         BadInputError for a bad prompt or language, EngineDiedError."""
         req = prepared.request
         try:
@@ -220,7 +221,7 @@ class WorkerService:
                                 req.timestamps, req.task, req.words)
             n = len(prepared.cuts)
             parts = [asyncio.ensure_future(self._part(url, part, opts, usage, None if on_text is None else
-                                                      functools.partial(on_text, n + j)))
+                                                      functools.partial(on_text, n + j), request_id))
                      for j, (url, part) in enumerate(zip(helpers or [], prepared.remote, strict=False))]
         self.metrics.add("tideserve_worker_requests_in_batcher", 1)
         try:
@@ -268,12 +269,13 @@ class WorkerService:
         return self._session
 
     async def _part(self, url: str, part: RemotePart, options: str, usage: Usage | None,
-                    on_text: Callable[[str], None] | None) -> TranscriptionResult:
+                    on_text: Callable[[str], None] | None, request_id: str | None = None) -> TranscriptionResult:
         """One later part of a spread file, transcribed by the replica at ``url``; here when that
         replica cannot (unreachable, not 200, a malformed answer): the request never depends on
         a helper. Times in the result are the part's own (from its start)."""
         result: TranscriptionResult | None = None
-        headers = {PART_HEADER: options, "Content-Type": "audio/wav", **({TOKEN_HEADER: self.token} if self.token else {})}
+        headers = {PART_HEADER: options, "Content-Type": "audio/wav", **({TOKEN_HEADER: self.token} if self.token else {}),
+                   **({REQUEST_ID: request_id} if request_id else {})}
         try:
             async with self._client().post(url + PART_PATH, data=part.wav, headers=headers) as resp:
                 if resp.status == 200:
@@ -377,7 +379,7 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
                         "(spec.gateway.max_audio_s_in_flight); retry", retry_after_s=1)
                 held = prepared.duration_s
                 service.metrics.set("tideserve_worker_audio_held_seconds", budget.held_s)
-            result = await service.transcribe(prepared, usage, on_text, helpers)
+            result = await service.transcribe(prepared, usage, on_text, helpers, request.get("request_id"))
         except (BadInputError, PayloadTooLargeError):
             service.metrics.on_request(False, time.monotonic() - started, "REJECTED")
             raise
