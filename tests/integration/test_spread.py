@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import httpx
 import pytest
@@ -122,3 +123,65 @@ def test_a_compressed_file_is_spread_when_the_client_sends_its_duration(two, lon
     lines = [json.loads(x) for x in (two.tmp / "up.log").read_text().splitlines() if x.startswith("{")]
     done = sorted(x["audio_s"] for x in lines if x.get("msg") == "transcribed" and x.get("request_id") == rid)
     assert len(done) == 2 and done[0] < done[1] == pytest.approx(long_audio.duration_s, abs=0.1)
+
+
+def test_a_file_that_opens_with_silence_is_identified_in_the_part_that_holds_its_first_speech(two, en_clips):
+    """25 s of digital silence, then French: the first part is all silence (nothing to identify),
+    so the later part holding the French identifies it, and the answer is flagged as in one piece
+    (the adversarial pass: it came back unflagged, and in reject mode answered 200)."""
+    import numpy as np
+
+    from audio import SR, _decode_wav_file, encode
+
+    import pytest_audioeval
+
+    french = _decode_wav_file(Path(next(iter(pytest_audioeval.__path__))) / "samples" / "audio" / "fr" / "pangrama.wav")
+    gap = np.zeros(SR, np.float32)
+    samples = np.concatenate([np.zeros(25 * SR, np.float32), *([french, gap] * 6)])
+    wav = encode(samples, "wav")
+    workers = _workers(two)
+    alone = _direct(two, workers[0], wav)
+    with two.client() as c:
+        spread = c.post("/v1/audio/transcriptions", **_form(wav))
+    assert spread.status_code == 200 and spread.headers[PARTS] == "2", spread.text
+    for r in (alone, spread):
+        assert r.json()["detected_language"] == "fr" and r.json()["language_mismatch"] is True, r.text
+        assert r.headers["X-Tideserve-Language-Mismatch"] == "fr"
+
+
+def test_a_helper_that_never_answers_is_given_up_and_its_part_transcribed_here(two, long_audio):
+    """A helper that takes the connection and then says nothing (stuck, or a black hole in the
+    network) costs at most the grace (PART_GRACE_MIN_S, 30 s here: this file's own part takes
+    about 2 s), then the receiving replica transcribes the part itself."""
+    import socket
+    import threading
+    import time
+
+    from tideserve.worker.api import PART_GRACE_MIN_S
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                held.append(listener.accept()[0])  # read nothing, answer nothing
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        before = _parts_metric(two, "here")
+        t0 = time.monotonic()
+        r = _direct(two, _workers(two)[0], long_audio.wav, spread=f"http://127.0.0.1:{listener.getsockname()[1]}")
+        took = time.monotonic() - t0
+    finally:
+        listener.close()
+        for s in held:
+            s.close()
+    assert r.status_code == 200 and r.headers[PARTS] == "2", r.text
+    assert PART_GRACE_MIN_S <= took < PART_GRACE_MIN_S + 30
+    assert _parts_metric(two, "here") == before + 1 and held  # the helper was reached, then given up
+    _same_transcript(r.json(), _direct(two, _workers(two)[0], long_audio.wav).json())

@@ -283,7 +283,7 @@ def build_gateway_app(
                     # compressed file is spread from 2-4x the threshold, or when the client sends
                     # its duration (AUDIO_HEADER).
                     helpers = dispatcher.reserve_idle(frozenset(failed | {replica.id}), gw.spread_max_parts - 1) \
-                        if gw.spread_min_audio_s and audio_est >= gw.spread_min_audio_s else []
+                        if spec.spread_min_audio_s and audio_est >= spec.spread_min_audio_s else []
                     metrics.in_flight.labels(ep_name).set(dispatcher.in_flight())
                     sent_headers = {**headers, SPREAD_HEADER: ",".join(h.url for h in helpers)} if helpers else headers
                     try:

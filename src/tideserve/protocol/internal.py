@@ -11,6 +11,8 @@ import dataclasses
 import json
 from typing import Any
 
+from tideserve.errors import BadInputError
+from tideserve.protocol.text import language_code, require_text
 from tideserve.protocol.types import Segment, TranscriptionResult, Word
 
 #: The shared secret a worker requires on every route but liveness (the gateway, the runtime's
@@ -26,30 +28,44 @@ COMPUTE_HEADER = "X-Tideserve-Compute-Ms"
 #: file there (``PART_PATH``). Set only by the gateway, which authenticates with ``TOKEN_HEADER``.
 SPREAD_HEADER = "X-Tideserve-Spread"
 
-#: Worker -> worker: a part of a spread file, as a 16 kHz mono 16-bit WAV body, with this header
-#: holding the request's options as JSON (``part_options``); answered with ``result_to_json``.
+#: Worker -> worker: a part of a spread file, as multipart/form-data with the request's options
+#: as JSON in the field ``PART_OPTIONS`` (``part_options``; a field, not a header: a prompt of
+#: 2,000 characters outside ASCII is over 8 KB escaped, past aiohttp's header limit) and the
+#: part's audio, a 16 kHz mono 16-bit WAV file, in the field ``PART_AUDIO``; answered with
+#: ``result_to_json``.
 PART_PATH = "/internal/part"
-PART_HEADER = "X-Tideserve-Part"
+PART_OPTIONS = "options"
+PART_AUDIO = "audio"
 
 #: Worker -> client (through the gateway): how many parts the file was transcribed in (1: not spread).
 PARTS_HEADER = "X-Tideserve-Parts"
 
 
 def part_options(prompt: str | None, language: str | None, timestamps: bool, task: str, words: bool) -> str:
-    """The ``PART_HEADER`` value: a part's options as compact JSON (ASCII, so it fits a header)."""
+    """The ``PART_OPTIONS`` field: a part's options as compact JSON."""
     return json.dumps({"prompt": prompt, "language": language, "timestamps": timestamps, "task": task,
                        "words": words}, separators=(",", ":"))
 
 
 def parse_part_options(value: str) -> dict[str, Any]:
-    """The options of ``part_options``, checked. Raises ValueError naming what is wrong."""
-    doc = json.loads(value)
+    """The options of ``part_options``, checked as every API checks its own (text, language
+    code, task). Raises BadInputError naming what is wrong."""
+    try:
+        doc = json.loads(value)
+    except (ValueError, RecursionError):
+        raise BadInputError(f"the '{PART_OPTIONS}' field must be JSON") from None
     if not isinstance(doc, dict) or set(doc) != {"prompt", "language", "timestamps", "task", "words"}:
-        raise ValueError(f"{PART_HEADER} must be a JSON object with prompt, language, timestamps, task and words")
+        raise BadInputError(f"the '{PART_OPTIONS}' field must be a JSON object with prompt, language, timestamps, "
+                            "task and words")
     for key, kinds in (("prompt", (str, type(None))), ("language", (str, type(None))), ("timestamps", (bool,)),
                        ("task", (str,)), ("words", (bool,))):
         if not isinstance(doc[key], kinds):
-            raise ValueError(f"{PART_HEADER}: '{key}' has the wrong type")
+            raise BadInputError(f"the '{PART_OPTIONS}' field: '{key}' has the wrong type")
+    if doc["prompt"] is not None:
+        require_text(doc["prompt"], "prompt")
+    doc["language"] = language_code(doc["language"], "language")
+    if doc["task"] not in ("transcribe", "translate"):
+        raise BadInputError(f"the '{PART_OPTIONS}' field: task must be transcribe or translate")
     return doc
 
 
@@ -77,8 +93,14 @@ def joined(first: TranscriptionResult, parts: list[tuple[float, TranscriptionRes
            duration_s: float) -> TranscriptionResult:
     """One file's result from its first part's and the later parts' ``(offset_s, result)`` (times
     relative to each part's start), in audio order: texts joined by one space, segments moved to
-    the file's time; language and identification are the first part's."""
+    the file's time; the language is the first part's, the identification (language-ID model)
+    the first in audio order that has one (a file that opens with silence is identified in a
+    later part, as in one piece)."""
     later = sorted(parts, key=lambda p: p[0])
     texts = [t for t in (first.text, *(r.text for _, r in later)) if t]
     segments = list(first.segments) + [s for off, r in later for s in shifted(r, off)]
-    return dataclasses.replace(first, text=" ".join(texts), segments=segments, duration_s=duration_s)
+    heard = next((r for r in (first, *(r for _, r in later)) if r.detected_language is not None), first)
+    return dataclasses.replace(first, text=" ".join(texts), segments=segments, duration_s=duration_s,
+                               detected_language=heard.detected_language,
+                               detected_language_probability=heard.detected_language_probability,
+                               language_mismatch=heard.language_mismatch)

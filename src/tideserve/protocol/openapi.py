@@ -93,9 +93,12 @@ OPERATIONS: dict[tuple[str, str], Op] = {
     ("GET", "/admin/sd"): Op("Prometheus HTTP service discovery of the workers", "operations", ok=_JSON_ARRAY),
     ("GET", "/admin/worker"): Op("One worker's state (workers only)", "operations"),
     ("POST", "/internal/part"): Op(
-        "A later part of a long file that another replica spread (workers only): a 16 kHz mono 16-bit WAV body, "
-        "the request's options as JSON in X-Tideserve-Part; answers the part's full result", "operations",
-        body={"audio/wav": {"schema": {"type": "string", "format": "binary"}}}, errors=(400, 401, 413, 503)),
+        "A later part of a long file that another replica spread (workers only): multipart/form-data with the "
+        "request's options as JSON in 'options' and the part, a 16 kHz mono 16-bit WAV file, in 'audio'; answers "
+        "the part's full result", "operations",
+        body={"multipart/form-data": {"schema": {"type": "object", "properties": {
+            "options": {"type": "string"}, "audio": {"type": "string", "format": "binary"}}}}},
+        errors=(400, 401, 413, 422, 503)),
 }
 
 _MODELS = (schemas.InvocationRequest, schemas.InvocationResponse, schemas.InferRequest, schemas.InferResponse,

@@ -28,6 +28,7 @@ from tideserve import __version__
 from tideserve.errors import (
     BadInputError,
     CapacityError,
+    LanguageMismatchError,
     PayloadTooLargeError,
     TideserveError,
     UnauthorizedError,
@@ -39,7 +40,8 @@ from tideserve.metrics.triton import TritonMetrics
 from tideserve.protocol import TranscriptionRequest, TranscriptionResult, kserve, openai, sagemaker
 from tideserve.protocol.internal import (
     COMPUTE_HEADER,
-    PART_HEADER,
+    PART_AUDIO,
+    PART_OPTIONS,
     PART_PATH,
     PARTS_HEADER,
     SPREAD_HEADER,
@@ -68,6 +70,10 @@ from tideserve.worker.prep import (
 )
 
 log = logging.getLogger("tideserve.worker")
+#: A spread file's helper is given up (its part transcribed by the receiving replica) once it is
+#: this many times the receiving replica's own part's time late, and at least PART_GRACE_MIN_S s.
+PART_GRACE_FACTOR = 3.0
+PART_GRACE_MIN_S = 30.0
 
 
 class AudioBudget:
@@ -214,15 +220,17 @@ class WorkerService:
             self.discard(prepared)
             raise
         options = RequestOptions(req.prompt, req.language, req.timestamps, req.task, req.words)
-        parts: list[asyncio.Future[TranscriptionResult]] = []
-        if prepared.remote:
-            # An English-only model's parts are English: no identification there (the first part's decides).
-            opts = part_options(req.prompt, req.language or ("en" if self.languages == {"en"} else None),
-                                req.timestamps, req.task, req.words)
-            n = len(prepared.cuts)
-            parts = [asyncio.ensure_future(self._part(url, part, opts, usage, None if on_text is None else
-                                                      functools.partial(on_text, n + j), request_id))
-                     for j, (url, part) in enumerate(zip(helpers or [], prepared.remote, strict=False))]
+        parts: list[asyncio.Future[TranscriptionResult | None]] = []
+        # An English-only model's parts are English, identified only in the part that holds the
+        # file's first sound (none when it is in the first part), as in one piece.
+        english_only = self.languages == {"en"}
+        opts = [part_options(req.prompt, req.language or ("en" if english_only and not p.identify else None),
+                             req.timestamps, req.task, req.words) for p in prepared.remote]
+        n = len(prepared.cuts)
+        texts = [None if on_text is None else functools.partial(on_text, n + j) for j in range(len(prepared.remote))]
+        parts = [asyncio.ensure_future(self._remote_part(url, part, o, usage, request_id))
+                 for url, part, o in zip(helpers or [], prepared.remote, opts, strict=False)]
+        started = time.monotonic()
         self.metrics.add("tideserve_worker_requests_in_batcher", 1)
         try:
             on_segment = None if on_text is None else (
@@ -232,7 +240,24 @@ class WorkerService:
                     prepared.engine_rid, len(prepared.cuts), options, on_segment=on_segment)
             else:
                 results, compute_s = await self.engine.transcribe(prepared.segments(), options, on_segment=on_segment)
-            later = await asyncio.gather(*parts)
+            later: list[TranscriptionResult] = []
+            if parts:
+                # A helper that takes far longer than this part took here (stuck, or gone without
+                # closing the connection) is given up and its part transcribed here.
+                grace = max(PART_GRACE_MIN_S, PART_GRACE_FACTOR * (time.monotonic() - started))
+                await asyncio.wait(parts, timeout=grace)
+                for part, o, job, report in zip(prepared.remote, opts, parts, texts, strict=True):
+                    got = job.result() if job.done() else None  # raises what the helper's answer raised
+                    if not job.done():
+                        job.cancel()
+                        log.warning("a helper did not answer a part of a spread file within %.0f s; "
+                                    "transcribing it here", grace)
+                    self.metrics.add("tideserve_worker_spread_parts", 1, placement="helper" if got else "here")
+                    if got is None:
+                        got = await self._local_part(part, o, usage)
+                    if report is not None:
+                        report(got.text)
+                    later.append(got)
         finally:
             self.metrics.add("tideserve_worker_requests_in_batcher", -1)
             for job in parts:
@@ -268,32 +293,40 @@ class WorkerService:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, connect=5))
         return self._session
 
-    async def _part(self, url: str, part: RemotePart, options: str, usage: Usage | None,
-                    on_text: Callable[[str], None] | None, request_id: str | None = None) -> TranscriptionResult:
-        """One later part of a spread file, transcribed by the replica at ``url``; here when that
-        replica cannot (unreachable, not 200, a malformed answer): the request never depends on
-        a helper. Times in the result are the part's own (from its start)."""
+    async def _local_part(self, part: RemotePart, options: str, usage: Usage | None) -> TranscriptionResult:
+        """A later part of a spread file transcribed here (its helper failed)."""
+        sub = await self.prepare(prepare_audio, TranscriptionRequest(audio=part.wav, **parse_part_options(options)),
+                                 self.max_audio_s)
+        return await self.transcribe(sub, usage)
+
+    async def _remote_part(self, url: str, part: RemotePart, options: str, usage: Usage | None,
+                           request_id: str | None = None) -> TranscriptionResult | None:
+        """A later part of a spread file, transcribed by the replica at ``url``; None when that
+        replica cannot (unreachable, not 200, a malformed answer: the caller transcribes it
+        itself, so the request never depends on a helper). Times in the result are the part's own
+        (from its start). Raises LanguageMismatchError when the helper heard another language
+        and the endpoint rejects it."""
         result: TranscriptionResult | None = None
-        headers = {PART_HEADER: options, "Content-Type": "audio/wav", **({TOKEN_HEADER: self.token} if self.token else {}),
-                   **({REQUEST_ID: request_id} if request_id else {})}
+        headers = {**({TOKEN_HEADER: self.token} if self.token else {}), **({REQUEST_ID: request_id} if request_id else {})}
+        form = aiohttp.FormData()
+        form.add_field(PART_OPTIONS, options, content_type="application/json")
+        form.add_field(PART_AUDIO, part.wav, filename="part.wav", content_type="audio/wav")
         try:
-            async with self._client().post(url + PART_PATH, data=part.wav, headers=headers) as resp:
+            async with self._client().post(url + PART_PATH, data=form, headers=headers) as resp:
                 if resp.status == 200:
                     result = result_from_json(await resp.json())
                     if usage is not None and resp.headers.get(COMPUTE_HEADER):
                         usage.compute_s += float(resp.headers[COMPUTE_HEADER]) / 1000
+                elif resp.status == LanguageMismatchError.http_status:  # the helper heard another language
+                    doc = await resp.json()
+                    if doc.get("code") == LanguageMismatchError.code:
+                        raise LanguageMismatchError(str(doc.get("message", "")))
+                    log.warning("replica %s answered 422 to a part of a spread file; transcribing it here", url)
                 else:
                     log.warning("replica %s answered %d to a part of a spread file; transcribing it here", url,
                                 resp.status)
         except (aiohttp.ClientError, ValueError, KeyError, TypeError) as exc:
             log.warning("replica %s failed a part of a spread file (%s); transcribing it here", url, exc)
-        self.metrics.add("tideserve_worker_spread_parts", 1, placement="helper" if result is not None else "here")
-        if result is None:
-            o = parse_part_options(options)
-            sub = await self.prepare(prepare_audio, TranscriptionRequest(audio=part.wav, **o), self.max_audio_s)
-            result = await self.transcribe(sub, usage)
-        if on_text is not None:
-            on_text(result.text)
         return result
 
 
@@ -542,11 +575,23 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
     # --- a part of a spread file, from another replica -----------------------------------
     async def part(request: web.Request) -> web.Response:
         check_accepting()
+        if not request.content_type.startswith("multipart/form-data"):
+            raise BadInputError(f"send multipart/form-data with fields '{PART_OPTIONS}' and '{PART_AUDIO}'")
         try:
-            options = parse_part_options(request.headers.get(PART_HEADER, ""))
-        except ValueError as exc:
-            raise BadInputError(f"malformed {PART_HEADER} header: {exc}") from None
-        req = TranscriptionRequest(audio=await request.read(), **options)
+            form = await request.post()
+        except web.HTTPRequestEntityTooLarge:
+            raise
+        except Exception as exc:  # aiohttp raises many kinds for a broken multipart body
+            raise BadInputError(f"malformed multipart body ({type(exc).__name__})") from None
+        audio, options = form.get(PART_AUDIO), form.get(PART_OPTIONS)
+        if isinstance(options, bytes | bytearray):  # aiohttp keeps a field that is not text/* as bytes
+            try:
+                options = bytes(options).decode("utf-8")
+            except UnicodeDecodeError:
+                raise BadInputError(f"the '{PART_OPTIONS}' field must be UTF-8 JSON") from None
+        if not isinstance(audio, web.FileField) or not isinstance(options, str):
+            raise BadInputError(f"send the fields '{PART_OPTIONS}' (JSON) and '{PART_AUDIO}' (a WAV file)")
+        req = TranscriptionRequest(audio=audio.file.read(), **parse_part_options(options))
         _, result = await run(request, prepare_audio, req, service.max_audio_s)
         return web.json_response(result_to_json(result))
 

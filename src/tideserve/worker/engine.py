@@ -256,6 +256,7 @@ class EngineLoop:
         # window when the backend can and the request names no language.
         self.language_id = language_id if getattr(backend, "identifies_language", False) else None
         self.model_name = model_name
+        self._languages = frozenset(getattr(backend, "languages", ()))
         self.continuous = all(hasattr(backend, a) for a in ("admit", "run", "finished", "release"))
         self.queue: collections.deque[_Part] = collections.deque()
         self.requests: dict[int, _Request] = {}
@@ -564,7 +565,8 @@ class EngineLoop:
             part.identify = False  # a fallback decode of this window does not identify again
             req.heard = result
             lid = self.language_id
-            if lid is not None and lid.reject and other_language(result.model_language_probability, lid.min_probability):
+            if lid is not None and lid.reject and other_language(result.model_language_probability, lid.min_probability,
+                                                                 result.detected_language, self._languages):
                 self._fail(part.rid, LanguageMismatchError(mismatch_message(
                     result.detected_language or "", result.detected_language_probability or 0.0,
                     result.model_language_probability or 0.0, self.model_name)))
@@ -595,8 +597,9 @@ class EngineLoop:
             accepted = replace(accepted, detected_language=h.detected_language,
                                detected_language_probability=h.detected_language_probability,
                                model_language_probability=h.model_language_probability,
-                               language_mismatch=lid is not None and other_language(h.model_language_probability,
-                                                                                    lid.min_probability))
+                               language_mismatch=lid is not None and other_language(
+                                   h.model_language_probability, lid.min_probability, h.detected_language,
+                                   self._languages))
         chain.append(accepted)
         if self.decoding.condition_on_previous_text:
             # openai/whisper transcribe: prompt_reset_on_temperature 0.5

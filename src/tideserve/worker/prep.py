@@ -50,6 +50,9 @@ class RemotePart:
     start: int
     end: int
     wav: bytes
+    #: This part holds the file's first window that is not digital silence: the language is
+    #: identified there (``model.language_id``), as in one piece.
+    identify: bool = False
 
     @property
     def offset_s(self) -> float:
@@ -140,8 +143,10 @@ def spread(prepared: Prepared, parts: int, min_part_s: float) -> Prepared:
     if len(last) < 2:
         return prepared
     first_end = last[0] + 1
+    sound = next((k for k, s in enumerate(prepared.silent) if not s), 0)  # the first window not silent
     remote = tuple(RemotePart(prepared.cuts[a + 1][0], prepared.cuts[b][1],
-                              wav_file(prepared.pcm[prepared.cuts[a + 1][0]: prepared.cuts[b][1]]))
+                              wav_file(prepared.pcm[prepared.cuts[a + 1][0]: prepared.cuts[b][1]]),
+                              identify=a < sound <= b)
                    for a, b in itertools.pairwise(last))
     return dataclasses.replace(prepared, pcm=prepared.pcm[: prepared.cuts[last[0]][1]], cuts=prepared.cuts[:first_end],
                                silent=prepared.silent[:first_end], remote=remote)

@@ -28,6 +28,21 @@ def test_other_language_when_the_models_languages_are_under_the_minimum_probabil
     assert not other_language(0.70, 0.5)  # a short English clip, heard as English 0.70
     assert not other_language(0.5, 0.5)
     assert not other_language(None, 0.5)  # nothing identified
+    # English the most probable, though under the minimum: not another language (0.1 s of English: 0.43)
+    assert not other_language(0.43, 0.5, "en", frozenset({"en"}))
+    assert other_language(0.33, 0.5, "nn", frozenset({"en"}))
+
+
+def test_speech_start_skips_leading_silence_and_quiet_noise():
+    from tideserve.worker.language_id import speech_start
+
+    rng = np.random.default_rng(0)
+    speechy = (rng.normal(0, 3000, 16_000 * 2)).astype(np.int16)  # about -21 dBFS
+    hiss = (rng.normal(0, 30, 16_000 * 12)).astype(np.int16)  # about -61 dBFS, 40 dB under
+    assert speech_start(np.concatenate([np.zeros(160_000, np.int16), speechy])) == 160_000 - 3_200
+    assert speech_start(np.concatenate([hiss, speechy])) == 192_000 - 3_200
+    assert speech_start(speechy) == 0 and speech_start(np.zeros(1000, np.int16)) == 0
+    assert speech_start(np.zeros(10, np.int16)) == 0
 
 
 def test_the_spec_takes_language_id_on_both_backends():
@@ -230,3 +245,32 @@ def test_the_torch_identifier_refuses_an_english_only_model(dirs, torch_tiny_en)
     with pytest.raises(EngineMismatchError, match="is English-only"):
         TorchWhisperBackend(torch_tiny_en, Target.parse("cpu-x86_64-fp32"), Decoding(beam_size=1),
                             language_id=LanguageIdConfig(str(dirs[0])))
+
+
+def test_a_windows_verdict_does_not_depend_on_the_windows_identified_beside_it(dirs):
+    """Every window is heard over the same ``seconds`` (padded), not padded to its call's longest:
+    a 0.5 s English clip was Korean alone and English beside 12 s windows (the adversarial pass)."""
+    from tideserve.worker.backends.faster_whisper import FasterWhisperBackend
+
+    tiny_en, base = dirs
+    backend = FasterWhisperBackend(tiny_en, Target.parse("cpu-x86_64-int8"), Decoding(beam_size=1),
+                                   language_id=LanguageIdConfig(str(base)))
+    short = _clip("en", "hello_world")[:8000]
+    long = np.tile(_clip("fr", "bonjour_monde"), 9)[: 12 * 16_000]
+    alone, _ = backend.transcribe_batch([WindowTask(short, identify_language=True)])
+    beside, _ = backend.transcribe_batch([WindowTask(short, identify_language=True),
+                                          WindowTask(long, identify_language=True)])
+    assert alone[0].detected_language == beside[0].detected_language
+    assert alone[0].model_language_probability == pytest.approx(beside[0].model_language_probability, abs=1e-4)
+
+
+def test_english_after_ten_seconds_of_silence_is_heard_as_english(dirs):
+    from tideserve.worker.backends.faster_whisper import FasterWhisperBackend
+
+    tiny_en, base = dirs
+    backend = FasterWhisperBackend(tiny_en, Target.parse("cpu-x86_64-int8"), Decoding(beam_size=1),
+                                   language_id=LanguageIdConfig(str(base)))
+    en = _clip("en", "quick_brown_fox")
+    window = np.concatenate([np.zeros(12 * 16_000, en.dtype), en])
+    out, _ = backend.transcribe_batch([WindowTask(window, identify_language=True)])
+    assert out[0].detected_language == "en" and not other_language(out[0].model_language_probability, 0.5)

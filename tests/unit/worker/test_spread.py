@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
 import pytest
 
+from tideserve.errors import BadInputError
 from tideserve.protocol.internal import joined, parse_part_options, part_options, result_from_json, result_to_json
 from tideserve.protocol.types import Segment, TranscriptionRequest, TranscriptionResult, Word
 from tideserve.worker.audio import SAMPLE_RATE, pcm16_wav
@@ -74,9 +76,32 @@ def test_results_round_trip_through_json_and_join_in_file_time():
     assert joined(first, [(60.0, TranscriptionResult("", "en", 5.0))], 65.0).text == "one"
 
 
-def test_part_options_round_trip_and_bad_ones_are_refused():
-    o = parse_part_options(part_options("a prompt", None, True, "transcribe", False))
-    assert o == {"prompt": "a prompt", "language": None, "timestamps": True, "task": "transcribe", "words": False}
-    for bad in ("", "[]", '{"prompt": null}', part_options(None, None, True, "transcribe", False).replace("true", '"yes"')):
-        with pytest.raises(ValueError):
+def test_part_options_round_trip_and_bad_ones_are_refused_as_every_api_refuses_them():
+    o = parse_part_options(part_options("a prompt 日本語" * 300, "EN", True, "transcribe", False))
+    assert o == {"prompt": "a prompt 日本語" * 300, "language": "en", "timestamps": True, "task": "transcribe",
+                 "words": False}
+    good = part_options(None, None, True, "transcribe", False)
+    for bad, says in (("", "must be JSON"), ("[" * 5000, "must be JSON"), ("[]", "JSON object"),
+                      ('{"prompt": null}', "JSON object"), (good.replace("true", '"yes"'), "'timestamps'"),
+                      (good.replace("null,", '"\\ud800",', 1), "lone UTF-16 surrogate"),
+                      (good.replace('"transcribe"', '"bogus"'), "task must be"),
+                      (good.replace('"language":null', '"language":"e n"'), "language code")):
+        with pytest.raises(BadInputError, match=says):
             parse_part_options(bad)
+
+
+def test_the_part_holding_the_files_first_sound_identifies_its_language():
+    p = _prepared([30, 30, 20, 30, 10, 30])
+    silent = dataclasses.replace(p, silent=(True, True, True, False, False, False))  # sound from 80 s
+    out = spread(silent, parts=3, min_part_s=30)
+    assert [r.identify for r in out.remote] == [True, False]  # the part of 60-110 s holds the window at 80 s
+    assert [r.identify for r in spread(p, parts=3, min_part_s=30).remote] == [False, False]  # sound in part 0
+
+
+def test_the_identification_comes_from_the_first_part_that_has_one():
+    first = TranscriptionResult("", "en", 60.0, [])  # all silence: nothing identified
+    fr = TranscriptionResult("bonjour", "en", 30.0, [], detected_language="fr", detected_language_probability=0.9,
+                             language_mismatch=True)
+    en = TranscriptionResult("hello", "en", 30.0, [], detected_language="en", detected_language_probability=0.8)
+    out = joined(first, [(90.0, en), (60.0, fr)], 120.0)
+    assert (out.detected_language, out.language_mismatch, out.text) == ("fr", True, "bonjour hello")

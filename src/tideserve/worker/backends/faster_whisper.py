@@ -33,20 +33,22 @@ from tideserve.worker.backends.whisper_text import MAX_LENGTH as _MAX_LENGTH
 from tideserve.worker.backends.whisper_text import TIME_PRECISION_S as _TIME_PRECISION_S
 from tideserve.worker.backends.whisper_text import window_result
 from tideserve.worker.cores import intra_op_threads, usable_cores
-from tideserve.worker.language_id import LanguageIdConfig
+from tideserve.worker.language_id import LanguageIdConfig, speech_start
 from tideserve.worker.timings import ExecutionTimings
 
 
 class _Identifier:
     """Spoken-language identification with a multilingual Whisper model (``worker.language_id``):
-    its encoder over the first ``seconds`` of each window that asks for it (no more than the
-    window has, at least 1 s; the windows of one call padded to the longest), then
-    ``detect_language`` (the language tokens' probabilities at the decoder's first position).
-    CTranslate2's Whisper encoder takes fewer than 3,000 frames. On the shipped clips of 9
-    languages (Whisper base, 2 cores) the clip's own length gave the same English / not English
-    answer as the first 10 s padded and as a padded 30 s (3 of 3 English clips kept, 23 of 24
-    others flagged) at 0.06 s instead of 0.15 s and 0.7 s; the most probable language was right
-    on 21, 23 and 23 of 27 (README, Languages).
+    its encoder over ``seconds`` of each window that asks for it, from where its sound starts
+    (``worker.language_id.speech_start``), zero-padded to ``seconds`` (CTranslate2's Whisper encoder
+    takes fewer than 3,000 frames), then ``detect_language`` (the language tokens' probabilities at
+    the decoder's first position). Always padded to ``seconds``, so that a window's verdict does
+    not depend on the windows identified beside it: padded to the longest of its call, a 0.5 s
+    English clip was heard as Korean alone and as English beside 12 s requests (the adversarial
+    pass). On the shipped clips of 9 languages (Whisper base, 2 cores) the first 10 s padded gave
+    the same English / not English answer as the clip's own length and a padded 30 s (3 of 3
+    English clips kept, 23 of 24 others flagged), the most probable language right on 23 of 27
+    (21 at the clip's own length), at 0.15 s per call instead of 0.06 s (README, Languages).
 
     Raises EngineMismatchError when ``model_dir`` is not a multilingual Whisper model."""
 
@@ -72,8 +74,10 @@ class _Identifier:
         if not idx:
             return out
         fe = self._model.feature_extractor
-        n = max(min(self._max_frames, max(100, len(tasks[i].samples) // 160)) for i in idx)
-        feats = np.stack([pad_or_trim(fe(_float32(tasks[i].samples[: n * 160]))[..., :-1], n) for i in idx])
+        n = self._max_frames
+        starts = {i: speech_start(tasks[i].samples) for i in idx}
+        feats = np.stack([pad_or_trim(fe(_float32(tasks[i].samples[starts[i]: starts[i] + n * 160]))[..., :-1], n)
+                          for i in idx])
         detected = self._model.model.detect_language(self._model.encode(feats.astype(np.float32)))
         for i, ranked in zip(idx, detected, strict=True):  # every language, most probable first
             token, probability = ranked[0]

@@ -134,7 +134,8 @@ class TorchWhisperBackend:
         self.languages = (frozenset(language_tokens(self.tokenizer)) or _LANGS_EN_ONLY) if self.multilingual \
             else _LANGS_EN_ONLY
         self._identifier = None if language_id is None or self.multilingual else LanguageIdentifier(
-            Path(language_id.model_dir), dtype, self.device, language_id.seconds, self.languages)
+            Path(language_id.model_dir), dtype, self.device, language_id.seconds, self.languages, max_batch_size,
+            graphs=None if use_cuda_graphs is not False else False)
         self.identifies_language = self._identifier is not None
         self.decoding = decoding
         self.features = LogMel(self.model.dims.num_mel_bins, self.device)

@@ -3,10 +3,13 @@ with the torch backend; the faster-whisper backend has its own on CTranslate2).
 
 Whisper's rule (Radford et al. 2022, section 2.3; openai/whisper ``detect_language``): encode the
 audio, put ``<|startoftranscript|>`` at the decoder's first position, and read the softmax of the
-logits over the language tokens only. As the faster-whisper identifier does, the encoder sees the
-first ``seconds`` of each window (no more than the window has, at least 1 s; the windows of one
-call padded to the longest): a shorter input is a shorter encoding, so a 2 s clip costs a 2 s
-encoder pass, not a 30 s one.
+logits over the language tokens only. As the faster-whisper identifier does, the encoder sees
+``seconds`` of each window from where its sound starts (``worker.language_id.speech_start``),
+zero-padded to ``seconds`` (a shorter encoding than Whisper's 30 s; always that length, so that
+a window's verdict does not depend on the windows beside it). On a GPU the whole pass (encoder,
+first decoder position, softmax) is replayed from one CUDA graph per batch bucket
+(``GraphedEncoder``): launched kernel by kernel it cost the engine loop more host time than the
+GPU time it took (README, Languages).
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from tokenizers import Tokenizer
 
 from tideserve.errors import EngineMismatchError
 from tideserve.worker.backends.torch_whisper.features import HOP, N_FRAMES, LogMel
-from tideserve.worker.backends.torch_whisper.model import Whisper, load_hf_dir
+from tideserve.worker.backends.torch_whisper.model import GraphedEncoder, Whisper, load_hf_dir
+from tideserve.worker.language_id import speech_start
 
 #: Whisper's multilingual vocabularies have 51,865 (v1/v2) or 51,866 (v3) tokens; English-only 51,864.
 MULTILINGUAL_VOCAB = 51_865
@@ -56,7 +60,7 @@ class LanguageIdentifier:
     Raises EngineMismatchError when the directory cannot be loaded or is an English-only model."""
 
     def __init__(self, model_dir: Path, dtype: torch.dtype, device: torch.device, seconds: float,
-                 languages: frozenset[str]) -> None:
+                 languages: frozenset[str], max_batch: int = 64, graphs: bool | None = None) -> None:
         try:
             tok = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
             self.model: Whisper = load_hf_dir(Path(model_dir), dtype, device)
@@ -76,6 +80,14 @@ class LanguageIdentifier:
         self._dtype = dtype
         self._features = LogMel(self.model.dims.num_mel_bins, device)
         self._max_frames = min(N_FRAMES, max(MIN_FRAMES, round(seconds * 100)))
+        # graphs: None = on a GPU (tests may turn them off, or on for a GPU check)
+        self._graph = GraphedEncoder(self.model, max_batch, self._pass) \
+            if (device.type == "cuda" if graphs is None else graphs and device.type == "cuda") else None
+
+    def _pass(self, feats: torch.Tensor) -> torch.Tensor:
+        """``[B, n_mels, frames]`` features -> ``[B, len(codes)]`` language probabilities."""
+        logits = self.model.first_position_logits(self.model.encode(feats), self._sot)
+        return torch.softmax(logits[:, self._ids], dim=-1)
 
     @torch.inference_mode()
     def probabilities(self, windows: list[np.ndarray]) -> Heard:
@@ -84,10 +96,11 @@ class LanguageIdentifier:
         for the device (the engine queues decode steps ahead of the host: a wait here, or a
         ``.cpu()`` later, would drain them; on the H200 reading each row with ``.cpu()`` served
         0.67x the audio-seconds without identification, at 46% GPU busy instead of 81%)."""
-        n = max(min(self._max_frames, max(MIN_FRAMES, len(w) // HOP)) for w in windows)
-        feats = self._features([w[: n * HOP] for w in windows])[..., :n]
-        logits = self.model.first_position_logits(self.model.encode(feats.to(self._dtype)), self._sot)
-        probabilities = torch.softmax(logits[:, self._ids], dim=-1)
+        n = self._max_frames
+        feats = self._features([w[s: s + n * HOP] for w in windows for s in (speech_start(w),)])[..., :n]
+        feats = feats.to(self._dtype)
+        # with graphs: the bucket's output buffer, valid until the next call (copied out below)
+        probabilities = self._pass(feats) if self._graph is None else self._graph(feats.contiguous())
         if probabilities.device.type != "cuda":
             return Heard(probabilities, None)
         host = torch.empty(probabilities.shape, dtype=probabilities.dtype, pin_memory=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any, cast
 from pathlib import Path
 
@@ -345,9 +346,11 @@ class GraphedEncoder:
 
     MAX_D_MODEL = 768  # Whisper tiny (384), base (512), small (768)
 
-    def __init__(self, model: Whisper, max_batch: int) -> None:
+    def __init__(self, model: Whisper, max_batch: int,
+                 forward: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         self.model = model
         self.max_batch = max_batch
+        self.forward = forward or model.encode  # what is captured: the encoder, or a pass that ends in it
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self._pool: Any = None
 
@@ -358,7 +361,8 @@ class GraphedEncoder:
     @torch.inference_mode()
     def __call__(self, features: torch.Tensor) -> torch.Tensor:
         """``[n, n_mels, 3000]`` -> ``[n, 1500, d_model]`` (a view of the bucket's output buffer,
-        valid until the next call). Raises ValueError for more rows than ``max_batch``."""
+        valid until the next call; ``forward``'s output when given; every call of one instance
+        must have the same shape past the batch). Raises ValueError for more rows than ``max_batch``."""
         n = features.shape[0]
         if not 0 < n <= self.max_batch:
             raise ValueError(f"the encoder takes 1..{self.max_batch} windows, got {n}")
@@ -377,12 +381,12 @@ class GraphedEncoder:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):  # warm-up before capture (allocations, kernel selection)
-                self.model.encode(inp)
+                self.forward(inp)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         with torch.cuda.graph(graph, pool=self._pool):
-            out = self.model.encode(inp)
+            out = self.forward(inp)
         self._graphs[b] = (graph, inp, out)
         return self._graphs[b]
