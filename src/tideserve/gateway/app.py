@@ -257,7 +257,7 @@ def build_gateway_app(
         every attempt lost its replica, RequestTimeoutError past ``request_timeout_s``,
         CapacityError when nothing can take it (see Dispatcher.acquire)."""
         ctx.setdefault("started", time.monotonic())
-        audio_est = estimate_audio_s(len(body), headers)  # work estimate (dispatch.py says how)
+        audio_est = estimate_audio_s(body, headers)  # work estimate (dispatch.py says how)
         dispatcher.arrived_work(audio_est)
         headers = {**headers, REQUEST_ID: ctx["request_id"]}
         if worker_token:

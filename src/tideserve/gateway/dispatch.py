@@ -12,9 +12,11 @@ Load tracking is the serving core's ``LoadTracker`` (shared with the simulator):
 requests and outstanding work per replica, arrivals, service times and throughput per pool.
 Work is counted in audio seconds. The gateway does not know a request's audio duration before
 the worker decodes it, so it uses an ESTIMATE (``estimate_audio_s``): the client's
-``X-Audio-Seconds`` header when sent, else the body size at 32,000 bytes per second (16 kHz
-16-bit mono PCM, the format Whisper resamples to): compressed audio is underestimated, base64
-in JSON overestimated by a third. The worker will report its outstanding work itself; until
+``X-Audio-Seconds`` header when sent; else, for a WAV file sent as the body or as a multipart
+upload (its RIFF header within the body's first 4 KB), the duration its header declares (sample
+rate, channels and sample size of its ``fmt`` chunk, the size of its ``data`` chunk); else the
+body size at 32,000 bytes per second (16 kHz 16-bit mono PCM, the format Whisper resamples to):
+compressed audio is underestimated, base64 in JSON overestimated by a third. The worker will report its outstanding work itself; until
 then this estimate is the narrow interface (``acquire(audio_s=...)``, ``release(audio_s=...)``).
 """
 
@@ -38,8 +40,9 @@ AUDIO_HEADER = "X-Audio-Seconds"
 BYTES_PER_AUDIO_S = 32_000.0
 
 
-def estimate_audio_s(body_bytes: int, headers: Mapping[str, str] | None = None) -> float:
-    """The gateway's estimate of a request's audio seconds (module docstring)."""
+def estimate_audio_s(body: bytes | int, headers: Mapping[str, str] | None = None) -> float:
+    """The gateway's estimate of a request's audio seconds (module docstring): ``body`` is the
+    request's body (or only its length, then the WAV header cannot be read)."""
     if headers is not None and AUDIO_HEADER in headers:
         try:
             v = float(headers[AUDIO_HEADER])
@@ -47,7 +50,42 @@ def estimate_audio_s(body_bytes: int, headers: Mapping[str, str] | None = None) 
                 return v
         except ValueError:
             pass
-    return body_bytes / BYTES_PER_AUDIO_S
+    if isinstance(body, bytes | bytearray):
+        declared = wav_duration_s(body)
+        return declared if declared is not None else len(body) / BYTES_PER_AUDIO_S
+    return body / BYTES_PER_AUDIO_S
+
+
+#: How far into a body a WAV file's RIFF header is looked for (a multipart upload's part headers
+#: come first).
+WAV_SEARCH_BYTES = 4096
+
+
+def wav_duration_s(body: bytes) -> float | None:
+    """The duration in seconds that a RIFF/WAVE file in ``body`` declares (the file itself, or a
+    multipart part: its header within the first ``WAV_SEARCH_BYTES``), from its ``fmt`` and
+    ``data`` chunks; a ``data`` size of 0 or 0xFFFFFFFF (a stream that never filled it in), or
+    past the body's end, counts the bytes present. None when there is no such header or it is
+    not PCM-like (no sample rate, channels or sample size). Reads headers only (no samples)."""
+    start = body.find(b"RIFF", 0, WAV_SEARCH_BYTES)
+    if start < 0 or body[start + 8: start + 12] != b"WAVE":
+        return None
+    pos, rate, frame = start + 12, 0, 0
+    while pos + 8 <= len(body) and pos < start + WAV_SEARCH_BYTES * 16:
+        cid, size = body[pos: pos + 4], int.from_bytes(body[pos + 4: pos + 8], "little")
+        if cid == b"fmt " and size >= 16 and pos + 24 <= len(body):
+            channels = int.from_bytes(body[pos + 10: pos + 12], "little")
+            rate = int.from_bytes(body[pos + 12: pos + 16], "little")
+            bits = int.from_bytes(body[pos + 22: pos + 24], "little")
+            frame = channels * ((bits + 7) // 8)
+        elif cid == b"data":
+            if not rate or not frame:
+                return None
+            present = len(body) - (pos + 8)
+            data = present if size in (0, 0xFFFFFFFF) or size > present else size
+            return data / (rate * frame)
+        pos += 8 + size + (size & 1)
+    return None
 
 
 @dataclass(eq=False)

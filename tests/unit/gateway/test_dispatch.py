@@ -200,3 +200,29 @@ def test_reserve_idle_offers_none_while_a_request_is_held():
         assert (await asyncio.wait_for(waiter, 2)).id == "r1"
 
     asyncio.run(main())
+
+
+def test_a_wav_files_duration_is_read_from_its_header_in_the_body_or_a_multipart_upload():
+    import io
+    import wave
+
+    from tideserve.gateway.dispatch import estimate_audio_s, wav_duration_s
+
+    def wav(rate: int, channels: int, seconds: float) -> bytes:
+        buf = io.BytesIO()
+        with wave.open(buf, "wb") as w:
+            w.setnchannels(channels)
+            w.setsampwidth(2)
+            w.setframerate(rate)
+            w.writeframes(b"\0\0" * channels * int(rate * seconds))
+        return buf.getvalue()
+
+    stereo = wav(44_100, 2, 25.0)  # 4.4 MB: the body size alone reads as 138 s
+    assert estimate_audio_s(stereo) == pytest.approx(25.0) and estimate_audio_s(len(stereo)) > 137
+    upload = b"--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\r\n" + stereo + b"\r\n--b--\r\n"
+    assert estimate_audio_s(upload) == pytest.approx(25.0, abs=0.01)
+    assert estimate_audio_s(wav(16_000, 1, 3.0), {"X-Audio-Seconds": "9"}) == 9.0  # the client's word first
+    cut = wav(16_000, 1, 10.0)[:16_044 + 44]  # cut short: the bytes present count
+    assert wav_duration_s(cut) == pytest.approx(0.5, abs=0.01)
+    assert wav_duration_s(b"ID3" + b"\0" * 100) is None and estimate_audio_s(b"x" * 64_000) == 2.0
+    assert wav_duration_s(b"RIFF\0\0\0\0WAVEdata\0\0\0\0") is None  # no fmt chunk: not guessed
