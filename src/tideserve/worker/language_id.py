@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tideserve.worker.windows import frame_rms
+
 
 
 @dataclass(frozen=True)
@@ -58,11 +60,9 @@ def speech_start(samples: np.ndarray, sample_rate: int = 16_000) -> int:
     with no such frame). A window may open with seconds of near silence (quiet noise, or digital
     silence inside a window that holds speech): heard from its first sample, 10 s of silence then
     English was identified as "nn" or "en 0.33" and refused (the adversarial pass)."""
-    n = len(samples) // FRAME
-    if n == 0:
+    if len(samples) < FRAME:
         return 0
-    x = samples[: n * FRAME].astype(np.float32).reshape(n, FRAME)
-    rms = np.sqrt((x * x).mean(axis=1))
+    rms = frame_rms(samples, FRAME)
     peak = float(rms.max())
     if peak <= 0:
         return 0

@@ -48,14 +48,20 @@ def split_windows(
     return out
 
 
+def frame_rms(samples: np.ndarray, frame: int) -> np.ndarray:
+    """RMS level of each whole ``frame``-sample frame of ``samples`` (int16 PCM or float in
+    [-1, 1]), on the float scale (full scale 1.0); shape ``(len(samples) // frame,)``."""
+    scale = 1.0 / 32768.0 if samples.dtype == np.int16 else 1.0
+    n = len(samples) // frame
+    x = samples[: n * frame].astype(np.float32) * scale  # int16 squared would overflow
+    return np.sqrt(np.mean(x.reshape(n, frame) ** 2, axis=1))
+
+
 def pause_middle(region: np.ndarray, sample_rate: int = 16_000) -> int:
     """The sample index in ``region`` (int16 PCM or float in [-1, 1], at least one 100 ms frame)
     at the middle of its longest quiet run (see the module doc)."""
     frame = max(1, sample_rate // 10)
-    scale = 1.0 / 32768.0 if region.dtype == np.int16 else 1.0
-    nframes = len(region) // frame
-    x = region[: nframes * frame].astype(np.float32) * scale  # int16 squared would overflow
-    rms = np.sqrt(np.mean(x.reshape(nframes, frame) ** 2, axis=1))
+    rms = frame_rms(region, frame)
     level_db = 20.0 * np.log10(np.maximum(rms, 1e-10))
     quiet = level_db <= max(float(level_db.min()) + QUIET_ABOVE_MIN_DB, QUIET_FLOOR_DBFS)
     first, length = _longest_run(quiet)
