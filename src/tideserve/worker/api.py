@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
+from multidict import MultiDictProxy
 
 from tideserve import __version__
 from tideserve.errors import (
@@ -335,6 +336,26 @@ class WorkerService:
 OPEN_PATHS = frozenset({"/v2/health/live"})
 
 
+async def read_form(request: web.Request, fields: str) -> MultiDictProxy:
+    """The multipart/form-data body of ``request`` (``fields`` names what it must hold, for the
+    error). Raises BadInputError for another content type or a broken body, HTTPRequestEntityTooLarge
+    past the size limit."""
+    if not request.content_type.startswith("multipart/form-data"):
+        raise BadInputError(f"send multipart/form-data with fields {fields}")
+    try:
+        return await request.post()
+    except web.HTTPRequestEntityTooLarge:
+        raise
+    except (ValueError, LookupError, RuntimeError, UnicodeError, web.HTTPException) as exc:
+        # aiohttp raises many kinds for a broken multipart body (bad charset, unknown
+        # transfer encoding, invalid or over-long part headers): all are the client's.
+        raise BadInputError(f"malformed multipart body ({type(exc).__name__}: {exc})") from None
+    except Exception as exc:
+        if type(exc).__module__.startswith("aiohttp"):
+            raise BadInputError(f"malformed multipart body ({type(exc).__name__}: {exc})") from None
+        raise
+
+
 def _token_matches(request: web.Request, expected: bytes) -> bool:
     """Whether the request carries ``expected`` in ``X-Tideserve-Token`` or as a Bearer
     credential, compared in constant time. aiohttp decodes header bytes that are not UTF-8 as
@@ -482,20 +503,7 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
     async def transcribe_form(request: web.Request, task: str) -> web.StreamResponse:
         """OpenAI ``/v1/audio/transcriptions`` (``task`` transcribe) and ``/translations``."""
         check_accepting()
-        if not request.content_type.startswith("multipart/form-data"):
-            raise BadInputError("send multipart/form-data with fields 'file' and 'model'")
-        try:
-            form = await request.post()
-        except web.HTTPRequestEntityTooLarge:
-            raise
-        except (ValueError, LookupError, RuntimeError, UnicodeError, web.HTTPException) as exc:
-            # aiohttp raises many kinds for a broken multipart body (bad charset, unknown
-            # transfer encoding, invalid or over-long part headers): all are the client's.
-            raise BadInputError(f"malformed multipart body ({type(exc).__name__}: {exc})") from None
-        except Exception as exc:
-            if type(exc).__module__.startswith("aiohttp"):
-                raise BadInputError(f"malformed multipart body ({type(exc).__name__}: {exc})") from None
-            raise
+        form = await read_form(request, "'file' and 'model'")
         fields: dict[str, str] = {}
         file_bytes = None
         for key, value in form.items():
@@ -575,14 +583,7 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
     # --- a part of a spread file, from another replica -----------------------------------
     async def part(request: web.Request) -> web.Response:
         check_accepting()
-        if not request.content_type.startswith("multipart/form-data"):
-            raise BadInputError(f"send multipart/form-data with fields '{PART_OPTIONS}' and '{PART_AUDIO}'")
-        try:
-            form = await request.post()
-        except web.HTTPRequestEntityTooLarge:
-            raise
-        except Exception as exc:  # aiohttp raises many kinds for a broken multipart body
-            raise BadInputError(f"malformed multipart body ({type(exc).__name__})") from None
+        form = await read_form(request, f"'{PART_OPTIONS}' and '{PART_AUDIO}'")
         audio, options = form.get(PART_AUDIO), form.get(PART_OPTIONS)
         if isinstance(options, bytes | bytearray):  # aiohttp keeps a field that is not text/* as bytes
             try:
