@@ -9,8 +9,8 @@ policy holds for the running system:
 - ``ReplicaRecord``: one replica as the core tracks it (state, when it was wanted and became
   ready, outstanding requests and outstanding work in audio seconds, when last chosen);
 - ``LoadTracker``: load tracking: arrivals (last arrival, a histogram of inter-arrival times for
-  the keep-alive, the arrival rate of work, an hour of work arrived per 5 s bin for the burst
-  term), outstanding requests and work per replica, each pool's measured service time and its
+  the keep-alive, the arrival rate of work), an hour of answers per 5 s bin for the SLO term
+  (late ones, with the replicas ready then), outstanding requests and work per replica, each pool's measured service time and its
   throughput in audio seconds per busy second (the service rate at the batch sizes reached),
   and each pool's measured cold start;
 - ``HoldQueue``: requests held for capacity, released first in, first out, each with a deadline;
@@ -45,12 +45,16 @@ RATE_TAU_S = 60.0
 IAT_EDGES_S: tuple[float, ...] = tuple(
     [float(s) for s in range(1, 11)] + [float(s) for s in range(20, 121, 10)] + [60.0 * m for m in range(3, 241)])
 
-#: The arrival history behind the autoscaler's burst term (``autoscaler.policy.burst_level``):
-#: audio seconds that arrived per ``ARRIVAL_BIN_S`` bin, kept for ``ARRIVAL_HISTORY_S`` (an hour:
+#: The answer history behind the autoscaler's SLO term (``autoscaler.policy.slo_floor``):
+#: answers and late answers per ``ARRIVAL_BIN_S`` bin, kept for ``ARRIVAL_HISTORY_S`` (an hour:
 #: long enough to see a trace's bursts recur, short enough to follow a day's peaks and troughs;
 #: Shahrad et al. keep 4 h of inter-arrival times for the keep-alive, which changes more slowly).
 ARRIVAL_BIN_S = 5.0
 ARRIVAL_HISTORY_S = 3600.0
+
+#: Requests longer than this (one Whisper window, s of audio) are left out of the SLO term's
+#: answers (``LoadTracker.answered``): their own length, not a lack of capacity, sets their latency.
+SLO_TERM_MAX_AUDIO_S = 30.0
 
 
 class ReplicaState(str, enum.Enum):  # noqa: UP042  StrEnum would change str()/format() of a member (value, not ReplicaState.NAME)
@@ -135,13 +139,13 @@ class LoadTracker:
         self._last_arrival: float | None = None
         self.iat_counts: list[int] = [0] * (len(IAT_EDGES_S) + 1)  # last bin: out of bounds
         self._arrived_work = _Decayed()
-        self._bins: deque[list] = deque()  # [bin index (time // ARRIVAL_BIN_S), audio s], oldest first
         self._service_s: dict[str, float] = {}
         self._done_work: dict[str, _Decayed] = {}
         self._busy: dict[str, _Decayed] = {}
         self._busy_since: dict[str, float] = {}
         self._cold_start_s: dict[str, float] = {}
         self._recent_cold: dict[str, deque] = {}
+        self._answers: deque[list] = deque()  # [bin, ready replicas, answered, late], oldest first
 
     # replicas ---------------------------------------------------------------------------
     def record(self, replica_id: str, pool: str, state: ReplicaState = ReplicaState.STARTING) -> ReplicaRecord:
@@ -184,36 +188,43 @@ class LoadTracker:
             self.iat_counts[bisect.bisect_left(IAT_EDGES_S, gap)] += 1
         self._last_arrival = now
         self._arrived_work.add(audio_s, now)
-        self._bin(audio_s, now)
 
     def arrived_work(self, audio_s: float) -> None:
         """The work of a request counted at ``arrived`` with none (known only later, e.g.
         once the gateway has read its body)."""
         now = self.clock()
         self._arrived_work.add(audio_s, now)
-        self._bin(audio_s, now)
-
-    def _bin(self, audio_s: float, now: float) -> None:
-        if audio_s <= 0:
-            return
-        k = int(now // ARRIVAL_BIN_S)
-        if self._bins and self._bins[-1][0] == k:
-            self._bins[-1][1] += audio_s
-        else:
-            self._bins.append([k, audio_s])
-        horizon = ARRIVAL_HISTORY_S / ARRIVAL_BIN_S
-        while self._bins and self._bins[0][0] <= k - horizon:
-            self._bins.popleft()
-
-    def arrival_bins(self) -> tuple[tuple[int, float], ...]:
-        """The arrival history: ``(bin, audio_s)`` for each ``ARRIVAL_BIN_S`` bin with arrivals
-        over the ``ARRIVAL_HISTORY_S`` before the last arrival, oldest first; ``bin`` is
-        time // ARRIVAL_BIN_S on this tracker's clock. Pruned at arrivals only (a reader drops
-        bins older than its own horizon), so an unchanged load gives the same value."""
-        return tuple((k, w) for k, w in self._bins)
 
     def last_arrival(self) -> float | None:
         return self._last_arrival
+
+    # answers ----------------------------------------------------------------------------
+    def answered(self, latency_s: float | None, slo_s: float, audio_s: float = 0.0) -> None:
+        """A request was answered ``latency_s`` after it arrived (None: refused or timed out
+        waiting for capacity, a miss), against the latency objective ``slo_s``. Counted for the
+        autoscaler's SLO term (``autoscaler.policy.slo_floor``) with the replicas ready now, in
+        ``ARRIVAL_BIN_S`` bins over ``ARRIVAL_HISTORY_S``; a request of more than
+        ``SLO_TERM_MAX_AUDIO_S`` of audio is not counted."""
+        if audio_s > SLO_TERM_MAX_AUDIO_S:
+            return
+        now = self.clock()
+        k = int(now // ARRIVAL_BIN_S)
+        ready = sum(r.state == ReplicaState.READY for r in self.replicas.values())
+        late = int(latency_s is None or latency_s > slo_s)
+        if self._answers and self._answers[-1][:2] == [k, ready]:
+            self._answers[-1][2] += 1
+            self._answers[-1][3] += late
+        else:
+            self._answers.append([k, ready, 1, late])
+        horizon = ARRIVAL_HISTORY_S / ARRIVAL_BIN_S
+        while self._answers and self._answers[0][0] <= k - horizon:
+            self._answers.popleft()
+
+    def answer_history(self) -> tuple[tuple[int, int, int, int], ...]:
+        """``(bin, ready replicas, answered, late)`` per ``ARRIVAL_BIN_S`` bin and count of ready
+        replicas at the answers, over the ``ARRIVAL_HISTORY_S`` before the last answer, oldest
+        first. Pruned at answers only (a reader drops what is older than its own horizon)."""
+        return tuple((k, r, n, m) for k, r, n, m in self._answers)
 
     def mark_active(self) -> None:
         """The service was already serving now (a replay cut out of a running one, as the

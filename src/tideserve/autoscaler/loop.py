@@ -84,7 +84,7 @@ class Autoscaler:
         rate, rate_at = tracker.arrival_rate_audio_s()
         return Snapshot(self.load.pending, self.load.in_flight(), self.load.last_arrival(), tuple(pools),
                         self.actuator.slots(), self.load.pending_audio_s(), rate, tracker.iat_histogram(), rate_at,
-                        tracker.arrival_bins())
+                        tracker.answer_history())
 
     async def step(self) -> Decision:
         now = self.clock()

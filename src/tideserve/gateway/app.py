@@ -28,6 +28,7 @@ from aiohttp import web
 from tideserve import __version__
 from tideserve.errors import (
     BadInputError,
+    CapacityError,
     RequestTimeoutError,
     TideserveError,
     UnauthorizedError,
@@ -170,6 +171,9 @@ def build_gateway_app(
             stats.success(total_s, ctx.get("hold_ms", 0.0) / 1000, ctx.get("compute_s"), time.time())
         elif status != 404:  # a 404 named another model (or no route): not an inference of this one
             stats.failure(total_s)
+        if "audio_s" in ctx and status in (200, CapacityError.http_status, RequestTimeoutError.http_status):
+            # The autoscaler's SLO term: answered in time or not; refused or timed out: late.
+            dispatcher.answered(total_s if status == 200 else None, spec.autoscaling.slo_p95_s, ctx["audio_s"])
         metrics.requests.labels(ep_name, ctx.get("pool", "none"), api, str(status)).inc()
         metrics.latency.labels(ep_name, api).observe(total_s)
         log.info(
@@ -259,6 +263,7 @@ def build_gateway_app(
         ctx.setdefault("started", time.monotonic())
         audio_est = estimate_audio_s(body, headers)  # work estimate (dispatch.py says how)
         dispatcher.arrived_work(audio_est)
+        ctx["audio_s"] = audio_est
         headers = {**headers, REQUEST_ID: ctx["request_id"]}
         if worker_token:
             headers[TOKEN_HEADER] = worker_token

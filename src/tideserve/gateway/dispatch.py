@@ -126,6 +126,11 @@ class Dispatcher:
         """The estimated work of the request that ``arrived`` announced."""
         self.load.arrived_work(audio_s)
 
+    def answered(self, latency_s: float | None, slo_s: float, audio_s: float) -> None:
+        """A request was answered after ``latency_s`` (None: refused or timed out), for the
+        autoscaler's SLO term (``core.LoadTracker.answered``)."""
+        self.load.answered(latency_s, slo_s, audio_s)
+
     def last_arrival(self) -> float | None:
         return self.load.last_arrival()
 

@@ -523,6 +523,7 @@ class Simulation:
         if not self.held.may_hold():
             q.out.status = "rejected"
             self._done += 1
+            self.load.answered(None, self.spec.autoscaling.slo_p95_s, q.out.audio_s)
             return
         q.out.held = True
         q.hold_token += 1
@@ -637,7 +638,7 @@ class Simulation:
         rate, rate_at = self.load.arrival_rate_audio_s()
         return Snapshot(len(self.held), self.load.in_flight(), self.load.last_arrival(), tuple(pools), slots,
                         self.held.audio_s(), rate, self.load.iat_histogram(), rate_at,
-                        self.load.arrival_bins())
+                        self.load.answer_history())
 
     def _autoscale(self) -> None:
         if self.opt.static is not None:
@@ -786,6 +787,7 @@ class Simulation:
         if q.out.status == "pending" and q.replica is None and q.hold_token == token and self.held.remove(rid):
             q.out.status = "timeout"
             self._done += 1
+            self.load.answered(None, self.spec.autoscaling.slo_p95_s, q.out.audio_s)
 
     def _on_karpenter(self) -> None:
         if self._waiting_batch is None:
@@ -840,6 +842,7 @@ class Simulation:
                 self._done += 1
                 r.requests.discard(qid)
                 self.load.finished(rid, q.out.audio_s, self.now - q.dispatched_at)
+                self.load.answered(q.out.latency_s, self.spec.autoscaling.slo_p95_s, q.out.audio_s)
         if r.state == RS.STOPPED:
             return
         self._maybe_finish_drain(r)

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from tideserve.autoscaler.policy import (
-    PoolSnapshot, ReplicaSnapshot, ScalingState, Snapshot, burst_level, decide, drain_time_s, learned_keep_alive,
+    PoolSnapshot, ReplicaSnapshot, ScalingState, Snapshot, decide, drain_time_s, learned_keep_alive, slo_floor,
 )
 from tideserve.core import IAT_EDGES_S
 from tideserve.spec.models import Autoscaling
@@ -145,39 +145,35 @@ def test_decide_work_is_pure():
     assert decide(s, SPEC, ScalingState(), 1.0) == decide(s, SPEC, ScalingState(), 1.0)
 
 
-def _bursty_bins(*bursts: int) -> tuple[tuple[int, float], ...]:
-    """5 s bins over 10 min: 1 audio-s in each, 200 more in each bin of ``bursts``."""
-    bins = {k: 1.0 for k in range(120)}
-    for k in bursts:
-        bins[k] += 200.0
-    return tuple(sorted(bins.items()))
-
-
-def test_burst_level_is_a_burst_that_recurred_within_the_window():
-    # Window 9 s = 2 bins: the window of a burst's bin (or of the bin before it) holds 202.
-    assert burst_level(_bursty_bins(40, 80), now=600.0, window_s=9.0, miss_share=0.01) == pytest.approx(202.0)
-    # The same burst once: no prediction from it, only the trickle's 2 per window.
-    assert burst_level(_bursty_bins(40), now=600.0, window_s=9.0, miss_share=0.01) == pytest.approx(2.0)
-    # A miss budget that covers the bursts' work (402 of 520 audio-s) leaves only the trickle.
-    assert burst_level(_bursty_bins(40, 80), now=600.0, window_s=9.0, miss_share=0.8) == pytest.approx(2.0)
-    # Bins older than the hour of history are forgotten.
-    assert burst_level(_bursty_bins(40, 80), now=600.0 + 3600.0, window_s=9.0, miss_share=0.01) == 0.0
+def test_slo_floor_is_one_more_than_the_ready_count_that_left_too_many_answers_late():
+    # 200 answers in the hour: 5 late with 1 replica ready (2.5% > 1%), 1 late with 2 ready (0.5%).
+    answers = ((10, 1, 100, 5), (20, 2, 99, 1), (30, 2, 1, 0))
+    assert slo_floor(answers, now=600.0, miss_share=0.01) == (2, pytest.approx(6 / 200))
+    # A budget of 3% covers both: no floor.
+    assert slo_floor(answers, now=600.0, miss_share=0.03) == (0, pytest.approx(6 / 200))
+    # Two late of 200 with 2 ready: 1% is not more than 1%, so 2 was enough.
+    assert slo_floor(((10, 1, 100, 0), (20, 2, 100, 2)), now=600.0, miss_share=0.01)[0] == 0
+    # Late with 2 ready too: one more than the largest such count.
+    assert slo_floor(((10, 1, 100, 5), (20, 2, 100, 5)), now=600.0, miss_share=0.01)[0] == 3
+    # Answers older than the hour of history are forgotten.
+    assert slo_floor(answers, now=600.0 + 3600.0, miss_share=0.01) == (0, 0.0)
     with pytest.raises(ValueError, match="miss_share"):
-        burst_level((), now=0.0, window_s=9.0, miss_share=1.0)
+        slo_floor((), now=0.0, miss_share=1.0)
 
 
-def test_recurring_bursts_keep_capacity_ready_when_a_cold_start_is_longer_than_the_slo():
-    # SLO 10 s, lone latency 1 s: budget 9 s; bursts of 202 audio-s per 9 s came twice, served
-    # within 2 x 9 s: 202 / 18 = 11.2 audio-s/s, 2 replicas of 10. Nothing outstanding now: the
-    # backlog rule alone keeps 1.
-    s = dataclasses.replace(snap(pool(ready(0)), last=590.0), arrival_bins=_bursty_bins(40, 80))
+def test_late_answers_keep_capacity_ready_when_a_cold_start_is_longer_than_the_slo():
+    # SLO 10 s, cold start 100 s: a replica asked for at a burst comes after it. 5 of the last
+    # hour's 100 answers were late with one replica ready: 2 are kept, though nothing is
+    # outstanding now (the backlog rule alone keeps 1).
+    late = ((100, 1, 95, 0), (110, 1, 5, 5))
+    s = dataclasses.replace(snap(pool(ready(0)), last=590.0), answers=late)
     d, _ = decide(s, SPEC, ScalingState(), now=600.0)
-    assert d.total == 2 and "came at least twice" in d.reason and "11.22 audio-s/s (2 replica(s))" in d.reason
-    assert (d.inputs["burst_audio_s"], d.inputs["burst_replicas"]) == (pytest.approx(202.0), 2)
-    # Seen once: nothing kept for it.
-    s1 = dataclasses.replace(s, arrival_bins=_bursty_bins(40))
+    assert d.total == 2 and "5.00% of the answers" in d.reason and "with 1 replica(s) ready: at least 2 kept" in d.reason
+    assert (d.inputs["slo_floor"], d.inputs["late_share"]) == (2, 0.05)
+    # Within the miss budget (1 of 100): nothing kept for it.
+    s1 = dataclasses.replace(s, answers=((100, 1, 99, 0), (110, 1, 1, 1)))
     assert decide(s1, SPEC, ScalingState(), now=600.0)[0].total == 1
     # A cold start (5 s) shorter than the budget: a replica asked for at the burst is in time.
-    s5 = dataclasses.replace(snap(pool(ready(0), cold=5.0), last=598.0), arrival_bins=_bursty_bins(40, 80))
+    s5 = dataclasses.replace(snap(pool(ready(0), cold=5.0), last=598.0), answers=late)
     d5, _ = decide(s5, SPEC, ScalingState(), now=600.0)
-    assert d5.total == 1 and d5.inputs["burst_replicas"] == 0
+    assert d5.total == 1 and d5.inputs["slo_floor"] == 0

@@ -63,15 +63,19 @@ def test_states_counted_as_capacity():
     assert ReplicaState.READY == "ready"  # the strings the status page shows
 
 
-def test_arrival_bins_sum_work_per_5_s_and_keep_an_hour():
+def test_answers_are_counted_per_5_s_with_the_ready_replicas_and_kept_an_hour():
     now = [0.0]
     t = LoadTracker(lambda: now[0])
-    for at, audio in ((1.0, 10.0), (4.9, 5.0), (5.0, 2.0), (12.0, 0.0)):  # a request of unknown length: no work
+    t.set_state("a", "gpu", ReplicaState.READY)
+    t.set_state("b", "gpu", ReplicaState.STARTING)  # not ready: not counted
+    for at, latency in ((1.0, 2.0), (2.0, 16.0), (4.9, None)):  # None: refused or timed out, a miss
         now[0] = at
-        t.arrived(audio)
-    now[0] = 13.0
-    t.arrived_work(3.0)  # its length, once known, counts in the bin it became known
-    assert t.arrival_bins() == ((0, 15.0), (1, 2.0), (2, 3.0))
-    now[0] = 3600.0 + 7.0  # bin 721: bins 0 and 1 are now more than an hour old
-    t.arrived(1.0)
-    assert t.arrival_bins() == ((2, 3.0), (721, 1.0))
+        t.answered(latency, slo_s=15.0, audio_s=10.0)
+    now[0] = 6.0
+    t.answered(20.0, slo_s=15.0, audio_s=31.0)  # longer than one window: its length, not capacity
+    t.set_state("b", "gpu", ReplicaState.READY)
+    t.answered(3.0, slo_s=15.0, audio_s=5.0)
+    assert t.answer_history() == ((0, 1, 3, 2), (1, 2, 1, 0))
+    now[0] = 3600.0 + 7.0  # bin 721: bin 0 and 1 are now more than an hour old
+    t.answered(1.0, slo_s=15.0)
+    assert t.answer_history() == ((721, 2, 1, 0),)

@@ -81,12 +81,46 @@ def test_request_timeout_is_504_and_the_forwarded_request_is_cancelled():
                 status, body = r.status, await r.json()
             assert arrived.is_set()
             await asyncio.wait_for(cancelled.wait(), 30)
-            return status, body, gw.app["dispatcher"].in_flight()
+            return status, body, gw.app["dispatcher"].in_flight(), gw.app["dispatcher"].load.answer_history()
         finally:
             await gw.cleanup()
             await rr.cleanup()
 
-    status, body, in_flight = asyncio.run(main())
+    status, body, in_flight, answers = asyncio.run(main())
     assert status == 504, body
     assert body["code"] == 504 and body["error"] == "timeout" and "request_timeout_s=0.5" in body["message"], body
     assert in_flight == 0  # the replica's slot was released
+    # The autoscaler's SLO term counts it as a late answer, with the one replica ready then.
+    assert [(ready, n, late) for _, ready, n, late in answers] == [(1, 1, 1)]
+
+
+def test_an_answer_in_time_is_counted_for_the_slo_term():
+    async def main():
+        async def answers(request: web.Request) -> web.Response:
+            await request.read()
+            return web.json_response({"text": "hi"})
+
+        replica = web.Application()
+        replica.router.add_post("/invocations", answers)
+        rr = web.AppRunner(replica)
+        await rr.setup()
+        rsite = web.TCPSite(rr, "127.0.0.1", 0)
+        await rsite.start()
+        gw = web.AppRunner(build_gateway_app(
+            _endpoint(30), OneReplica(f"http://127.0.0.1:{rsite._server.sockets[0].getsockname()[1]}")))
+        await gw.setup()
+        site = web.TCPSite(gw, "127.0.0.1", 0)
+        await site.start()
+        url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        try:
+            async with aiohttp.ClientSession() as s:
+                for seconds in ("3", "600"):  # 600 s of audio: its own length sets its latency, not counted
+                    async with s.post(url + "/invocations", json={"audio_data": ""},
+                                      headers={"X-Audio-Seconds": seconds}) as r:
+                        assert r.status == 200, await r.text()
+            return gw.app["dispatcher"].load.answer_history()
+        finally:
+            await gw.cleanup()
+            await rr.cleanup()
+
+    assert [(ready, n, late) for _, ready, n, late in asyncio.run(main())] == [(1, 1, 0)]
