@@ -28,7 +28,6 @@ keep-alive.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import math
 from dataclasses import dataclass, field
