@@ -11,6 +11,7 @@ import asyncio
 import aiohttp
 from aiohttp import web
 
+from serve import serve_app
 from tideserve.gateway.app import build_gateway_app
 from tideserve.replicas import ReplicaEndpoint
 from tideserve.spec import InferenceEndpoint
@@ -66,16 +67,8 @@ def test_request_timeout_is_504_and_the_forwarded_request_is_cancelled():
 
         replica = web.Application()
         replica.router.add_post("/invocations", never_answers)
-        rr = web.AppRunner(replica, handler_cancellation=True)
-        await rr.setup()
-        rsite = web.TCPSite(rr, "127.0.0.1", 0)
-        await rsite.start()
-        gw = web.AppRunner(build_gateway_app(
-            _endpoint(0.5), OneReplica(f"http://127.0.0.1:{rsite._server.sockets[0].getsockname()[1]}")))
-        await gw.setup()
-        site = web.TCPSite(gw, "127.0.0.1", 0)
-        await site.start()
-        url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        rr, replica_url = await serve_app(replica, handler_cancellation=True)
+        gw, url = await serve_app(build_gateway_app(_endpoint(0.5), OneReplica(replica_url)))
         try:
             async with aiohttp.ClientSession() as s, s.post(url + "/invocations", json={"audio_data": ""}) as r:
                 status, body = r.status, await r.json()
@@ -102,16 +95,8 @@ def test_an_answer_in_time_is_counted_for_the_slo_term():
 
         replica = web.Application()
         replica.router.add_post("/invocations", answers)
-        rr = web.AppRunner(replica)
-        await rr.setup()
-        rsite = web.TCPSite(rr, "127.0.0.1", 0)
-        await rsite.start()
-        gw = web.AppRunner(build_gateway_app(
-            _endpoint(30), OneReplica(f"http://127.0.0.1:{rsite._server.sockets[0].getsockname()[1]}")))
-        await gw.setup()
-        site = web.TCPSite(gw, "127.0.0.1", 0)
-        await site.start()
-        url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        rr, replica_url = await serve_app(replica)
+        gw, url = await serve_app(build_gateway_app(_endpoint(30), OneReplica(replica_url)))
         try:
             async with aiohttp.ClientSession() as s:
                 for seconds in ("3", "600"):  # 600 s of audio: its own length sets its latency, not counted

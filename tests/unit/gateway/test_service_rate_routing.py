@@ -15,6 +15,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from serve import serve_app
 from tideserve.gateway.app import build_gateway_app
 from tideserve.gateway.dispatch import EWMA_ALPHA, Dispatcher
 from tideserve.replicas import ReplicaEndpoint
@@ -134,17 +135,9 @@ def test_gateway_measures_each_pools_service_time_and_routes_to_the_faster():
 
             app = web.Application()
             app.router.add_post("/invocations", invocations)
-            runner = web.AppRunner(app)
-            await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
+            runner, urls[pool] = await serve_app(app)
             runners.append(runner)
-            urls[pool] = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
-        gw = web.AppRunner(build_gateway_app(_endpoint(), Pools(urls), clock=lambda: now[0]))
-        await gw.setup()
-        site = web.TCPSite(gw, "127.0.0.1", 0)
-        await site.start()
-        url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        gw, url = await serve_app(build_gateway_app(_endpoint(), Pools(urls), clock=lambda: now[0]))
         try:
             async with aiohttp.ClientSession() as s:
                 seen = []
