@@ -90,6 +90,9 @@ def main() -> int:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--condition", action="store_true",
                     help="condition each window on the text before it (tideserve and fw-transcribe)")
+    ap.add_argument("--instances", type=int, help="tideserve-fw: model instances (default: the worker's default)")
+    ap.add_argument("--cpu-threads", type=int, default=0,
+                    help="tideserve-fw: intra-op threads per instance (0: the worker's default)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     decoding = Decoding(beam_size=a.beam, without_timestamps=False, condition_on_previous_text=a.condition)
@@ -102,7 +105,8 @@ def main() -> int:
     systems: dict[str, object] = {}
     wanted = a.systems.split(",")
     if "tideserve-fw" in wanted:
-        systems["tideserve-fw"] = Tideserve("faster-whisper", "cpu-x86_64-int8", decoding, a.batch_size)
+        systems["tideserve-fw"] = Tideserve("faster-whisper", "cpu-x86_64-int8", decoding, a.batch_size,
+                                            instances=a.instances, cpu_threads=a.cpu_threads)
     if "tideserve-torch" in wanted and a.beam == 1:
         import torch
 

@@ -26,7 +26,7 @@ class Tideserve:
     backend (default: the bundled tiny.en, converted for the torch backend)."""
 
     def __init__(self, backend: str, target: str, decoding: Decoding, max_batch_size: int,
-                 model_dir: Path | None = None, instances: int | None = None) -> None:
+                 model_dir: Path | None = None, instances: int | None = None, cpu_threads: int = 0) -> None:
         from tideserve.worker.backends import backend_class
 
         if model_dir is None:
@@ -43,7 +43,7 @@ class Tideserve:
         self.max_batch_size = max_batch_size
         self.instances = instances or default_instances()
         self.backend = backend_class(backend)(model_dir, Target.parse(target), decoding, max_batch_size=max_batch_size,
-                                              instances=self.instances)
+                                              instances=self.instances, cpu_threads=cpu_threads)
 
     def __call__(self, samples: np.ndarray) -> list[tuple[float, float, str]]:
         """Segments ``(start_s, end_s, text)`` of ``samples`` (float32, 16 kHz mono), in order."""

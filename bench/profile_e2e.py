@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from endpoint import EndpointProcess, write_endpoint  # noqa: E402
 from sim_validation import wav_bytes  # noqa: E402
 
-from tideserve.cli.bench import _cpu_model, clip_of, speech_samples  # noqa: E402
+from tideserve.cli.bench import SAMPLE_RATE, _cpu_model, clip_of, speech_samples  # noqa: E402
 from tideserve.cli.engines import backend_version  # noqa: E402
 from tideserve.sim.profile import Profile, ProfileMetadata, PoolProfile, ProfilePoint, load_profile  # noqa: E402
 from tideserve.spec import load_endpoint  # noqa: E402
@@ -149,9 +149,12 @@ def main() -> None:
                     asyncio.run(one_batch(ep.url, [warm]))
                     for audio_s in lengths:
                         # Each repeat on other speech (a window's decode time depends on what it
-                        # says: single 15 s windows took 1.1-4.2 s here by where the loop starts).
+                        # says: single 15 s windows took 1.1-4.2 s here by where the loop starts),
+                        # the starts spread evenly over the looped speech (7 s of clips by default:
+                        # steps of 2.3 s nearly repeat every third, so 15 repeats sampled 3 places).
+                        step = len(speech) / SAMPLE_RATE / args.repeats
                         samples = [asyncio.run(one_batch(ep.url, [
-                            {"audio_data": base64.b64encode(wav_bytes(clip_of(speech, audio_s, 1.7 * k + 2.3 * rep))).decode()}
+                            {"audio_data": base64.b64encode(wav_bytes(clip_of(speech, audio_s, 1.7 * k + step * rep))).decode()}
                             for k in range(b)])) for rep in range(args.repeats)]
                         points.append(ProfilePoint(batch_size=b, audio_s=audio_s, latency_s=statistics.median(samples),
                                                    samples_s=[round(s, 4) for s in samples]))

@@ -145,7 +145,7 @@ class LoadTracker:
         self._busy_since: dict[str, float] = {}
         self._cold_start_s: dict[str, float] = {}
         self._recent_cold: dict[str, deque] = {}
-        self._answers: deque[list] = deque()  # [bin, ready replicas, answered, late], oldest first
+        self._answers: deque[tuple[int, dict[int, list[int]]]] = deque()  # (bin, {ready: [answered, late]}), oldest first
 
     # replicas ---------------------------------------------------------------------------
     def record(self, replica_id: str, pool: str, state: ReplicaState = ReplicaState.STARTING) -> ReplicaRecord:
@@ -199,32 +199,37 @@ class LoadTracker:
         return self._last_arrival
 
     # answers ----------------------------------------------------------------------------
-    def answered(self, latency_s: float | None, slo_s: float, audio_s: float = 0.0) -> None:
-        """A request was answered ``latency_s`` after it arrived (None: refused or timed out
-        waiting for capacity, a miss), against the latency objective ``slo_s``. Counted for the
-        autoscaler's SLO term (``autoscaler.policy.slo_floor``) with the replicas ready now, in
-        ``ARRIVAL_BIN_S`` bins over ``ARRIVAL_HISTORY_S``; a request of more than
-        ``SLO_TERM_MAX_AUDIO_S`` of audio is not counted."""
+    def ready_count(self) -> int:
+        """Replicas ready now (their records' state)."""
+        return sum(r.state == ReplicaState.READY for r in self.replicas.values())
+
+    def answered(self, latency_s: float | None, slo_s: float, audio_s: float = 0.0, ready: int | None = None) -> None:
+        """A request was answered ``latency_s`` after it arrived (None: refused, or timed out,
+        a miss), against the latency objective ``slo_s``. Counted for the autoscaler's SLO term
+        (``autoscaler.policy.slo_floor``) in ``ARRIVAL_BIN_S`` bins over ``ARRIVAL_HISTORY_S``,
+        with ``ready``: the replicas ready when it arrived (the capacity it met; default: now).
+        A request of more than ``SLO_TERM_MAX_AUDIO_S`` of audio is not counted."""
         if audio_s > SLO_TERM_MAX_AUDIO_S:
             return
         now = self.clock()
         k = int(now // ARRIVAL_BIN_S)
-        ready = sum(r.state == ReplicaState.READY for r in self.replicas.values())
+        if ready is None:
+            ready = self.ready_count()
         late = int(latency_s is None or latency_s > slo_s)
-        if self._answers and self._answers[-1][:2] == [k, ready]:
-            self._answers[-1][2] += 1
-            self._answers[-1][3] += late
-        else:
-            self._answers.append([k, ready, 1, late])
+        if not self._answers or self._answers[-1][0] != k:
+            self._answers.append((k, {}))
+        counts = self._answers[-1][1].setdefault(ready, [0, 0])
+        counts[0] += 1
+        counts[1] += late
         horizon = ARRIVAL_HISTORY_S / ARRIVAL_BIN_S
         while self._answers and self._answers[0][0] <= k - horizon:
             self._answers.popleft()
 
     def answer_history(self) -> tuple[tuple[int, int, int, int], ...]:
-        """``(bin, ready replicas, answered, late)`` per ``ARRIVAL_BIN_S`` bin and count of ready
-        replicas at the answers, over the ``ARRIVAL_HISTORY_S`` before the last answer, oldest
+        """``(bin, ready replicas, answered, late)`` per ``ARRIVAL_BIN_S`` bin of the answers and
+        count of ready replicas at their arrivals, over the ``ARRIVAL_HISTORY_S`` before the last answer, oldest
         first. Pruned at answers only (a reader drops what is older than its own horizon)."""
-        return tuple((k, r, n, m) for k, r, n, m in self._answers)
+        return tuple((k, r, n, m) for k, by_ready in self._answers for r, (n, m) in sorted(by_ready.items()))
 
     def mark_active(self) -> None:
         """The service was already serving now (a replay cut out of a running one, as the

@@ -66,9 +66,16 @@ class Autoscaler:
         states = self.actuator.replica_states()
         rates = self.load.service_rates()
         tracker = self.load.load
+        listed = set()
         for pool, reps_ in states.items():  # the core records when each replica was wanted and ready
             for rid, st in reps_:
                 tracker.set_state(rid, pool, ReplicaState(st))
+                listed.add(rid)
+        for rid, rec in list(tracker.replicas.items()):
+            # A replica the runtime no longer lists is gone (drained, deleted): counted as ready
+            # for ever otherwise (the SLO term's ready counts). One still finishing work stays.
+            if rid not in listed and rec.outstanding == 0:
+                tracker.set_state(rid, rec.pool, ReplicaState.STOPPED)
         throughput = tracker.throughput_audio_s()
         cold = tracker.cold_start_s()
         pools = []

@@ -291,32 +291,43 @@ def slo_floor(answers: tuple[tuple[int, int, int, int], ...], now: float, miss_s
               bin_s: float = ARRIVAL_BIN_S, history_s: float = ARRIVAL_HISTORY_S) -> tuple[int, float]:
     """The SLO term of ``decide_work``: ``(floor, late share)`` from the endpoint's own answers.
 
-    ``answers``: ``(bin, ready replicas, answered, late)`` (``core.LoadTracker.answer_history``);
-    entries before ``now - history_s`` are ignored. A count of ready replicas whose late answers
-    alone exceed ``miss_share`` of all answers over the history was too few for the traffic seen:
-    the floor is one more than the largest such count (0 when none, or no answers). The late
-    share is late / answered over the history. Raises ValueError for ``miss_share`` outside [0, 1).
+    ``answers``: ``(bin, ready replicas, answered, late)`` (``core.LoadTracker.answer_history``:
+    the ready count is the one each request met when it arrived); entries before
+    ``now - history_s`` are ignored. A ready count k was too few when its late answers alone
+    exceed ``miss_share`` of all answers over the history, and it is the smallest count seen or
+    its late rate (late / answered at k) is below that of the next smaller count seen: more
+    replicas helped, so one more may help again; where they did not (misses that capacity does
+    not cure: a slow upload, a lone request near the SLO), the floor stops climbing. The floor is
+    one more than the largest such k (0 when none, or no answers); the late share is late /
+    answered over the history. Raises ValueError for ``miss_share`` outside [0, 1).
 
     A closed loop on what users saw rather than a model of the traffic: a fluid queue replaying
     the arrival history at the profile's capacity was tried first and misjudged both ways (it saw
     no miss in a large-v3 burst that missed 47 requests, and 30% late work on a CPU trace that met
-    the SLO with one replica), as did sizing for the recurring bursts' work (README, Simulator)."""
+    the SLO with one replica), as did sizing for the recurring bursts' work (docs/autoscaling.md)."""
     if not 0.0 <= miss_share < 1.0:
         raise ValueError(f"miss_share {miss_share} must be in [0, 1)")
     first = (now - history_s) / bin_s
     total, late_all = 0, 0
-    late_at: dict[int, int] = {}
+    by_ready: dict[int, list[int]] = {}
     for k, ready, n, late in answers:
         if k < first:
             continue
         total += n
         late_all += late
-        if late:
-            late_at[ready] = late_at.get(ready, 0) + late
+        seen = by_ready.setdefault(ready, [0, 0])
+        seen[0] += n
+        seen[1] += late
     if total == 0:
         return 0, 0.0
-    short = [ready for ready, late in late_at.items() if late > miss_share * total]
-    return (max(short) + 1 if short else 0), late_all / total
+    floor, prev_rate = 0, None
+    for ready in sorted(by_ready):
+        n, late = by_ready[ready]
+        rate = late / n
+        if late > miss_share * total and (prev_rate is None or rate < prev_rate):
+            floor = ready + 1
+        prev_rate = rate
+    return floor, late_all / total
 
 
 def drain_time_s(work_s: float, arrival_rate: float, ready_capacity: float,
@@ -358,10 +369,11 @@ def decide_work(
        a burst shorter than a cold start asks for none.
     4. Held requests at zero replicas: at least one replica at once (activation).
        The SLO term (bursts): when a cold start is longer than the SLO budget, a replica asked
-       for at a burst comes after it, so what users saw decides: a count of ready replicas
-       whose late answers (after ``slo_p95_s``, or refused) alone exceed 1 - ``slo_attainment``
-       of the answers over the last ``core.ARRIVAL_HISTORY_S`` was too few, and at least one
-       more is kept (``slo_floor``) until those answers leave the history.
+       for at a burst comes after it, so what users saw decides: a count of ready replicas (met
+       at arrival) whose late answers (after ``slo_p95_s``, or refused) alone exceed
+       1 - ``slo_attainment`` of the answers over the last ``core.ARRIVAL_HISTORY_S`` was too
+       few, and at least one more is kept (``slo_floor``: only while more replicas helped)
+       until those answers leave the history.
     5. Scale-down: to the highest recommendation over ``scale_down_stabilization_s``.
     6. Scale to zero once nothing is outstanding and no request arrived for the keep-alive:
        when a cold start (plus the lone-request latency) still meets the SLO, the break-even

@@ -173,7 +173,8 @@ def build_gateway_app(
             stats.failure(total_s)
         if "audio_s" in ctx and status in (200, CapacityError.http_status, RequestTimeoutError.http_status):
             # The autoscaler's SLO term: answered in time or not; refused or timed out: late.
-            dispatcher.answered(total_s if status == 200 else None, spec.autoscaling.slo_p95_s, ctx["audio_s"])
+            dispatcher.answered(total_s if status == 200 else None, spec.autoscaling.slo_p95_s, ctx["audio_s"],
+                                ctx.get("ready_at_arrival"))
         metrics.requests.labels(ep_name, ctx.get("pool", "none"), api, str(status)).inc()
         metrics.latency.labels(ep_name, api).observe(total_s)
         log.info(
@@ -263,7 +264,7 @@ def build_gateway_app(
         ctx.setdefault("started", time.monotonic())
         audio_est = estimate_audio_s(body, headers)  # work estimate (dispatch.py says how)
         dispatcher.arrived_work(audio_est)
-        ctx["audio_s"] = audio_est
+        ctx["audio_s"], ctx["ready_at_arrival"] = audio_est, dispatcher.ready_replicas()
         headers = {**headers, REQUEST_ID: ctx["request_id"]}
         if worker_token:
             headers[TOKEN_HEADER] = worker_token

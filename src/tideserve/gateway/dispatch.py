@@ -126,10 +126,15 @@ class Dispatcher:
         """The estimated work of the request that ``arrived`` announced."""
         self.load.arrived_work(audio_s)
 
-    def answered(self, latency_s: float | None, slo_s: float, audio_s: float) -> None:
-        """A request was answered after ``latency_s`` (None: refused or timed out), for the
-        autoscaler's SLO term (``core.LoadTracker.answered``)."""
-        self.load.answered(latency_s, slo_s, audio_s)
+    def ready_replicas(self) -> int:
+        """Replicas that take requests now, as the replica source lists them."""
+        return sum(e.ready for e in self.source.endpoints())
+
+    def answered(self, latency_s: float | None, slo_s: float, audio_s: float, ready: int | None = None) -> None:
+        """A request was answered after ``latency_s`` (None: refused or timed out), having met
+        ``ready`` replicas when it arrived, for the autoscaler's SLO term
+        (``core.LoadTracker.answered``)."""
+        self.load.answered(latency_s, slo_s, audio_s, ready)
 
     def last_arrival(self) -> float | None:
         return self.load.last_arrival()

@@ -160,13 +160,15 @@ class InferenceService:
         body, hlen = kserve.binary_infer_body(ctx["request_id"], inputs)
         headers = {"Content-Type": "application/octet-stream", kserve.HEADER_LENGTH: str(hlen)}
         status, out_headers, data = await self.core.call(ctx, "POST", f"/v2/models/{self.model}/infer", body, headers)
-        ctx["status"] = status
         if status != 200:
+            ctx["status"] = status
             raise _Failed(status, _error_message(data), out_headers.get("Retry-After"))
         try:
             text = kserve.parse_binary_infer_response(data, out_headers.get(kserve.HEADER_LENGTH))
         except (ValueError, KeyError) as exc:
+            ctx["status"] = 502
             raise _Failed(502, f"the replica's answer could not be read ({exc}); retry") from None
+        ctx["status"] = status
         out = pb.ModelInferResponse.InferOutputTensor(name=kserve.OUTPUT_TEXT, datatype="BYTES", shape=[1])
         return pb.ModelInferResponse(model_name=self.model, model_version="1", id=req.id, outputs=[out],
                                      raw_output_contents=[text])

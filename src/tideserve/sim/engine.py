@@ -255,6 +255,7 @@ class _Req:
     replica: str | None = None
     dispatched_at: float = 0.0
     hold_token: int = 0
+    ready_at_arrival: int = 0  # replicas ready when it arrived (the SLO term's count)
 
 
 def profiles_for(spec: EndpointSpec, profiles: Sequence[PoolProfile]) -> dict[str, PoolProfile]:
@@ -523,7 +524,7 @@ class Simulation:
         if not self.held.may_hold():
             q.out.status = "rejected"
             self._done += 1
-            self.load.answered(None, self.spec.autoscaling.slo_p95_s, q.out.audio_s)
+            self.load.answered(None, self.spec.autoscaling.slo_p95_s, q.out.audio_s, q.ready_at_arrival)
             return
         q.out.held = True
         q.hold_token += 1
@@ -780,6 +781,7 @@ class Simulation:
 
     def _on_arrival(self, rid: int) -> None:
         self.load.arrived(self.reqs[rid].out.audio_s)
+        self.reqs[rid].ready_at_arrival = self.load.ready_count()
         self._admit(self.reqs[rid])
 
     def _on_hold_timeout(self, rid: int, token: int) -> None:
@@ -787,7 +789,7 @@ class Simulation:
         if q.out.status == "pending" and q.replica is None and q.hold_token == token and self.held.remove(rid):
             q.out.status = "timeout"
             self._done += 1
-            self.load.answered(None, self.spec.autoscaling.slo_p95_s, q.out.audio_s)
+            self.load.answered(None, self.spec.autoscaling.slo_p95_s, q.out.audio_s, q.ready_at_arrival)
 
     def _on_karpenter(self) -> None:
         if self._waiting_batch is None:
@@ -842,7 +844,7 @@ class Simulation:
                 self._done += 1
                 r.requests.discard(qid)
                 self.load.finished(rid, q.out.audio_s, self.now - q.dispatched_at)
-                self.load.answered(q.out.latency_s, self.spec.autoscaling.slo_p95_s, q.out.audio_s)
+                self.load.answered(q.out.latency_s, self.spec.autoscaling.slo_p95_s, q.out.audio_s, q.ready_at_arrival)
         if r.state == RS.STOPPED:
             return
         self._maybe_finish_drain(r)

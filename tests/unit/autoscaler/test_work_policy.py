@@ -146,15 +146,21 @@ def test_decide_work_is_pure():
 
 
 def test_slo_floor_is_one_more_than_the_ready_count_that_left_too_many_answers_late():
-    # 200 answers in the hour: 5 late with 1 replica ready (2.5% > 1%), 1 late with 2 ready (0.5%).
+    # 200 answers in the hour: 5 late of 100 that met 1 replica (2.5% of all > 1%), 1 late of 100
+    # that met 2 (0.5%).
     answers = ((10, 1, 100, 5), (20, 2, 99, 1), (30, 2, 1, 0))
     assert slo_floor(answers, now=600.0, miss_share=0.01) == (2, pytest.approx(6 / 200))
     # A budget of 3% covers both: no floor.
     assert slo_floor(answers, now=600.0, miss_share=0.03) == (0, pytest.approx(6 / 200))
     # Two late of 200 with 2 ready: 1% is not more than 1%, so 2 was enough.
     assert slo_floor(((10, 1, 100, 0), (20, 2, 100, 2)), now=600.0, miss_share=0.01)[0] == 0
-    # Late with 2 ready too: one more than the largest such count.
-    assert slo_floor(((10, 1, 100, 5), (20, 2, 100, 5)), now=600.0, miss_share=0.01)[0] == 3
+    # Late with 2 ready too, but fewer than with 1 (the second replica helped): one more again.
+    assert slo_floor(((10, 1, 100, 9), (20, 2, 100, 5)), now=600.0, miss_share=0.01)[0] == 3
+    # As late with 2 as with 1 (a slow upload, a lone request near the SLO: not a lack of
+    # capacity): the floor stops at 2 instead of climbing to the pool's maximum.
+    assert slo_floor(((10, 1, 100, 5), (20, 2, 100, 5)), now=600.0, miss_share=0.01)[0] == 2
+    # Misses met at zero replicas (a start from zero) ask for one, not for a second.
+    assert slo_floor(((10, 0, 5, 5), (20, 1, 195, 0)), now=600.0, miss_share=0.01)[0] == 1
     # Answers older than the hour of history are forgotten.
     assert slo_floor(answers, now=600.0 + 3600.0, miss_share=0.01) == (0, 0.0)
     with pytest.raises(ValueError, match="miss_share"):

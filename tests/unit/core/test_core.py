@@ -75,7 +75,9 @@ def test_answers_are_counted_per_5_s_with_the_ready_replicas_and_kept_an_hour():
     t.answered(20.0, slo_s=15.0, audio_s=31.0)  # longer than one window: its length, not capacity
     t.set_state("b", "gpu", ReplicaState.READY)
     t.answered(3.0, slo_s=15.0, audio_s=5.0)
-    assert t.answer_history() == ((0, 1, 3, 2), (1, 2, 1, 0))
+    t.answered(16.0, slo_s=15.0, ready=1)  # it met one replica when it arrived
+    assert t.ready_count() == 2
+    assert t.answer_history() == ((0, 1, 3, 2), (1, 1, 1, 1), (1, 2, 1, 0))
     now[0] = 3600.0 + 7.0  # bin 721: bin 0 and 1 are now more than an hour old
     t.answered(1.0, slo_s=15.0)
     assert t.answer_history() == ((721, 2, 1, 0),)

@@ -121,7 +121,8 @@ def test_live_dispatcher_and_simulator_agree_on_a_short_scripted_trace():
 
 def test_the_simulator_counts_answers_for_the_slo_term_as_the_gateway_does():
     """The scripted trace above with a 5 s SLO: answered at 2.6, 4.6, 6.6 and 8.6 s after
-    arrivals at 0-0.3 s, the last two late, all with the one replica ready (core.LoadTracker)."""
+    arrivals at 0-0.3 s, the last two late, all having met no ready replica (it was ready at
+    0.6 s), as core.LoadTracker counts them for the gateway."""
     trace = [TraceRequest(i, 0.1 * i, 5.0) for i in range(4)]
     spec = make_spec(pools=[{"name": "cpu", "accelerator": "cpu", "target": "cpu-x86_64-int8",
                              "replicas": {"min": 0, "max": 1}, "max_concurrency": 1, "cost_usd_per_h": 3.6}],
@@ -129,4 +130,4 @@ def test_the_simulator_counts_answers_for_the_slo_term_as_the_gateway_does():
                                   "interval_s": 1, "slo_p95_s": 5})
     sim = Simulation(spec, trace, [fixed_profile()], RunOptions(cluster="local", replica_slots=1))
     sim.run()
-    assert sim.load.answer_history() == ((0, 1, 2, 0), (1, 1, 2, 2))
+    assert sim.load.answer_history() == ((0, 0, 2, 0), (1, 0, 2, 2))
