@@ -524,7 +524,7 @@ class Simulation:
         if not self.held.may_hold():
             q.out.status = "rejected"
             self._done += 1
-            self.load.answered(None, self.spec.autoscaling.slo_p95_s, q.out.audio_s, q.ready_at_arrival)
+            self._answered(q)
             return
         q.out.held = True
         q.hold_token += 1
@@ -779,6 +779,11 @@ class Simulation:
         if any(r.state == RS.WAITING for r in self.replicas.values()) and self._waiting_batch is None:
             self._want_machines()  # retry replicas no offering could take last time
 
+    def _answered(self, q: _Req) -> None:
+        """``q`` was answered (its latency), refused or timed out (None): the SLO term's count,
+        as the gateway's ``account`` makes it."""
+        self.load.answered(q.out.latency_s, self.spec.autoscaling.slo_p95_s, q.out.audio_s, q.ready_at_arrival)
+
     def _on_arrival(self, rid: int) -> None:
         self.load.arrived(self.reqs[rid].out.audio_s)
         self.reqs[rid].ready_at_arrival = self.load.ready_count()
@@ -789,7 +794,7 @@ class Simulation:
         if q.out.status == "pending" and q.replica is None and q.hold_token == token and self.held.remove(rid):
             q.out.status = "timeout"
             self._done += 1
-            self.load.answered(None, self.spec.autoscaling.slo_p95_s, q.out.audio_s, q.ready_at_arrival)
+            self._answered(q)
 
     def _on_karpenter(self) -> None:
         if self._waiting_batch is None:
@@ -844,7 +849,7 @@ class Simulation:
                 self._done += 1
                 r.requests.discard(qid)
                 self.load.finished(rid, q.out.audio_s, self.now - q.dispatched_at)
-                self.load.answered(q.out.latency_s, self.spec.autoscaling.slo_p95_s, q.out.audio_s, q.ready_at_arrival)
+                self._answered(q)
         if r.state == RS.STOPPED:
             return
         self._maybe_finish_drain(r)
