@@ -108,6 +108,8 @@ def simulate_cmd(
                                                 "(default: the catalog's, tiny.en's ~75 MB)"),
     start_warm: bool = typer.Option(False, help="autoscaled runs start with one ready replica (a replay cut out of "
                                     "continuous traffic)"),
+    seeds: int = typer.Option(1, min=1, help="runs per policy with seeds SEED, SEED+1, ...: costs are their mean "
+                                             "(spot interruptions and service times are random draws)"),
 ) -> None:
     """Replay a trace through tideserve's policies; compare static and autoscaled fleets; write a TCO report."""
     from tideserve.cli.common import exit_missing_extra, load_or_exit as _load
@@ -138,7 +140,7 @@ def simulate_cmd(
         pools = pools_for_backend(profs, list(paths), ep.spec.model.backend)
         cs = ColdStartCatalog() if model_bytes is None else ColdStartCatalog(model_bytes=model_bytes)
         opts = dataclasses.replace(opts, coldstart=cs)
-        runs, levers = compare(ep.spec, reqs, pools, opts, slo_s, start_warm=start_warm)
+        runs, levers = compare(ep.spec, reqs, pools, opts, slo_s, start_warm=start_warm, seeds=seeds)
     except SimInputError as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2) from None
@@ -146,6 +148,8 @@ def simulate_cmd(
               "duration rule": duration_rule, "seed": str(seed), "cluster": cluster,
               "spot interruptions per node-hour": f"{spot_interruption_rate_per_h:g}",
               "spot discount": f"{spot_discount:g}", "profiles": ", ".join(str(p) for p in paths)}
+    if seeds > 1:
+        inputs["seeds"] = f"{seed}-{seed + seeds - 1}"
     if max_trace_s is not None:
         inputs["max trace s"] = f"{max_trace_s:g}"
     if model_bytes is not None:
@@ -157,7 +161,7 @@ def simulate_cmd(
         s = r.summary
         print(f"{r.name:<26} cost ${s.cost_usd:8.3f}  GPU-h {s.gpu_hours:6.2f}  CPU node-h {s.cpu_node_hours:6.2f}  "
               f"SLO {100 * s.slo_attainment:5.1f}%  p50 {s.p50_s or 0:6.2f}s  p95 {s.p95_s or 0:7.2f}s  "
-              f"p99 {s.p99_s or 0:7.2f}s  failed {s.failed}  cold starts {s.cold_starts}")
+              f"p99 {s.p99_s or 0:7.2f}s  failed {s.failed:g}  cold starts {s.cold_starts:g}")
     for lv in levers:
         print(f"lever {lv.name:<20} " + (f"saving ${lv.saving_usd:.3f}" if lv.saving_usd is not None else lv.note))
     print(f"report: {path}")

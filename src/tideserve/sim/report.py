@@ -21,6 +21,11 @@ def _s(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
+def _n(x: float) -> str:
+    """A count, or a mean count over seeds: integers as such, else one decimal."""
+    return f"{x:.0f}" if float(x).is_integer() else f"{x:.1f}"
+
+
 def per_minute(requests: Sequence[TraceRequest]) -> list[tuple[float, int]]:
     """(minute, arrivals in that minute) for every minute of the replay."""
     last = int(max(r.arrival_s for r in requests) // 60)
@@ -102,16 +107,26 @@ def write_report(out_dir: Path, runs: Sequence[PolicyRun], levers: Sequence[Leve
         "",
         "## Policies",
         "",
-        "| policy | what | cost $ | GPU-h | CPU node-h | idle GPU-h | idle CPU node-h | SLO met | p50 s | p95 s | p99 s "
-        "| failed | held | cold starts | spot interruptions |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    seeds = base.summary.seeds
+    if seeds > 1:
+        lines += [f"Each policy ran with {seeds} seeds (the simulator's draws of service times and spot "
+                  f"interruptions): costs, hours and counts are means over the seeds, with the cheapest and dearest "
+                  f"seed's cost; SLO met and percentiles are over all seeds' requests pooled.", ""]
+    lines += [
+        "| policy | what | cost $ | " + ("cost range $ | " if seeds > 1 else "") + "GPU-h | CPU node-h | idle GPU-h "
+        "| idle CPU node-h | SLO met | p50 s | p95 s | p99 s | failed | held | cold starts | spot interruptions |",
+        "| --- | --- | ---: | " + ("---: | " if seeds > 1 else "") + "---: | ---: | ---: | ---: | ---: | ---: | ---: "
+        "| ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in all_runs:
         s = r.summary
+        spread = f"{s.cost_min_usd:.3f}-{s.cost_max_usd:.3f} | " if seeds > 1 else ""
         lines.append(
-            f"| {r.name} | {r.description} | {s.cost_usd:.3f} | {s.gpu_hours:.2f} | {s.cpu_node_hours:.2f} | "
+            f"| {r.name} | {r.description} | {s.cost_usd:.3f} | {spread}{s.gpu_hours:.2f} | {s.cpu_node_hours:.2f} | "
             f"{s.idle_gpu_hours:.2f} | {s.idle_cpu_node_hours:.2f} | {100 * s.slo_attainment:.1f}% | {_s(s.p50_s)} | "
-            f"{_s(s.p95_s)} | {_s(s.p99_s)} | {s.failed} | {s.held} | {s.cold_starts} | {s.spot_interruptions} |")
+            f"{_s(s.p95_s)} | {_s(s.p99_s)} | {_n(s.failed)} | {_n(s.held)} | {_n(s.cold_starts)} | "
+            f"{_n(s.spot_interruptions)} |")
     lines += [
         "",
         "Cost: every machine's price x its time up, over the replay (until the last request is answered). "

@@ -118,6 +118,32 @@ def test_same_seed_same_results_and_the_seed_matters():
     assert {n.capacity_type for n in bound.result.nodes} == {"on-demand"} and bound.options.autoscaler == "oracle"
 
 
+def test_several_seeds_are_summarised_as_their_mean_and_pooled_requests():
+    """compare(seeds=3) runs each policy with seeds 11, 12, 13: the cost is the mean of the three
+    single-seed runs' costs, min and max their spread, counts are means, SLO attainment is over
+    the pooled requests, and a lever's saving is the difference of the means."""
+    opts = RunOptions(seed=11, spot_interruption_rate_per_h=3.0)
+    runs, levers = compare(_hetero_spec(), _trace(), PROFILES, opts, slo_s=20, seeds=3)
+    base = next(r for r in runs if r.name == "tideserve")
+    singles = [simulate(base.spec, _trace(), PROFILES, dataclasses.replace(base.options, seed=s)) for s in (11, 12, 13)]
+    assert [r.nodes for r in base.results] == [r.nodes for r in singles] and base.result is base.results[0]
+    one = [summarize(r, 20) for r in singles]
+    s = base.summary
+    assert s.seeds == 3 and len({x.cost_usd for x in one}) > 1  # the seeds drew differently
+    assert s.cost_usd == pytest.approx(sum(x.cost_usd for x in one) / 3)
+    assert (s.cost_min_usd, s.cost_max_usd) == (min(x.cost_usd for x in one), max(x.cost_usd for x in one))
+    assert s.spot_interruptions == pytest.approx(sum(x.spot_interruptions for x in one) / 3)
+    assert s.slo_attainment == pytest.approx(sum(x.slo_attainment for x in one) / 3)  # same requests each seed
+    lat = sorted(q.latency_s for r in singles for q in r.requests if q.latency_s is not None)
+    assert s.p50_s == engine.percentile(lat, 50)
+    spot = next(lv for lv in levers if lv.name == "spot")
+    assert spot.saving_usd == pytest.approx(spot.off.summary.cost_usd - s.cost_usd)
+    with pytest.raises(ValueError, match="seeds 0 must be >= 1"):
+        compare(_hetero_spec(), _trace(), PROFILES, opts, slo_s=20, seeds=0)
+    with pytest.raises(ValueError, match="at least one run"):
+        summarize([], 20)
+
+
 def test_the_simulator_calls_the_live_policy_functions(monkeypatch):
     """Spy on the live modules' functions: the simulator must route, hold, batch, autoscale,
     place, launch and consolidate through them (no second implementation)."""

@@ -28,7 +28,7 @@ def test_simulate_writes_the_report_with_plots_and_attribution(tmp_path):
                              for m in range(0, 20, 3) for s in (0, 5, 9)))
     out = tmp_path / "rep"
     r = CliRunner().invoke(app, ["simulate", str(ROOT / "examples" / "whisper-sim-cluster.yaml"), "--trace", str(trace),
-                                 "--profile", str(_profile(tmp_path)), "--seed", "3", "--out", str(out)])
+                                 "--profile", str(_profile(tmp_path)), "--seed", "3", "--seeds", "2", "--out", str(out)])
     assert r.exit_code == 0, r.output
     assert "lever spot" in r.output and f"report: {out / 'report.md'}" in r.output
     md = (out / "report.md").read_text()
@@ -38,6 +38,10 @@ def test_simulate_writes_the_report_with_plots_and_attribution(tmp_path):
     assert all((out / f).stat().st_size > 1000 for f in ("timeline.png", "latency_cdf.png", "cost.png"))
     doc = json.loads((out / "results.json").read_text())
     assert [x["name"] for x in doc["runs"]][:3] == ["static-peak", "static-mean", "tideserve"]
+    # Two seeds per policy (3 and 4): the mean cost with its range, and the seeds among the inputs.
+    assert "Each policy ran with 2 seeds" in md and "| cost range $ |" in md and doc["inputs"]["seeds"] == "3-4"
+    t = doc["runs"][2]
+    assert t["seeds"] == 2 and t["cost_min_usd"] <= t["cost_usd"] <= t["cost_max_usd"]
 
 
 def test_simulate_and_profile_refuse_bad_input_clearly(tmp_path):
