@@ -28,7 +28,11 @@ took a median 1.06 s to the first answer vs 0.48 s warm here, bench/cold_start.p
 
 Spot: an interruption comes with ``spot_notice_s`` = 120 s notice (AWS's 2-minute warning,
 EC2 documentation); after one, that instance type has no spot capacity for
-``spot_unavailable_after_interruption_s`` (an ASSUMPTION) so replacements fall back to on-demand.
+``spot_unavailable_after_interruption_s`` = 180 s, as Karpenter's AWS provider marks the
+interrupted offering (instance type, zone, spot) unavailable on the warning for its
+``UnavailableOfferingsTTL`` of 3 minutes (pkg/cache, the interruption controller); the simulator
+has no zones, so the whole instance type is out, as in a one-zone NodePool, and replacements fall
+back to the next cheapest offering (another size on spot, or on-demand).
 Consolidation removes a node once it has been empty ``consolidate_after_s`` (Karpenter's
 ``consolidateAfter``, set by the user; 30 s assumed).
 """
@@ -59,7 +63,8 @@ class ColdStartCatalog(BaseModel):
     embedded_replica_start_s: float = Field(0.6, ge=0, description="Embedded mode: zygote fork + model load (measured here).")
     spot_notice_s: float = Field(120.0, ge=0, description="AWS spot interruption notice (AWS EC2 documentation: two minutes).")
     spot_unavailable_after_interruption_s: float = Field(
-        600.0, ge=0, description="No spot capacity for the interrupted instance type for this long (assumed).")
+        180.0, ge=0, description="No spot capacity for the interrupted instance type for this long (Karpenter's "
+        "UnavailableOfferingsTTL, 3 minutes, set on a spot interruption warning).")
     spot_drain_margin_s: float = Field(
         30.0, ge=0, description="A replica under a spot notice takes requests until its replacement is ready or "
         "until this long before its machine is reclaimed, whichever comes first, so that the work it holds can "
