@@ -143,8 +143,10 @@ def main() -> None:
         runs: list[dict[int, float]] = []
         polls: list[tuple[float, int, int]] = []
         warm: list[float] = []
-        for _ in range(args.real_runs):
-            with EndpointProcess(path, Path(tmp)) as ep:
+        for k in range(args.real_runs):
+            here = Path(tmp) / f"run{k + 1}"  # its own folder: `up` leaves its port file behind
+            here.mkdir()
+            with EndpointProcess(path, here) as ep:
                 ep.wait_for(lambda s: s["zygote"] in ("ready", "off"), 60, "the zygote")
                 lat, run_polls = asyncio.run(replay(ep.url, reqs, bodies))
                 runs.append(lat)
@@ -216,6 +218,9 @@ def main() -> None:
           f"{sum(sim_ready(t) for t, _, _ in polls) / len(polls):.2f} vs real {sum(x[1] for x in polls) / len(polls):.2f}; "
           f"max sim {max(sim_ready(t) for t, _, _ in polls)} vs real {max(x[1] for x in polls)}; "
           f"mean |sim - real| {sum(diffs) / len(diffs):.2f}; polls equal {100 * sum(d == 0 for d in diffs) / len(diffs):.0f}%")
+    first = polls[: next((i for i in range(1, len(polls)) if polls[i][0] < polls[i - 1][0]), len(polls))]
+    print("  the first real run:")
+    polls = first  # the runs' polls follow one another; each starts again at t = 0
     step = max(1, len(polls) // 12)
     print("  t (s):   " + " ".join(f"{polls[i][0]:5.0f}" for i in range(0, len(polls), step)))
     print("  sim:     " + " ".join(f"{sim_ready(polls[i][0]):5d}" for i in range(0, len(polls), step)))

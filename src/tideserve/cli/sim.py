@@ -117,7 +117,7 @@ def simulate_cmd(
     exit_missing_extra("tideserve simulate's report plots", "sim")
     from tideserve.sim import ColdStartCatalog, RunOptions, SimInputError, compare, load_profile, load_trace
     from tideserve.sim.profile import pools_for_backend
-    from tideserve.sim.report import write_report
+    from tideserve.sim.report import count_text, write_report
 
     ep = _load(file)
     if slo_s is None:
@@ -161,7 +161,7 @@ def simulate_cmd(
         s = r.summary
         print(f"{r.name:<26} cost ${s.cost_usd:8.3f}  GPU-h {s.gpu_hours:6.2f}  CPU node-h {s.cpu_node_hours:6.2f}  "
               f"SLO {100 * s.slo_attainment:5.1f}%  p50 {s.p50_s or 0:6.2f}s  p95 {s.p95_s or 0:7.2f}s  "
-              f"p99 {s.p99_s or 0:7.2f}s  failed {s.failed:g}  cold starts {s.cold_starts:g}")
+              f"p99 {s.p99_s or 0:7.2f}s  failed {count_text(s.failed)}  cold starts {count_text(s.cold_starts)}")
     for lv in levers:
         print(f"lever {lv.name:<20} " + (f"saving ${lv.saving_usd:.3f}" if lv.saving_usd is not None else lv.note))
     print(f"report: {path}")

@@ -140,6 +140,9 @@ def summarize(result: RunResult | Sequence[RunResult], slo_s: float) -> Summary:
     def mean(values) -> float:
         return sum(values) / k
 
+    def per_seed(total: int) -> float:  # a count: itself for one seed, else its mean
+        return total if k == 1 else total / k
+
     hours = [_node_hours(r) for r in results]
     costs = [h[0] for h in hours]
     gpu_h, cpu_h = mean(h[1] for h in hours), mean(h[2] for h in hours)
@@ -152,11 +155,11 @@ def summarize(result: RunResult | Sequence[RunResult], slo_s: float) -> Summary:
         idle_cpu_node_hours=max(0.0, cpu_h - busy_cpu),
         slo_attainment=sum(1 for x in lat if x <= slo_s) / n_requests if n_requests else 0.0,
         p50_s=percentile(lat, 50), p95_s=percentile(lat, 95), p99_s=percentile(lat, 99),
-        ok=len(lat) / k, failed=(n_requests - len(lat)) / k,
-        held=mean(sum(1 for q in r.requests if q.held) for r in results),
-        cold_starts=mean(r.replica_starts for r in results),
-        spot_interruptions=mean(r.spot_interruptions for r in results),
-        retries=mean(sum(q.retries for q in r.requests) for r in results), duration_s=mean(r.end_s for r in results),
+        ok=per_seed(len(lat)), failed=per_seed(n_requests - len(lat)),
+        held=per_seed(sum(1 for r in results for q in r.requests if q.held)),
+        cold_starts=per_seed(sum(r.replica_starts for r in results)),
+        spot_interruptions=per_seed(sum(r.spot_interruptions for r in results)),
+        retries=per_seed(sum(q.retries for r in results for q in r.requests)), duration_s=mean(r.end_s for r in results),
         seeds=k, cost_min_usd=min(costs), cost_max_usd=max(costs),
     )
 

@@ -30,7 +30,7 @@ imported here and called with the virtual time (``POLICY`` lists them; tests che
   (3.75 s against 1.7 s). On a GPU pool:
   its replica's GPU, at 1 / executions. An execution's work is drawn from the measured samples
   of the nearest profile point (work = the interpolated median x a sample / that point's median,
-  from a generator seeded by the run's seed + 1): the samples of an end-to-end profile are other
+  from a generator of its own derived from the run's seed): the samples of an end-to-end profile are other
   speech each, and a window's decode time depends on what it says (one 15 s window 1.1-4.2 s);
 - autoscaling: ``tideserve.autoscaler.policy.decide`` every ``autoscaling.interval_s`` and on
   activation, or a baseline of ``tideserve.sim.baselines`` (``RunOptions.autoscaler``) at its
@@ -281,7 +281,9 @@ class Simulation:
         self.opt = options or RunOptions()
         self.requests = list(requests)
         self.rng = random.Random(self.opt.seed)
-        self._draw = random.Random(self.opt.seed + 1)  # service-time draws (own stream: spot draws unchanged)
+        # Service-time draws: a stream of their own, derived from the seed so that it is not seed
+        # + 1's spot stream (runs over several seeds would then share draws).
+        self._draw = random.Random(f"{self.opt.seed}:service")
         self.profiles = profiles_for(spec, profiles)
         self.pools = {p.name: p for p in spec.pools}
         self.now = 0.0

@@ -27,7 +27,8 @@ def timeline(run: PolicyRun, requests_per_min: Sequence[tuple[float, int]], path
     h1, l1 = ax1.get_legend_handles_labels()
     h2, l2 = ax1b.get_legend_handles_labels()
     ax1.legend(h1 + h2, l1 + l2, loc="upper right", fontsize=8)
-    ax1.set_title(f"{run.name}: load, replicas and nodes over time")
+    seed = f" (seed {run.options.seed})" if run.options is not None and len(run.results) > 1 else ""
+    ax1.set_title(f"{run.name}{seed}: load, replicas and nodes over time")
     pools = sorted({p for x in tl for p in x[2]})
     for p in pools:
         ax2.step(t, [x[2].get(p, 0) for x in tl], where="post", lw=1, label=f"ready replicas, {p}")
@@ -46,8 +47,9 @@ def latency_cdf(runs: Sequence[PolicyRun], slo_s: float, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(8, 5))
     styles = ("-", "--", ":", "-.")
     for k, run in enumerate(runs):  # line styles and widths differ so that identical curves stay visible
-        lat = sorted(r.latency_s for r in run.result.requests if r.latency_s is not None)
-        n = len(run.result.requests)
+        results = run.results or (run.result,)  # every seed's requests pooled, as the table's figures are
+        lat = sorted(r.latency_s for res in results for r in res.requests if r.latency_s is not None)
+        n = sum(len(res.requests) for res in results)
         if lat:
             ax.step(lat, [(i + 1) / n for i in range(len(lat))], where="post", label=run.name,
                     ls=styles[k % len(styles)], lw=2.4 - 0.25 * k)

@@ -21,9 +21,12 @@ def _s(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
-def _n(x: float) -> str:
-    """A count, or a mean count over seeds: integers as such, else one decimal."""
-    return f"{x:.0f}" if float(x).is_integer() else f"{x:.1f}"
+def count_text(x: float) -> str:
+    """A count, or a mean count over seeds: integers as such, else one decimal (two under 1, so
+    that a mean of 0.04 failures does not read as none)."""
+    if float(x).is_integer():
+        return f"{x:.0f}"
+    return f"{x:.2f}" if abs(x) < 1 else f"{x:.1f}"
 
 
 def per_minute(requests: Sequence[TraceRequest]) -> list[tuple[float, int]]:
@@ -125,8 +128,8 @@ def write_report(out_dir: Path, runs: Sequence[PolicyRun], levers: Sequence[Leve
         lines.append(
             f"| {r.name} | {r.description} | {s.cost_usd:.3f} | {spread}{s.gpu_hours:.2f} | {s.cpu_node_hours:.2f} | "
             f"{s.idle_gpu_hours:.2f} | {s.idle_cpu_node_hours:.2f} | {100 * s.slo_attainment:.1f}% | {_s(s.p50_s)} | "
-            f"{_s(s.p95_s)} | {_s(s.p99_s)} | {_n(s.failed)} | {_n(s.held)} | {_n(s.cold_starts)} | "
-            f"{_n(s.spot_interruptions)} |")
+            f"{_s(s.p95_s)} | {_s(s.p99_s)} | {count_text(s.failed)} | {count_text(s.held)} | {count_text(s.cold_starts)} | "
+            f"{count_text(s.spot_interruptions)} |")
     lines += [
         "",
         "Cost: every machine's price x its time up, over the replay (until the last request is answered). "
