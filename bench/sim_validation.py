@@ -56,6 +56,16 @@ from tideserve.sim import RunOptions, load_profile, load_trace, percentile, simu
 from tideserve.spec import LocalConfig, load_endpoint  # noqa: E402
 
 
+def cpu_times() -> tuple[int, int]:
+    """(steal, total) jiffies of all CPUs from /proc/stat ((0, 0) where there is none): the time
+    the hypervisor gave this VM's CPUs to others, which slows the real side and no load average shows."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
+
+
 def wav_bytes(samples: np.ndarray) -> bytes:
     buf = io.BytesIO()
     with wave.open(buf, "wb") as w:
@@ -137,6 +147,7 @@ def main() -> None:
                 for seed in range(args.sim_seeds)]
         sim = sims[0]
         load_before = os.getloadavg()
+        steal_before = cpu_times()
         # Each real run is a fresh endpoint (it starts from zero replicas, as the simulation does);
         # the runs' latencies are pooled, as the simulated seeds are: the real side moves between
         # runs of the same command on this machine (p50 1.32-1.68 s over six single runs).
@@ -161,6 +172,7 @@ def main() -> None:
                         c.post("/invocations", json=five).raise_for_status()
                         warm.append(time.monotonic() - t)
         load_after = os.getloadavg()
+        steal_after = cpu_times()
 
     # Service times are drawn from the profile's samples: the simulated side is every seed's
     # latencies pooled, and each request's mean over the seeds.
@@ -196,7 +208,8 @@ def main() -> None:
           f"{profiled:.2f} s in the profile: "
           f"slowdown x{factor:.2f}; load average (1/5/15 min) before {load_before[0]:.1f}/{load_before[1]:.1f}/"
           f"{load_before[2]:.1f}, after {load_after[0]:.1f}/{load_after[1]:.1f}/{load_after[2]:.1f} on "
-          f"{os.cpu_count()} CPUs")
+          f"{os.cpu_count()} CPUs; CPU time stolen by the hypervisor during the real runs "
+          f"{100 * (steal_after[0] - steal_before[0]) / max(1, steal_after[1] - steal_before[1]):.1f}%")
     for name, p in (("p50", 50), ("p95", 95), ("p99", 99)):
         s, r = factor * percentile(sim_lat, p), percentile(real, p)
         print(f"  sim x{factor:.2f} {name:<6} {s:8.2f} {r:8.2f} {s - r:+8.2f} {100 * (s - r) / r:+7.1f}%")
