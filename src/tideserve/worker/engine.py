@@ -65,7 +65,7 @@ from tideserve.worker.backends.base import WindowResult, WindowTask
 from tideserve.worker.cores import usable_cores
 from tideserve.worker.language_id import LanguageIdConfig, mismatch_message, other_language
 from tideserve.worker.batching import QueuedItem, cut_batch, round_robin, schedulable
-from tideserve.worker.longform import Accept, Split, follow_up, is_digital_silence
+from tideserve.worker.longform import Accept, Split, follow_up, is_digital_silence, tail_holds_speech
 from tideserve.worker.windows import pause_middle, windows_of
 
 log = logging.getLogger("tideserve.worker.engine")
@@ -608,7 +608,7 @@ class EngineLoop:
         seek = action.seek_s
         if seek is not None and part.parts_so_far < MAX_PARTS_PER_SEGMENT:
             start = round(seek * SAMPLE_RATE)
-            if 0 < start < len(part.samples):
+            if 0 < start < len(part.samples) and tail_holds_speech(part.samples, seek, SAMPLE_RATE):
                 self.stats.seeks += 1
                 self.queue.appendleft(part.successor(part.samples[start:], part.offset_s + seek, t0, now,
                                                      context=req.context))

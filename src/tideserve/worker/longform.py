@@ -11,6 +11,13 @@ faster-whisper's ``generate_with_fallback``:
   log-probability among those under the compression threshold (faster-whisper), else the last;
 - an accepted window that left speech after its last completed segment (``unfinished_from_s``)
   continues from there as a new part (the seek), starting again at the first temperature;
+- tideserve's addition, the quiet tail: a seek is taken only when the rest of the window holds
+  at least ``MIN_SPEECH_S`` of sound (``tail_holds_speech``). ``transcribe`` seeks into a new
+  30 s window that goes on into the following speech; here the rest of the window ends at the
+  next cut, in a pause, so a rest that holds only the last word's final sound and the pause
+  (60 ms of sound and 0.9 s of quiet, after a counting clip whose closing timestamp came early)
+  was decoded alone, and Whisper wrote "And then we'll see you next time." over it (the beam-1
+  5-minute file of bench/accuracy.py: WER 0.020, where ``transcribe`` has 0);
 - tideserve's addition, the loop split: a decode kept whose timestamped segments (those before
   its seek point) include one over the compression threshold (a loop the repetition guard could not
   cut: ONE segment repeating inside itself, e.g. "1, 2, ... 10, 1, 2, ... 10, 9, 9, 9" over
@@ -37,6 +44,7 @@ import numpy as np
 
 from tideserve.spec.models import Decoding
 from tideserve.worker.backends.base import WindowResult
+from tideserve.worker.windows import sound_s
 
 
 @dataclass(frozen=True)
@@ -82,6 +90,20 @@ def best_attempt(attempts: Sequence[WindowResult], d: Decoding) -> WindowResult:
     limit = d.compression_ratio_threshold
     fitting = [a for a in attempts if limit is None or a.compression_ratio <= limit]
     return max(fitting, key=lambda a: a.avg_logprob) if fitting else attempts[-1]
+
+
+#: Sound (seconds above the quiet level) a window's rest must hold to be decoded after a seek:
+#: Silero VAD's default shortest speech (``min_speech_duration_ms`` 250, snakers4/silero-vad
+#: ``get_speech_timestamps``).
+MIN_SPEECH_S = 0.25
+
+
+def tail_holds_speech(samples: np.ndarray, seek_s: float, sample_rate: int = 16_000) -> bool:
+    """True when the rest of a window after ``seek_s`` (``samples``: the window, int16 PCM or
+    float in [-1, 1]) holds at least ``MIN_SPEECH_S`` of sound above the window's quiet level
+    (``windows.sound_s``): only then is it decoded as a new part (see the module doc)."""
+    start = round(seek_s * sample_rate)
+    return sound_s(samples[start:], samples, sample_rate) >= MIN_SPEECH_S
 
 
 @dataclass(frozen=True)

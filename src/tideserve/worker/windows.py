@@ -68,10 +68,33 @@ def pause_middle(region: np.ndarray, sample_rate: int = 16_000) -> int:
     return (2 * first + length) * frame // 2
 
 
+def sound_s(samples: np.ndarray, reference: np.ndarray, sample_rate: int = 16_000) -> float:
+    """Seconds of ``samples`` louder than the quiet level of ``reference`` (both int16 PCM or
+    float in [-1, 1]; ``samples`` is usually a slice of ``reference``), counted in 20 ms frames.
+    The quiet level is the pause rule's (see the module doc): the quietest 100 ms frame of
+    ``reference`` + ``QUIET_ABOVE_MIN_DB``, or ``QUIET_FLOOR_DBFS`` if higher; but never above
+    ``SPEECH_RANGE_DB`` under its loudest 100 ms frame, so that in a reference without a pause
+    (its quietest frame is soft speech) soft speech still counts as sound. A reference shorter
+    than 100 ms counts every frame of ``samples`` as sound."""
+    hop = max(1, sample_rate // 50)
+    frames = frame_rms(samples, hop)
+    if len(frames) == 0:
+        return 0.0
+    ref = frame_rms(reference, max(1, sample_rate // 10))
+    if len(ref) == 0:
+        return len(frames) * hop / sample_rate
+    quiet_db, loud_db = (20.0 * np.log10(max(float(x), 1e-10)) for x in (ref.min(), ref.max()))
+    limit = 10.0 ** (min(max(quiet_db + QUIET_ABOVE_MIN_DB, QUIET_FLOOR_DBFS), loud_db - SPEECH_RANGE_DB) / 20.0)
+    return int(np.count_nonzero(frames > limit)) * hop / sample_rate
+
+
 #: A frame is quiet within this many dB of the quietest frame of the search region...
 QUIET_ABOVE_MIN_DB = 10.0
 #: ...or under this level (dBFS), whatever the quietest frame.
 QUIET_FLOOR_DBFS = -50.0
+#: The dynamic range of speech, dB (ANSI S3.5-1997, the speech intelligibility index, takes speech
+#: levels over a 30 dB range): ``sound_s`` never calls a frame quiet that is within it of the loudest.
+SPEECH_RANGE_DB = 30.0
 
 
 def _longest_run(flags: np.ndarray) -> tuple[int, int]:

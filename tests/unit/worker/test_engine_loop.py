@@ -175,6 +175,30 @@ def test_seek_continues_a_window_from_its_last_segment_in_order() -> None:
     assert sum(m[1].seeks for m in out if m[0] == "stats") == 1
 
 
+def test_a_seek_into_a_rest_that_holds_no_speech_is_not_taken() -> None:
+    """Found at beam 1 on a 5-minute file (bench/accuracy.py): a window's rest after its last
+    segment held 60 ms of the last word and 0.9 s of a pause; decoded alone it came back as
+    "And then we'll see you next time." The rest is decoded only when it holds 0.25 s of sound."""
+    clock, out = Clock(), []
+    rng = np.random.default_rng(0)
+    speech = rng.normal(0, 3000, 25 * SR).astype(np.int16)
+    room = rng.normal(0, 20, SR).astype(np.int16)  # about -64 dBFS
+    quiet_rest = np.concatenate([speech, speech[: int(0.06 * SR)], room])
+    spoken_rest = np.concatenate([speech, room, speech[: int(0.3 * SR)]])
+
+    def result_of(t: WindowTask) -> WindowResult:
+        if t.duration_s > 20:
+            return ok(t, f"head@{t.offset_s:g}", unfinished_from_s=25.0)
+        return ok(t, f"rest@{t.offset_s:g}")
+
+    be = SlotBackend(4, steps_of=lambda t: 2, result_of=result_of)
+    loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=4, max_queue_delay_s=0.0, emit=out.append, clock=clock)
+    loop.submit(1, [(quiet_rest, 0.0), (spoken_rest, 30.0)], RequestOptions())
+    run_until_idle(loop, clock)
+    assert segments_of(out, 1) == {0: ["head@0"], 1: ["head@30", "rest@55"]}
+    assert sum(m[1].seeks for m in out if m[0] == "stats") == 1
+
+
 def test_seek_parts_batched_together_each_complete_their_segment_on_a_static_backend() -> None:
     """Found on a 100 s file (three 30 s windows each seeking, one short window finishing first):
     the first seek part to finish ended the request, because the others, in the same static batch,

