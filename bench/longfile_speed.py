@@ -1,0 +1,62 @@
+"""Seconds per audio minute on one long file, tideserve's pipeline against faster-whisper's
+BatchedInferencePipeline (issue 13's speed goal), taking turns for several rounds so that the
+host's drift falls on both sides (bench/accuracy.py runs each system once per file). Same model
+(tiny.en int8), beam, timestamps and thresholds as bench/accuracy.py; the file is its generator's.
+
+    .venv/bin/python bench/longfile_speed.py --beam 5 --minutes 20 --seed 15 --rounds 3
+
+Prints one JSON line per run and the median of the per-round ratios (tideserve / batched time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import accuracy as A  # noqa: E402
+
+from tideserve.spec.models import Decoding  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--beam", type=int, default=5)
+    ap.add_argument("--minutes", type=float, default=20)
+    ap.add_argument("--seed", type=int, default=15, help="bench/accuracy.py's third file has seed 15")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--batch-size", type=int, default=8)
+    a = ap.parse_args()
+    d = Decoding(beam_size=a.beam, without_timestamps=False)
+    clips = A.audio.load_en_clips()
+    samples, ref = A.long_file(clips, a.minutes, a.seed)
+    minutes = len(samples) / A.SR / 60
+    systems = {"tideserve-fw": A.Tideserve("faster-whisper", "cpu-x86_64-int8", d, a.batch_size),
+               "fw-batched": A.FasterWhisper(d, True, a.batch_size)}
+    for run in systems.values():
+        run(samples[: A.SR * 2])  # warm-up
+    ratios = []
+    for r in range(a.rounds):
+        order = list(systems) if r % 2 == 0 else list(reversed(systems))
+        spm = {}
+        for name in order:
+            t0 = time.perf_counter()
+            segs = systems[name](samples)
+            spm[name] = (time.perf_counter() - t0) / minutes
+            wer = A.audio.wer(ref, " ".join(x[2].strip() for x in segs))
+            print(json.dumps({"round": r, "system": name, "s_per_audio_min": round(spm[name], 3),
+                              "wer": round(wer, 4)}), flush=True)
+        ratios.append(spm["tideserve-fw"] / spm["fw-batched"])
+    print(json.dumps({"beam": a.beam, "minutes": round(minutes, 2), "ratios": [round(x, 3) for x in ratios],
+                      "median_ratio": round(statistics.median(ratios), 3)}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
