@@ -120,6 +120,7 @@ class EngineStats:
     fallbacks: int = 0
     seeks: int = 0
     splits: int = 0           # looping windows decoded again as two halves
+    quiet_rests: int = 0      # seeks not taken: the window's rest held no speech (longform.tail_holds_speech)
     dropped: int = 0          # parts dropped unexecuted because their request was cancelled
     queue_s: float = 0.0
     features_s: float = 0.0
@@ -608,11 +609,13 @@ class EngineLoop:
         seek = action.seek_s
         if seek is not None and part.parts_so_far < MAX_PARTS_PER_SEGMENT:
             start = round(seek * SAMPLE_RATE)
-            if 0 < start < len(part.samples) and tail_holds_speech(part.samples, seek, SAMPLE_RATE):
-                self.stats.seeks += 1
-                self.queue.appendleft(part.successor(part.samples[start:], part.offset_s + seek, t0, now,
-                                                     context=req.context))
-                return
+            if 0 < start < len(part.samples):
+                if tail_holds_speech(part.samples, seek, SAMPLE_RATE):
+                    self.stats.seeks += 1
+                    self.queue.appendleft(part.successor(part.samples[start:], part.offset_s + seek, t0, now,
+                                                         context=req.context))
+                    return
+                self.stats.quiet_rests += 1
         if part.rest:  # the second half of a loop split follows the first
             (samples, offset, splits), *rest = part.rest
             self.queue.appendleft(part.successor(samples, offset, t0, now, context=req.context, rest=tuple(rest),

@@ -12,7 +12,9 @@ faster-whisper's ``generate_with_fallback``:
 - an accepted window that left speech after its last completed segment (``unfinished_from_s``)
   continues from there as a new part (the seek), starting again at the first temperature;
 - tideserve's addition, the quiet tail: a seek is taken only when the rest of the window holds
-  at least ``MIN_SPEECH_S`` of sound (``tail_holds_speech``). ``transcribe`` seeks into a new
+  at least ``MIN_SPEECH_S`` of sound (``tail_holds_speech``); otherwise the window is done, and
+  the text its decode wrote after the last completed segment, which lies over that rest (dropped
+  with the seek, ``whisper_text.window_result``), stays dropped: it was written over no speech. ``transcribe`` seeks into a new
   30 s window that goes on into the following speech; here the rest of the window ends at the
   next cut, in a pause, so a rest that holds only the last word's final sound and the pause
   (60 ms of sound and 0.9 s of quiet, after a counting clip whose closing timestamp came early)
@@ -94,15 +96,19 @@ def best_attempt(attempts: Sequence[WindowResult], d: Decoding) -> WindowResult:
 
 #: Sound (seconds above the quiet level) a window's rest must hold to be decoded after a seek:
 #: Silero VAD's default shortest speech (``min_speech_duration_ms`` 250, snakers4/silero-vad
-#: ``get_speech_timestamps``).
+#: ``get_speech_timestamps``). Counted in whole 20 ms frames, so 13 frames (0.26 s) are needed.
 MIN_SPEECH_S = 0.25
 
 
 def tail_holds_speech(samples: np.ndarray, seek_s: float, sample_rate: int = 16_000) -> bool:
-    """True when the rest of a window after ``seek_s`` (``samples``: the window, int16 PCM or
-    float in [-1, 1]) holds at least ``MIN_SPEECH_S`` of sound above the window's quiet level
-    (``windows.sound_s``): only then is it decoded as a new part (see the module doc)."""
-    start = round(seek_s * sample_rate)
+    """True when the rest of a window from ``seek_s`` (seconds from the window's start) holds at
+    least ``MIN_SPEECH_S`` of sound above the window's quiet level (``windows.sound_s``): only
+    then is it decoded as a new part (see the module doc). ``samples``: the window, mono, shape
+    ``(n,)``, int16 PCM or float in [-1, 1]. A seek at or past the window's end leaves no rest
+    (False). Raises ValueError for a negative ``seek_s``."""
+    if seek_s < 0:
+        raise ValueError(f"seek_s must be >= 0 seconds from the window's start, got {seek_s}")
+    start = min(round(seek_s * sample_rate), len(samples))
     return sound_s(samples[start:], samples, sample_rate) >= MIN_SPEECH_S
 
 

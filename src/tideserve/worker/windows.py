@@ -69,13 +69,17 @@ def pause_middle(region: np.ndarray, sample_rate: int = 16_000) -> int:
 
 
 def sound_s(samples: np.ndarray, reference: np.ndarray, sample_rate: int = 16_000) -> float:
-    """Seconds of ``samples`` louder than the quiet level of ``reference`` (both int16 PCM or
-    float in [-1, 1]; ``samples`` is usually a slice of ``reference``), counted in 20 ms frames.
+    """Seconds of ``samples`` louder than the quiet level of ``reference``: the number of whole
+    20 ms frames of ``samples`` whose RMS is over that level, times 0.02 s (a partial last frame
+    is not counted). Both arrays are mono, shape ``(n,)``, at ``sample_rate``, int16 PCM or float
+    in [-1, 1]; ``samples`` is usually a slice of ``reference``.
+
     The quiet level is the pause rule's (see the module doc): the quietest 100 ms frame of
     ``reference`` + ``QUIET_ABOVE_MIN_DB``, or ``QUIET_FLOOR_DBFS`` if higher; but never above
     ``SPEECH_RANGE_DB`` under its loudest 100 ms frame, so that in a reference without a pause
-    (its quietest frame is soft speech) soft speech still counts as sound. A reference shorter
-    than 100 ms counts every frame of ``samples`` as sound."""
+    (its quietest frame is soft speech) soft speech still counts as sound. In a recording whose
+    speech is less than about 40 dB over its noise, room noise counts as sound too: the measure
+    then errs towards sound. A reference shorter than 100 ms counts every frame as sound."""
     hop = max(1, sample_rate // 50)
     frames = frame_rms(samples, hop)
     if len(frames) == 0:
@@ -92,8 +96,9 @@ def sound_s(samples: np.ndarray, reference: np.ndarray, sample_rate: int = 16_00
 QUIET_ABOVE_MIN_DB = 10.0
 #: ...or under this level (dBFS), whatever the quietest frame.
 QUIET_FLOOR_DBFS = -50.0
-#: The dynamic range of speech, dB (ANSI S3.5-1997, the speech intelligibility index, takes speech
-#: levels over a 30 dB range): ``sound_s`` never calls a frame quiet that is within it of the loudest.
+#: The dynamic range of speech, dB: ANSI S3.5-1997 (the speech intelligibility index) takes speech
+#: levels over a 30 dB range (15 dB either side of the long-term level); ``sound_s`` counts it down
+#: from the loudest 100 ms frame and never calls a frame within it quiet.
 SPEECH_RANGE_DB = 30.0
 
 

@@ -197,6 +197,7 @@ def test_a_seek_into_a_rest_that_holds_no_speech_is_not_taken() -> None:
     run_until_idle(loop, clock)
     assert segments_of(out, 1) == {0: ["head@0"], 1: ["head@30", "rest@55"]}
     assert sum(m[1].seeks for m in out if m[0] == "stats") == 1
+    assert sum(m[1].quiet_rests for m in out if m[0] == "stats") == 1
 
 
 def test_seek_parts_batched_together_each_complete_their_segment_on_a_static_backend() -> None:

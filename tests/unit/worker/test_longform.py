@@ -162,3 +162,18 @@ def test_a_part_of_a_split_that_still_loops_loses_its_looping_segments() -> None
     res = window_result(task, tokens, "en", -0.2, 0.01, EOT, TB,
                         lambda ids: " ".join(words[i] for i in ids), compression_ratio_threshold=2.4)
     assert res.looping_segment and res.loop_free_text == "w7 w8"
+
+
+def test_a_rest_holds_speech_from_13_frames_of_sound_and_a_seek_must_be_in_the_window() -> None:
+    from tideserve.worker.longform import tail_holds_speech
+
+    rng = np.random.default_rng(3)
+    speech = rng.normal(0, 3000, 16_000 * 5).astype(np.int16)
+    room = rng.normal(0, 20, 16_000).astype(np.int16)  # about -64 dBFS
+    for frames, holds in ((12, False), (13, True)):  # 0.24 s and 0.26 s of sound, 20 ms frames
+        window = np.concatenate([speech, room, speech[: frames * 320], room])
+        assert tail_holds_speech(window, 5.5) is holds
+    assert not tail_holds_speech(speech, 5.0) and not tail_holds_speech(speech, 9.0)  # no rest
+    assert not tail_holds_speech(np.zeros(16_000 * 3, np.int16), 1.0)  # digital silence
+    with pytest.raises(ValueError, match="seek_s must be >= 0"):
+        tail_holds_speech(speech, -1.0)
