@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+import tideserve  # noqa: F401  (first: sets GRPC_ENABLE_FORK_SUPPORT before any test imports grpc)
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 # tests/k8s starts a real control plane from binaries built by scripts/k8s/build.sh: `make test-k8s`
