@@ -14,9 +14,9 @@ faster-whisper's ``generate_with_fallback``:
 - tideserve's addition, the quiet tail: a seek is taken only when the rest of the window holds
   at least ``MIN_SPEECH_S`` of sound (``tail_holds_speech``); otherwise the window is done, and
   the text its decode wrote after the last completed segment, which lies over that rest (dropped
-  with the seek, ``whisper_text.window_result``), stays dropped: it was written over no speech. ``transcribe`` seeks into a new
-  30 s window that goes on into the following speech; here the rest of the window ends at the
-  next cut, in a pause, so a rest that holds only the last word's final sound and the pause
+  with the seek, ``whisper_text.window_result``), stays dropped: it was written over no speech.
+  ``transcribe`` seeks into a new 30 s window that goes on into the following speech; here the
+  rest of the window ends at the next cut, in a pause, so a rest that holds only the last word's final sound and the pause
   (60 ms of sound and 0.9 s of quiet, after a counting clip whose closing timestamp came early)
   was decoded alone, and Whisper wrote "And then we'll see you next time." over it (the beam-1
   5-minute file of bench/accuracy.py: WER 0.020, where ``transcribe`` has 0);

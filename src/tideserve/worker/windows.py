@@ -61,11 +61,20 @@ def pause_middle(region: np.ndarray, sample_rate: int = 16_000) -> int:
     """The sample index in ``region`` (int16 PCM or float in [-1, 1], at least one 100 ms frame)
     at the middle of its longest quiet run (see the module doc)."""
     frame = max(1, sample_rate // 10)
-    rms = frame_rms(region, frame)
-    level_db = 20.0 * np.log10(np.maximum(rms, 1e-10))
-    quiet = level_db <= max(float(level_db.min()) + QUIET_ABOVE_MIN_DB, QUIET_FLOOR_DBFS)
-    first, length = _longest_run(quiet)
+    level_db = _db(frame_rms(region, frame))
+    first, length = _longest_run(level_db <= quiet_level_db(level_db))
     return (2 * first + length) * frame // 2
+
+
+def _db(rms: np.ndarray) -> np.ndarray:
+    """RMS levels (full scale 1.0) in dBFS, digital silence at -200."""
+    return 20.0 * np.log10(np.maximum(rms, 1e-10))
+
+
+def quiet_level_db(level_db: np.ndarray) -> float:
+    """The pause rule's quiet level, dBFS, of 100 ms frame levels ``level_db`` (non-empty): within
+    ``QUIET_ABOVE_MIN_DB`` of the quietest frame, or ``QUIET_FLOOR_DBFS`` if higher."""
+    return max(float(level_db.min()) + QUIET_ABOVE_MIN_DB, QUIET_FLOOR_DBFS)
 
 
 def sound_s(samples: np.ndarray, reference: np.ndarray, sample_rate: int = 16_000) -> float:
@@ -87,9 +96,9 @@ def sound_s(samples: np.ndarray, reference: np.ndarray, sample_rate: int = 16_00
     ref = frame_rms(reference, max(1, sample_rate // 10))
     if len(ref) == 0:
         return len(frames) * hop / sample_rate
-    quiet_db, loud_db = (20.0 * np.log10(max(float(x), 1e-10)) for x in (ref.min(), ref.max()))
-    limit = 10.0 ** (min(max(quiet_db + QUIET_ABOVE_MIN_DB, QUIET_FLOOR_DBFS), loud_db - SPEECH_RANGE_DB) / 20.0)
-    return int(np.count_nonzero(frames > limit)) * hop / sample_rate
+    ref_db = _db(ref)
+    limit_db = min(quiet_level_db(ref_db), float(ref_db.max()) - SPEECH_RANGE_DB)
+    return int(np.count_nonzero(frames > 10.0 ** (limit_db / 20.0))) * hop / sample_rate  # digital zeros: quiet
 
 
 #: A frame is quiet within this many dB of the quietest frame of the search region...
