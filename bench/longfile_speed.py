@@ -4,8 +4,13 @@ host's drift falls on both sides (bench/accuracy.py runs each system once per fi
 (tiny.en int8), beam, timestamps and thresholds as bench/accuracy.py; the file is its generator's.
 
     .venv/bin/python bench/longfile_speed.py --beam 5 --minutes 20 --seed 15 --rounds 3
+    .venv/bin/python bench/longfile_speed.py --beam 5 --minutes 20 --seed 15 --rounds 3 --cpu-threads 0,1
 
-Prints one JSON line per run and the median of the per-round ratios (tideserve / batched time).
+``--cpu-threads``: tideserve's intra-op threads per model instance, one tideserve system per
+value (0: the worker's default, ``worker.cores.intra_op_threads``; the local config's
+``cpu_threads_per_replica``), all taking turns with the batched pipeline.
+Prints one JSON line per run (with tideserve's decodes: the engine's parts decoded, seeks and
+loop splits) and the median of the per-round ratios (tideserve / batched time) per system.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -32,16 +38,19 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=15, help="bench/accuracy.py's third file has seed 15")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--cpu-threads", default="0", help="comma-separated; 0: the worker's default")
     a = ap.parse_args()
     d = Decoding(beam_size=a.beam, without_timestamps=False)
     clips = A.audio.load_en_clips()
     samples, ref = A.long_file(clips, a.minutes, a.seed)
     minutes = len(samples) / A.SR / 60
-    systems = {"tideserve-fw": A.Tideserve("faster-whisper", "cpu-x86_64-int8", d, a.batch_size),
-               "fw-batched": A.FasterWhisper(d, True, a.batch_size)}
+    threads = [int(t) for t in a.cpu_threads.split(",")]
+    ours = {f"tideserve-fw-threads{t}" if t else "tideserve-fw":
+            A.Tideserve("faster-whisper", "cpu-x86_64-int8", d, a.batch_size, cpu_threads=t) for t in threads}
+    systems: dict[str, Any] = {**ours, "fw-batched": A.FasterWhisper(d, True, a.batch_size)}
     for run in systems.values():
         run(samples[: A.SR * 2])  # warm-up
-    ratios = []
+    ratios: dict[str, list[float]] = {name: [] for name in ours}
     for r in range(a.rounds):
         order = list(systems) if r % 2 == 0 else list(reversed(systems))
         spm = {}
@@ -50,11 +59,16 @@ def main() -> int:
             segs = systems[name](samples)
             spm[name] = (time.perf_counter() - t0) / minutes
             wer = A.audio.wer(ref, " ".join(x[2].strip() for x in segs))
-            print(json.dumps({"round": r, "system": name, "s_per_audio_min": round(spm[name], 3),
-                              "wer": round(wer, 4)}), flush=True)
-        ratios.append(spm["tideserve-fw"] / spm["fw-batched"])
-    print(json.dumps({"beam": a.beam, "minutes": round(minutes, 2), "ratios": [round(x, 3) for x in ratios],
-                      "median_ratio": round(statistics.median(ratios), 3)}))
+            row = {"round": r, "system": name, "s_per_audio_min": round(spm[name], 3), "wer": round(wer, 4)}
+            if name in ours:
+                st = ours[name].last_stats
+                row.update(decodes=st.windows, seeks=st.seeks, splits=st.splits)
+            print(json.dumps(row), flush=True)
+        for name in ours:
+            ratios[name].append(spm[name] / spm["fw-batched"])
+    for name, rs in ratios.items():
+        print(json.dumps({"system": name, "beam": a.beam, "minutes": round(minutes, 2),
+                          "ratios": [round(x, 3) for x in rs], "median_ratio": round(statistics.median(rs), 3)}))
     return 0
 
 
