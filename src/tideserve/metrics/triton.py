@@ -50,6 +50,8 @@ _FAMILIES: dict[str, tuple[str, str]] = {
     "tideserve_worker_seeks": ("counter", "Window parts started from a seek point (Whisper's long-form rule)"),
     "tideserve_worker_quiet_rests": ("counter", "Seeks not taken because the window's rest held no speech "
                                      "(under 0.25 s of sound above its quiet level)"),
+    "tideserve_worker_repeated_rests": ("counter", "Rests decoded after a seek whose text was only the end of the "
+                                        "text before them (an early closing timestamp), dropped"),
     "tideserve_worker_loop_splits": ("counter", "Looping windows decoded again as two halves cut at their longest pause"),
     "tideserve_worker_language_mismatch": ("counter", "Requests whose speech the language-ID model heard in a "
                                            "language the model cannot transcribe (model.language_id)"),
@@ -147,6 +149,7 @@ class TritonMetrics:
         self.add("tideserve_worker_seeks", st.seeks)
         self.add("tideserve_worker_loop_splits", st.splits)
         self.add("tideserve_worker_quiet_rests", st.quiet_rests)
+        self.add("tideserve_worker_repeated_rests", st.repeated_rests)
         self.add("tideserve_worker_dropped", st.dropped)
         with self._lock:
             self._values[("nv_inference_pending_request_count", ())] = float(st.queued)

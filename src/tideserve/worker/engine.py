@@ -65,7 +65,7 @@ from tideserve.worker.backends.base import WindowResult, WindowTask
 from tideserve.worker.cores import usable_cores
 from tideserve.worker.language_id import LanguageIdConfig, mismatch_message, other_language
 from tideserve.worker.batching import QueuedItem, cut_batch, round_robin, schedulable
-from tideserve.worker.longform import Accept, Split, follow_up, is_digital_silence, tail_holds_speech
+from tideserve.worker.longform import Accept, Split, follow_up, is_digital_silence, repeats_tail, tail_holds_speech
 from tideserve.worker.windows import pause_middle, windows_of
 
 log = logging.getLogger("tideserve.worker.engine")
@@ -121,6 +121,7 @@ class EngineStats:
     seeks: int = 0
     splits: int = 0           # looping windows decoded again as two halves
     quiet_rests: int = 0      # seeks not taken: the window's rest held no speech (longform.tail_holds_speech)
+    repeated_rests: int = 0   # rests after a seek that wrote only the end of the text before (longform.repeats_tail)
     dropped: int = 0          # parts dropped unexecuted because their request was cancelled
     queue_s: float = 0.0
     features_s: float = 0.0
@@ -160,10 +161,12 @@ class _Part:
     rest: tuple[tuple[np.ndarray, float, int], ...] = ()
     splits: int = 0
     identify: bool = False  # identify the spoken language with this decode (its first attempt only)
+    after_seek: bool = False  # this part is the rest of a window after a seek
 
     def successor(self, samples: np.ndarray, offset_s: float, temperature: float, now: float, **changes: Any) -> _Part:
         """The next part of this segment: ``samples`` from ``offset_s``, queued at ``now``, with
         no attempts yet; other fields as here unless ``changes`` names them."""
+        changes.setdefault("after_seek", False)
         return replace(self, samples=samples, offset_s=offset_s, temperature=temperature, enqueued_s=now,
                        attempts=[], compute_s=0.0, parts_so_far=self.parts_so_far + 1, identify=False, **changes)
 
@@ -601,6 +604,9 @@ class EngineLoop:
                                language_mismatch=lid is not None and other_language(
                                    h.model_language_probability, lid.min_probability, h.detected_language,
                                    self._languages))
+        if part.after_seek and chain and repeats_tail(chain[-1], accepted):
+            self.stats.repeated_rests += 1
+            accepted = replace(accepted, text="", segments=[], loop_free_text=None)
         chain.append(accepted)
         if self.decoding.condition_on_previous_text:
             # openai/whisper transcribe: prompt_reset_on_temperature 0.5
@@ -613,7 +619,7 @@ class EngineLoop:
                 if tail_holds_speech(part.samples, seek, SAMPLE_RATE):
                     self.stats.seeks += 1
                     self.queue.appendleft(part.successor(part.samples[start:], part.offset_s + seek, t0, now,
-                                                         context=req.context))
+                                                         context=req.context, after_seek=True))
                     return
                 self.stats.quiet_rests += 1
         if part.rest:  # the second half of a loop split follows the first

@@ -34,11 +34,28 @@ faster-whisper's ``generate_with_fallback``:
   the audio does not hold (found by adversarial testing: 60 s of a pure tone came back as 9
   segments of "Beep beep beep ..." where faster-whisper's ``transcribe`` returns nothing).
 
+- tideserve's addition, the repeated rest: a rest decoded after a seek whose whole text is the
+  end of the last segment the decode before it completed (letters and digits only, case
+  ignored) and ends within ``MAX_REPEAT_S`` of the rest's start is dropped (``repeats_tail``).
+  The seek starts at that segment's closing timestamp; when it closed early, the rest holds the
+  end of speech already written, and decoded alone it is written again: on the H200 (torch
+  backend, bf16, beam 1) a counting clip's segment "1-2-3-4-5-6-7-8-9-10." was followed by a
+  rest decoded as "78910." (bench/accuracy_gpu.py, the 5-minute file). Hugging Face's chunked
+  pipeline merges the overlap of its overlapping chunks for the same reason. Only the last
+  segment and a short stretch count: a first version that compared the decode's whole text
+  dropped a rest of new speech ("Hello World! 1-2-3-4-5-6-7-8-9-10" after "Hello World.
+  12345678910.", bench/accuracy_gpu.py's 20-minute file), and one without the time limit dropped
+  "Hello World. 1-234-567-8910." (4.0 s of new speech) after a segment that ended with the same
+  two clips (bench/accuracy.py's 20-minute file, beam 1). A rest that also holds new speech is
+  kept whole; one that truly repeats the segment's last words within ``MAX_REPEAT_S`` (a speaker
+  saying them again right after) is lost.
+
 No clock, no I/O and no model: the engine loop and the tests call the same function.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from collections.abc import Sequence
 
@@ -152,3 +169,29 @@ def without_loops(r: WindowResult, d: Decoding) -> WindowResult:
     limit = d.compression_ratio_threshold
     return replace(r, text=r.loop_free_text or "", looping_segment=False, segments=[
         s for s in r.segments if limit is None or s.compression_ratio is None or s.compression_ratio <= limit])
+
+
+_NOT_ALNUM = re.compile(r"[\W_]+")
+
+
+def _squashed(text: str) -> str:
+    """``text`` lowercased with everything but letters and digits removed ("7, 8, 9, 10." -> "78910")."""
+    return _NOT_ALNUM.sub("", text.lower())
+
+
+#: Longest a repeated rest's text may run from the rest's start, seconds: the speech an early
+#: closing timestamp leaves behind is the segment's last word or words. The repeats found ran
+#: 1.0 s ("78910.", H200) and 1.8 s ("4-5-6-7-8-9-10.", CPU beam 1); new speech that matched
+#: a segment's end ran 4.0 s (see the module doc).
+MAX_REPEAT_S = 2.0
+
+
+def repeats_tail(previous: WindowResult, rest: WindowResult) -> bool:
+    """True when ``rest`` (the decode of a window's rest after a seek) writes nothing but the end
+    of the last segment ``previous`` (the decode that sought) completed, its
+    ``last_segment_text`` (see the module doc): its text, letters and digits only and case
+    ignored, is non-empty and ends that segment's, and it ends (``text_end_s``) within
+    ``MAX_REPEAT_S`` of the rest's start."""
+    tail = _squashed(rest.text)
+    return (bool(tail) and rest.text_end_s is not None and rest.text_end_s <= MAX_REPEAT_S
+            and _squashed(previous.last_segment_text).endswith(tail))

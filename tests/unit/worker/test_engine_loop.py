@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tideserve.protocol.types import Segment
 from tideserve.spec.models import Decoding
 from tideserve.worker.backends.base import WindowResult, WindowTask
 from tideserve.worker.timings import ExecutionTimings
@@ -198,6 +199,32 @@ def test_a_seek_into_a_rest_that_holds_no_speech_is_not_taken() -> None:
     assert segments_of(out, 1) == {0: ["head@0"], 1: ["head@30", "rest@55"]}
     assert sum(m[1].seeks for m in out if m[0] == "stats") == 1
     assert sum(m[1].quiet_rests for m in out if m[0] == "stats") == 1
+
+
+def test_a_rest_after_a_seek_that_repeats_the_end_of_the_text_before_is_dropped() -> None:
+    """Found on the H200 (bench/accuracy_gpu.py, 5-minute file): a counting clip's last segment
+    closed early; the rest from there was decoded as "78910.", the clip's end written twice.
+    A rest with other text is kept (the second window)."""
+    clock, out = Clock(), []
+
+    def result_of(t: WindowTask) -> WindowResult:
+        if t.duration_s > 20:
+            return ok(t, "One. 1, 2, 3, 4, 5, 6, 7, 8, 9, 10.", unfinished_from_s=24.0,
+                      last_segment_text="1, 2, 3, 4, 5, 6, 7, 8, 9, 10.",
+                      segments=[Segment(t.offset_s, t.offset_s + 20.0, "One."),
+                                Segment(t.offset_s + 20.0, t.offset_s + 24.0, "1, 2, 3, 4, 5, 6, 7, 8, 9, 10.")])
+        text = "78910." if t.offset_s < 30 else "Hello world."
+        return ok(t, text, segments=[Segment(t.offset_s, t.offset_s + 1.0, text)], text_end_s=1.0)
+
+    be = SlotBackend(4, steps_of=lambda t: 2, result_of=result_of)
+    loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=4, max_queue_delay_s=0.0, emit=out.append, clock=clock)
+    loop.submit(1, [(pcm(25, 1), 0.0), (pcm(25, 2), 30.0)], RequestOptions(timestamps=True))
+    run_until_idle(loop, clock)
+    chains = {m[2]: m[3] for m in out if m[0] == "segment"}
+    assert [r.text for r in chains[0]] == ["One. 1, 2, 3, 4, 5, 6, 7, 8, 9, 10.", ""]
+    assert chains[0][1].segments == []
+    assert [r.text for r in chains[1]] == ["One. 1, 2, 3, 4, 5, 6, 7, 8, 9, 10.", "Hello world."]
+    assert sum(m[1].repeated_rests for m in out if m[0] == "stats") == 1
 
 
 def test_seek_parts_batched_together_each_complete_their_segment_on_a_static_backend() -> None:

@@ -3,6 +3,8 @@ decoded twice from the same point), silence, and the temperature fallback."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -10,7 +12,7 @@ from tideserve.protocol.types import Segment
 from tideserve.spec.models import Decoding
 from tideserve.worker.backends.base import WindowResult, WindowTask
 from tideserve.worker.backends.whisper_text import loop_point, seek_point, window_result
-from tideserve.worker.longform import Accept, Retry, Split, follow_up
+from tideserve.worker.longform import Accept, Retry, Split, follow_up, repeats_tail
 
 TB = 1000  # timestamp_begin in these token lists; <|t|> = TB + t / 0.02
 EOT = 999
@@ -177,3 +179,35 @@ def test_a_rest_holds_speech_from_13_frames_of_sound_and_a_seek_must_be_in_the_w
     assert not tail_holds_speech(np.zeros(16_000 * 3, np.int16), 1.0)  # digital silence
     with pytest.raises(ValueError, match="seek_s must be >= 0"):
         tail_holds_speech(speech, -1.0)
+
+
+def test_a_rest_that_writes_only_the_end_of_the_last_segment_before_it_repeats_it() -> None:
+    """Found on the H200 (torch backend, beam 1, the 5-minute file of bench/accuracy_gpu.py): a
+    counting clip's segment closed early, and the rest after the seek came back as "78910."."""
+    before = WindowResult(text="Hello world. 1, 2, 3, 4, 5, 6, 7, 8, 9, 10.", language="en",
+                          unfinished_from_s=20.0, last_segment_text="1, 2, 3, 4, 5, 6, 7, 8, 9, 10.")
+    assert repeats_tail(before, WindowResult(text="78910.", language="en", text_end_s=1.0))
+    assert repeats_tail(before, WindowResult(text=" 9, 10", language="en", text_end_s=2.0))
+    # new speech in the rest, an empty rest, or words of an earlier segment: kept
+    assert not repeats_tail(before, WindowResult(text="9, 10. Hello world.", language="en", text_end_s=2.0))
+    assert not repeats_tail(before, WindowResult(text="", language="en"))
+    assert not repeats_tail(before, WindowResult(text="...", language="en", text_end_s=0.5))
+    # found on the 20-minute file with a first version that compared the whole text: new speech
+    assert not repeats_tail(before, WindowResult(text="Hello World! 1-2-3-4-5-6-7-8-9-10", language="en",
+                                                 text_end_s=5.0))
+    # the same words as the segment's end, but over 4.0 s: new speech (bench/accuracy.py, beam 1)
+    last = replace(before, last_segment_text="The quick brown fox jumps over the lazy dog. Hello World. 12345678910.")
+    assert not repeats_tail(last, WindowResult(text="Hello World. 1-234-567-8910.", language="en", text_end_s=4.0))
+    assert repeats_tail(last, WindowResult(text="Hello World. 1-234-567-8910.", language="en", text_end_s=1.9))
+
+
+def test_a_decode_that_seeks_carries_its_last_segment_text_with_or_without_timestamps() -> None:
+    for timestamps in (True, False):
+        task = WindowTask(np.zeros(16_000 * 20, np.int16), timestamps=timestamps)
+        r = window_result(task, [ts(0), 1, ts(2), ts(2), 2, 3, ts(5), ts(5), 4], "en", -0.1, 0.01, EOT, TB, decode)
+        assert r.unfinished_from_s == pytest.approx(5.0) and r.last_segment_text == "w2 w3"
+        assert r.text_end_s == pytest.approx(5.0)
+    done = window_result(task, [ts(0), 1, ts(2)], "en", -0.1, 0.01, EOT, TB, decode)
+    assert done.unfinished_from_s is None and done.last_segment_text == "" and done.text_end_s == pytest.approx(2.0)
+    left_open = window_result(task, [ts(0), 1], "en", -0.1, 0.01, EOT, TB, decode)
+    assert left_open.text_end_s == pytest.approx(20.0)  # text without a closing timestamp runs to the end

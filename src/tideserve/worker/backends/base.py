@@ -45,6 +45,14 @@ class WindowResult:
     #: Seconds from the window's start where decoding stopped short, leaving the rest of the
     #: window untranscribed for a next window (Whisper's seek); None when the window is done.
     unfinished_from_s: float | None = None
+    #: With ``unfinished_from_s``: the text of the last completed segment before it (the one an
+    #: early closing timestamp cuts short; ``longform.repeats_tail``), whether or not
+    #: ``segments`` are filled; "" otherwise.
+    last_segment_text: str = ""
+    #: Seconds from the window's start where the kept text ends: its last segment's closing
+    #: timestamp, or the window's end for text left open (``split_by_timestamps``); None when
+    #: nothing was written.
+    text_end_s: float | None = None
     #: Whisper's quality signals of this decode: mean log-probability per sampled token (the
     #: end-of-text included in the count), the no-speech probability at <|startoftranscript|>,
     #: and the gzip compression ratio of the text (high means repetition).

@@ -135,7 +135,13 @@ def window_result(task: WindowTask, tokens: Sequence[int], language: str, avg_lo
                     no_speech_prob=float(no_speech_prob), compression_ratio=seg_cr,
                     window_start_s=task.offset_s, temperature=task.temperature,
                 ))
+    spans = split_by_timestamps(tokens, timestamp_begin, duration)
+    last = ""
+    if unfinished is not None:  # the segment before the seek point (longform.repeats_tail)
+        texts = [s.text for s in segments] or [decode(t).strip() for _, _, t in spans]
+        last = next((t for t in reversed(texts) if t), "")
     return WindowResult(text=text, language=language, segments=segments, unfinished_from_s=unfinished,
+                        last_segment_text=last, text_end_s=spans[-1][1] if spans else None,
                         avg_logprob=avg, no_speech_prob=nsp, compression_ratio=cr, temperature=temp,
                         looping_segment=looping, loop_free_text=" ".join(loop_free) if looping else None)
 

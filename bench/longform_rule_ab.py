@@ -1,0 +1,77 @@
+"""A/B of one of tideserve's long-form rules on long files (issue 13), one run: tideserve's own
+pipeline over faster-whisper (tiny.en int8, timestamps, fallback off, the beam given) with the
+rule ("after") and without it ("before"), the two taking turns per file (which goes first
+alternates with the seed); files from bench/accuracy.py's generator. Rules
+(``worker.longform``):
+- ``quiet-tail``: a window's rest after a seek is decoded only when it holds speech
+  (``tail_holds_speech``; before: every rest is decoded);
+- ``repeated-rest``: a rest whose text only repeats the end of the text before it is dropped
+  (``repeats_tail``; before: kept).
+
+    .venv/bin/python bench/longform_rule_ab.py --rule quiet-tail --beam 1
+    .venv/bin/python bench/longform_rule_ab.py --rule repeated-rest --beam 5
+
+Prints one JSON line per file (WER and seconds of each, and how often the rule decided) and
+the totals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "src"))
+
+import accuracy as A  # noqa: E402
+
+from tideserve.spec.models import Decoding  # noqa: E402
+from tideserve.worker import engine  # noqa: E402
+
+FILES = "1:13,1:21,1:22,1:23,5:14,5:24,5:25,5:26,20:15,10:31,10:32"
+#: rule -> (the engine's name for it, what it answers when switched off, its EngineStats counter)
+RULES = {"quiet-tail": ("tail_holds_speech", True, "quiet_rests"),
+         "repeated-rest": ("repeats_tail", False, "repeated_rests")}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rule", choices=sorted(RULES), default="quiet-tail")
+    ap.add_argument("--beam", type=int, default=1)
+    ap.add_argument("--files", default=FILES, help="minutes:seed pairs, comma-separated")
+    a = ap.parse_args()
+    attr, off, counter = RULES[a.rule]
+    rule = getattr(engine, attr)
+    clips = A.audio.load_en_clips()
+    t = A.Tideserve("faster-whisper", "cpu-x86_64-int8", Decoding(beam_size=a.beam, without_timestamps=False), 8)
+    t(clips[0].samples)  # warm-up
+    wer = {"before": 0.0, "after": 0.0}
+    secs = {"before": 0.0, "after": 0.0}
+    for pair in a.files.split(","):
+        minutes, seed = float(pair.split(":")[0]), int(pair.split(":")[1])
+        samples, ref = A.long_file(clips, minutes, seed)
+        row: dict = {"minutes": minutes, "seed": seed}
+        for side in ("before", "after") if seed % 2 else ("after", "before"):
+            setattr(engine, attr, (lambda *_, v=off: v) if side == "before" else rule)
+            t0 = time.perf_counter()
+            segs = t(samples)
+            dt = time.perf_counter() - t0
+            w = A.audio.wer(ref, " ".join(x[2].strip() for x in segs))
+            row[side], row[f"{side}_s"] = round(w, 4), round(dt, 1)
+            if side == "after":
+                row["fired"] = getattr(t.last_stats, counter)  # times the rule decided
+            wer[side] += w
+            secs[side] += dt
+        print(json.dumps(row), flush=True)
+    setattr(engine, attr, rule)
+    print("total", json.dumps({"rule": a.rule, "beam": a.beam, "wer": {k: round(v, 4) for k, v in wer.items()},
+                               "seconds": {k: round(v, 1) for k, v in secs.items()}}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
