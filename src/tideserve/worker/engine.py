@@ -610,7 +610,7 @@ class EngineLoop:
         chain.append(accepted)
         if self.decoding.condition_on_previous_text:
             # openai/whisper transcribe: prompt_reset_on_temperature 0.5
-            text = action.result.text.strip()
+            text = accepted.text.strip()  # a dropped repeated rest adds nothing
             req.context = "" if action.result.temperature > 0.5 else " ".join(t for t in (req.context, text) if t)
         seek = action.seek_s
         if seek is not None and part.parts_so_far < MAX_PARTS_PER_SEGMENT:

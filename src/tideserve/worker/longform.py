@@ -36,7 +36,9 @@ faster-whisper's ``generate_with_fallback``:
 
 - tideserve's addition, the repeated rest: a rest decoded after a seek whose whole text is the
   end of the last segment the decode before it completed (letters and digits only, case
-  ignored) and ends within ``MAX_REPEAT_S`` of the rest's start is dropped (``repeats_tail``).
+  ignored, from the start of a word) and ends within ``MAX_REPEAT_S`` of the rest's start is
+  dropped (``repeats_tail``); not after the repetition guard's seek, nor after a decode whose
+  looping segments were removed.
   The seek starts at that segment's closing timestamp; when it closed early, the rest holds the
   end of speech already written, and decoded alone it is written again: on the H200 (torch
   backend, bf16, beam 1) a counting clip's segment "1-2-3-4-5-6-7-8-9-10." was followed by a
@@ -167,7 +169,7 @@ def without_loops(r: WindowResult, d: Decoding) -> WindowResult:
     """``r`` without its segments over the compression threshold by themselves (see the module
     doc): its text is the other segments' (``loop_free_text``)."""
     limit = d.compression_ratio_threshold
-    return replace(r, text=r.loop_free_text or "", looping_segment=False, segments=[
+    return replace(r, text=r.loop_free_text or "", looping_segment=False, last_segment_text="", segments=[
         s for s in r.segments if limit is None or s.compression_ratio is None or s.compression_ratio <= limit])
 
 
@@ -177,6 +179,22 @@ _NOT_ALNUM = re.compile(r"[\W_]+")
 def _squashed(text: str) -> str:
     """``text`` lowercased with everything but letters and digits removed ("7, 8, 9, 10." -> "78910")."""
     return _NOT_ALNUM.sub("", text.lower())
+
+
+def _ends_with_words(text: str, tail: str) -> bool:
+    """True when ``tail`` (squashed) ends ``text`` squashed and starts where one of ``text``'s
+    words does (words: runs of letters and digits), so "78910" ends "1-2-3-4-5-6-7-8-9-10." but
+    "at" does not end "the cat"."""
+    words = [w for w in _NOT_ALNUM.split(text.lower()) if w]
+    joined = "".join(words)
+    if not joined.endswith(tail):
+        return False
+    at, start = len(joined) - len(tail), 0
+    for w in words:
+        if start == at:
+            return True
+        start += len(w)
+    return False
 
 
 #: Longest a repeated rest's text may run from the rest's start, seconds: the speech an early
@@ -190,8 +208,8 @@ def repeats_tail(previous: WindowResult, rest: WindowResult) -> bool:
     """True when ``rest`` (the decode of a window's rest after a seek) writes nothing but the end
     of the last segment ``previous`` (the decode that sought) completed, its
     ``last_segment_text`` (see the module doc): its text, letters and digits only and case
-    ignored, is non-empty and ends that segment's, and it ends (``text_end_s``) within
-    ``MAX_REPEAT_S`` of the rest's start."""
+    ignored, is non-empty and ends that segment's from the start of one of its words, and it
+    ends (``text_end_s``) within ``MAX_REPEAT_S`` of the rest's start."""
     tail = _squashed(rest.text)
     return (bool(tail) and rest.text_end_s is not None and rest.text_end_s <= MAX_REPEAT_S
-            and _squashed(previous.last_segment_text).endswith(tail))
+            and _ends_with_words(previous.last_segment_text, tail))

@@ -227,6 +227,26 @@ def test_a_rest_after_a_seek_that_repeats_the_end_of_the_text_before_is_dropped(
     assert sum(m[1].repeated_rests for m in out if m[0] == "stats") == 1
 
 
+def test_a_dropped_repeated_rest_does_not_reach_the_next_windows_prompt() -> None:
+    """Found in review: with conditioning on previous text, the dropped text still went into the
+    prompt of the parts after it."""
+    clock, out = Clock(), []
+
+    def result_of(t: WindowTask) -> WindowResult:
+        if t.duration_s > 20:
+            return ok(t, "1, 2, 3, 4, 5, 6, 7, 8, 9, 10.", unfinished_from_s=24.0,
+                      last_segment_text="1, 2, 3, 4, 5, 6, 7, 8, 9, 10.", text_end_s=24.0)
+        return ok(t, "78910.", text_end_s=1.0)
+
+    be = SlotBackend(4, steps_of=lambda t: 2, result_of=result_of)
+    loop = EngineLoop(be, Decoding(beam_size=1, condition_on_previous_text=True), max_batch_size=4,
+                      max_queue_delay_s=0.0, emit=out.append, clock=clock)
+    loop.submit(1, [(pcm(25, 1), 0.0), (pcm(25, 2), 30.0)], RequestOptions())
+    run_until_idle(loop, clock)
+    prompts = {t.offset_s: t.prompt for b in be.admitted for t in b}
+    assert prompts[30.0] == "1, 2, 3, 4, 5, 6, 7, 8, 9, 10."
+
+
 def test_seek_parts_batched_together_each_complete_their_segment_on_a_static_backend() -> None:
     """Found on a 100 s file (three 30 s windows each seeking, one short window finishing first):
     the first seek part to finish ended the request, because the others, in the same static batch,

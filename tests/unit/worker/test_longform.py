@@ -12,7 +12,7 @@ from tideserve.protocol.types import Segment
 from tideserve.spec.models import Decoding
 from tideserve.worker.backends.base import WindowResult, WindowTask
 from tideserve.worker.backends.whisper_text import loop_point, seek_point, window_result
-from tideserve.worker.longform import Accept, Retry, Split, follow_up, repeats_tail
+from tideserve.worker.longform import Accept, Retry, Split, follow_up, repeats_tail, without_loops
 
 TB = 1000  # timestamp_begin in these token lists; <|t|> = TB + t / 0.02
 EOT = 999
@@ -199,6 +199,24 @@ def test_a_rest_that_writes_only_the_end_of_the_last_segment_before_it_repeats_i
     last = replace(before, last_segment_text="The quick brown fox jumps over the lazy dog. Hello World. 12345678910.")
     assert not repeats_tail(last, WindowResult(text="Hello World. 1-234-567-8910.", language="en", text_end_s=4.0))
     assert repeats_tail(last, WindowResult(text="Hello World. 1-234-567-8910.", language="en", text_end_s=1.9))
+    # found in review: the match must start where a word of the segment does
+    cat = replace(before, last_segment_text="I saw the cat.")
+    assert not repeats_tail(cat, WindowResult(text="At", language="en", text_end_s=1.0))
+    assert repeats_tail(cat, WindowResult(text="the cat", language="en", text_end_s=1.0))
+    assert not repeats_tail(replace(before, last_segment_text="counted to 10"),
+                            WindowResult(text="0.", language="en", text_end_s=1.0))
+
+
+def test_no_last_segment_text_after_the_repetition_guard_seek_or_removed_loops() -> None:
+    """Found in review: speech that really repeats after a loop is the next part's to transcribe
+    (``loop_point``), so the repeated-rest rule has nothing to compare it with."""
+    task = WindowTask(np.zeros(16_000 * 20, np.int16), timestamps=True)
+    loop = [ts(0), 5, 6, ts(2), ts(2), 5, 6, ts(4), ts(4), 5, 6, ts(6), ts(6), 5, 6, ts(8), ts(8), 7]
+    r = window_result(task, loop, "en", -0.2, 0.01, EOT, TB, decode, compression_ratio_threshold=1.2)
+    assert r.unfinished_from_s is not None and r.last_segment_text == ""
+    looped = WindowResult(text="a", language="en", unfinished_from_s=3.0, last_segment_text="b b b b",
+                          looping_segment=True, loop_free_text="a")
+    assert without_loops(looped, Decoding(beam_size=1)).last_segment_text == ""
 
 
 def test_a_decode_that_seeks_carries_its_last_segment_text_with_or_without_timestamps() -> None:

@@ -108,8 +108,10 @@ def window_result(task: WindowTask, tokens: Sequence[int], language: str, avg_lo
     duration = task.duration_s
     unfinished = None
     seek = seek_point(tokens, timestamp_begin)
+    guarded = None  # the repetition guard's seek, when it took one
     if compression_ratio_threshold is not None and cr > compression_ratio_threshold:
-        seek = loop_point(tokens, timestamp_begin) or seek
+        guarded = loop_point(tokens, timestamp_begin)
+        seek = guarded or seek
     if seek is not None:
         k, at = seek
         if at > 0.0 and duration - at > MIN_TAIL_S:
@@ -137,7 +139,9 @@ def window_result(task: WindowTask, tokens: Sequence[int], language: str, avg_lo
                 ))
     spans = split_by_timestamps(tokens, timestamp_begin, duration)
     last = ""
-    if unfinished is not None:  # the segment before the seek point (longform.repeats_tail)
+    # The segment an early closing timestamp cut short (longform.repeats_tail). Not after the
+    # repetition guard's seek: the next part transcribes speech that really repeats (loop_point).
+    if unfinished is not None and guarded is None:
         texts = [s.text for s in segments] or [decode(t).strip() for _, _, t in spans]
         last = next((t for t in reversed(texts) if t), "")
     return WindowResult(text=text, language=language, segments=segments, unfinished_from_s=unfinished,
