@@ -57,6 +57,7 @@ No clock, no I/O and no model: the engine loop and the tests call the same funct
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass, replace
 from collections.abc import Sequence
@@ -186,15 +187,9 @@ def _ends_with_words(text: str, tail: str) -> bool:
     words does (words: runs of letters and digits), so "78910" ends "1-2-3-4-5-6-7-8-9-10." but
     "at" does not end "the cat"."""
     words = [w for w in _NOT_ALNUM.split(text.lower()) if w]
+    starts = {0, *itertools.accumulate(len(w) for w in words)}  # where each word starts, squashed
     joined = "".join(words)
-    if not joined.endswith(tail):
-        return False
-    at, start = len(joined) - len(tail), 0
-    for w in words:
-        if start == at:
-            return True
-        start += len(w)
-    return False
+    return joined.endswith(tail) and len(joined) - len(tail) in starts
 
 
 #: Longest a repeated rest's text may run from the rest's start, seconds: the speech an early

@@ -122,8 +122,9 @@ def window_result(task: WindowTask, tokens: Sequence[int], language: str, avg_lo
     looping = False
     loop_free: list[str] = []  # the texts of the segments that do not loop by themselves
     timestamped = any(t >= timestamp_begin for t in tokens)
+    spans = split_by_timestamps(tokens, timestamp_begin, duration)
     if task.timestamps or (timestamped and compression_ratio_threshold is not None and cr > compression_ratio_threshold):
-        for start, end, seg_tokens in split_by_timestamps(tokens, timestamp_begin, duration):
+        for start, end, seg_tokens in spans:
             seg_text = decode(seg_tokens).strip()
             seg_cr = compression_ratio(seg_text)
             seg_loops = timestamped and compression_ratio_threshold is not None and seg_cr > compression_ratio_threshold
@@ -137,7 +138,6 @@ def window_result(task: WindowTask, tokens: Sequence[int], language: str, avg_lo
                     no_speech_prob=float(no_speech_prob), compression_ratio=seg_cr,
                     window_start_s=task.offset_s, temperature=task.temperature,
                 ))
-    spans = split_by_timestamps(tokens, timestamp_begin, duration)
     last = ""
     # The segment an early closing timestamp cut short (longform.repeats_tail). Not after the
     # repetition guard's seek: the next part transcribes speech that really repeats (loop_point).
