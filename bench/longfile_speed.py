@@ -5,10 +5,13 @@ host's drift falls on both sides (bench/accuracy.py runs each system once per fi
 
     .venv/bin/python bench/longfile_speed.py --beam 5 --minutes 20 --seed 15 --rounds 3
     .venv/bin/python bench/longfile_speed.py --beam 5 --minutes 20 --seed 15 --rounds 3 --cpu-threads 0,1
+    .venv/bin/python bench/longfile_speed.py --beam 5 --minutes 20 --seed 15 --rounds 3 --without-resume
 
 ``--cpu-threads``: tideserve's intra-op threads per model instance, one tideserve system per
 value (0: the worker's default, ``worker.cores.intra_op_threads``; the local config's
-``cpu_threads_per_replica``), all taking turns with the batched pipeline.
+``cpu_threads_per_replica``), all taking turns with the batched pipeline. ``--without-resume``
+adds, per value, tideserve with every rest after a seek encoded again from its own audio (the
+backend's ``resumes`` off; the name ends ``-noresume``), to measure the resumed rest.
 Prints one JSON line per run (with tideserve's decodes: the engine's parts decoded, seeks and
 loop splits) and the median of the per-round ratios (tideserve / batched time) per system.
 """
@@ -39,14 +42,19 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--cpu-threads", default="0", help="comma-separated; 0: the worker's default")
+    ap.add_argument("--without-resume", action="store_true", help="also run tideserve without the resumed rest")
     a = ap.parse_args()
     d = Decoding(beam_size=a.beam, without_timestamps=False)
     clips = A.audio.load_en_clips()
     samples, ref = A.long_file(clips, a.minutes, a.seed)
     minutes = len(samples) / A.SR / 60
     threads = [int(t) for t in a.cpu_threads.split(",")]
-    ours = {f"tideserve-fw-threads{t}" if t else "tideserve-fw":
-            A.Tideserve("faster-whisper", "cpu-x86_64-int8", d, a.batch_size, cpu_threads=t) for t in threads}
+    ours = {}
+    for t in threads:
+        for resume in (True, False) if a.without_resume else (True,):
+            name = (f"tideserve-fw-threads{t}" if t else "tideserve-fw") + ("" if resume else "-noresume")
+            ours[name] = A.Tideserve("faster-whisper", "cpu-x86_64-int8", d, a.batch_size, cpu_threads=t)
+            ours[name].backend.resumes = resume
     systems: dict[str, Any] = {**ours, "fw-batched": A.FasterWhisper(d, True, a.batch_size)}
     for run in systems.values():
         run(samples[: A.SR * 2])  # warm-up
@@ -62,7 +70,8 @@ def main() -> int:
             row = {"round": r, "system": name, "s_per_audio_min": round(spm[name], 3), "wer": round(wer, 4)}
             if name in ours:
                 st = ours[name].last_stats
-                row.update(decodes=st.windows, seeks=st.seeks, splits=st.splits)
+                row.update(decodes=st.windows, seeks=st.seeks, splits=st.splits, resumed=st.resumed_rests,
+                           redone=st.redone_rests)
             print(json.dumps(row), flush=True)
         for name in ours:
             ratios[name].append(spm[name] / spm["fw-batched"])

@@ -6,10 +6,13 @@ alternates with the seed); files from bench/accuracy.py's generator. Rules
 - ``quiet-tail``: a window's rest after a seek is decoded only when it holds speech
   (``tail_holds_speech``; before: every rest is decoded);
 - ``repeated-rest``: a rest whose text only repeats the end of the text before it is dropped
-  (``repeats_tail``; before: kept).
+  (``repeats_tail``; before: kept);
+- ``resumed-rest``: a rest after a seek is decoded over its window's kept encoder output from the
+  seek point (the faster-whisper backend's ``resumes``; before: encoded again from its own audio).
 
     .venv/bin/python bench/longform_rule_ab.py --rule quiet-tail --beam 1
     .venv/bin/python bench/longform_rule_ab.py --rule repeated-rest --beam 5
+    .venv/bin/python bench/longform_rule_ab.py --rule resumed-rest --beam 5
 
 Prints one JSON line per file (WER and seconds of each, and how often the rule decided) and
 the totals.
@@ -33,9 +36,11 @@ from tideserve.spec.models import Decoding  # noqa: E402
 from tideserve.worker import engine  # noqa: E402
 
 FILES = "1:13,1:21,1:22,1:23,5:14,5:24,5:25,5:26,20:15,10:31,10:32"
-#: rule -> (the engine's name for it, what it answers when switched off, its EngineStats counter)
+#: rule -> (the engine's name for it, what it answers when switched off, its EngineStats counter);
+#: a name starting "backend." is an attribute of the backend, set to the second value to switch it off
 RULES = {"quiet-tail": ("tail_holds_speech", True, "quiet_rests"),
-         "repeated-rest": ("repeats_tail", False, "repeated_rests")}
+         "repeated-rest": ("repeats_tail", False, "repeated_rests"),
+         "resumed-rest": ("backend.resumes", False, "resumed_rests")}
 
 
 def main() -> int:
@@ -45,9 +50,12 @@ def main() -> int:
     ap.add_argument("--files", default=FILES, help="minutes:seed pairs, comma-separated")
     a = ap.parse_args()
     attr, off, counter = RULES[a.rule]
-    rule = getattr(engine, attr)
     clips = A.audio.load_en_clips()
     t = A.Tideserve("faster-whisper", "cpu-x86_64-int8", Decoding(beam_size=a.beam, without_timestamps=False), 8)
+    owner: object = engine
+    if attr.startswith("backend."):
+        owner, attr = t.backend, attr.removeprefix("backend.")
+    rule = getattr(owner, attr)
     t(clips[0].samples)  # warm-up
     wer = {"before": 0.0, "after": 0.0}
     secs = {"before": 0.0, "after": 0.0}
@@ -56,7 +64,8 @@ def main() -> int:
         samples, ref = A.long_file(clips, minutes, seed)
         row: dict = {"minutes": minutes, "seed": seed}
         for side in ("before", "after") if seed % 2 else ("after", "before"):
-            setattr(engine, attr, (lambda *_, v=off: v) if side == "before" else rule)
+            before = off if owner is t.backend else (lambda *_, v=off: v)
+            setattr(owner, attr, before if side == "before" else rule)
             t0 = time.perf_counter()
             segs = t(samples)
             dt = time.perf_counter() - t0
@@ -64,10 +73,12 @@ def main() -> int:
             row[side], row[f"{side}_s"] = round(w, 4), round(dt, 1)
             if side == "after":
                 row["fired"] = getattr(t.last_stats, counter)  # times the rule decided
+                if a.rule == "resumed-rest":
+                    row["redone"] = t.last_stats.redone_rests
             wer[side] += w
             secs[side] += dt
         print(json.dumps(row), flush=True)
-    setattr(engine, attr, rule)
+    setattr(owner, attr, rule)
     print("total", json.dumps({"rule": a.rule, "beam": a.beam, "wer": {k: round(v, 4) for k, v in wer.items()},
                                "seconds": {k: round(v, 1) for k, v in secs.items()}}))
     return 0

@@ -61,11 +61,12 @@ import numpy as np
 
 from tideserve.errors import LanguageMismatchError
 from tideserve.spec.models import Decoding
-from tideserve.worker.backends.base import WindowResult, WindowTask
+from tideserve.worker.backends.base import Resume, WindowResult, WindowTask
 from tideserve.worker.cores import usable_cores
 from tideserve.worker.language_id import LanguageIdConfig, mismatch_message, other_language
 from tideserve.worker.batching import QueuedItem, cut_batch, round_robin, schedulable
-from tideserve.worker.longform import Accept, Split, follow_up, is_digital_silence, repeats_tail, tail_holds_speech
+from tideserve.worker.longform import (Accept, Split, follow_up, is_digital_silence, repeats_tail, resumed_rest_holds,
+                                       tail_holds_speech)
 from tideserve.worker.windows import pause_middle, windows_of
 
 log = logging.getLogger("tideserve.worker.engine")
@@ -122,6 +123,8 @@ class EngineStats:
     splits: int = 0           # looping windows decoded again as two halves
     quiet_rests: int = 0      # seeks not taken: the window's rest held no speech (longform.tail_holds_speech)
     repeated_rests: int = 0   # rests after a seek that wrote only the end of the text before (longform.repeats_tail)
+    resumed_rests: int = 0    # rests decoded over their window's kept encoder output (WindowTask.resume)
+    redone_rests: int = 0     # resumed rests not kept, decoded again from their own audio (longform.resumed_rest_holds)
     dropped: int = 0          # parts dropped unexecuted because their request was cancelled
     queue_s: float = 0.0
     features_s: float = 0.0
@@ -162,11 +165,14 @@ class _Part:
     splits: int = 0
     identify: bool = False  # identify the spoken language with this decode (its first attempt only)
     after_seek: bool = False  # this part is the rest of a window after a seek
+    #: Decode ``samples`` (the whole window) from ``resume.from_s`` over its kept encoder output.
+    resume: Resume | None = None
 
     def successor(self, samples: np.ndarray, offset_s: float, temperature: float, now: float, **changes: Any) -> _Part:
         """The next part of this segment: ``samples`` from ``offset_s``, queued at ``now``, with
         no attempts yet; other fields as here unless ``changes`` names them."""
         changes.setdefault("after_seek", False)
+        changes.setdefault("resume", None)
         return replace(self, samples=samples, offset_s=offset_s, temperature=temperature, enqueued_s=now,
                        attempts=[], compute_s=0.0, parts_so_far=self.parts_so_far + 1, identify=False, **changes)
 
@@ -174,7 +180,14 @@ class _Part:
         o = self.options
         prompt = " ".join(t for t in (o.prompt, self.context) if t) or None
         return WindowTask(self.samples, self.offset_s, prompt, o.language, o.timestamps, self.temperature, o.task,
-                          o.words, identify_language=self.identify)
+                          o.words, identify_language=self.identify, resume=self.resume)
+
+    def fresh_rest(self, from_s: float, temperature: float, now: float, context: str) -> _Part:
+        """This window's audio from ``from_s`` (seconds from ``samples``' start) as a part of its
+        own, encoded again (the rest after a seek, as openai/whisper's ``transcribe`` decodes it)."""
+        start = round(from_s * SAMPLE_RATE)
+        return self.successor(self.samples[start:], self.offset_s + start / SAMPLE_RATE, temperature, now,
+                              context=context, after_seek=True)
 
 
 @dataclass
@@ -579,6 +592,13 @@ class EngineLoop:
         can_split = part.splits < MAX_SPLITS and len(part.samples) >= MIN_SPLIT_S * SAMPLE_RATE
         action = follow_up(part.attempts, self.decoding, can_split, was_split=part.splits > 0)
         now, t0 = self.clock(), self.decoding.temperatures[0]
+        if part.resume is not None and not (isinstance(action, Accept) and resumed_rest_holds(
+                part.samples, action.result, SAMPLE_RATE)):
+            # A resumed rest that falls back, loops, or leaves speech untranscribed is decoded
+            # again from its own audio (where a fallback or a split then works as for any part).
+            self.stats.redone_rests += 1
+            self.queue.appendleft(part.fresh_rest(part.resume.from_s, t0, now, part.context))
+            return
         if isinstance(action, Split):
             n = len(part.samples)
             cut = n // 3 + pause_middle(part.samples[n // 3: 2 * n // 3], SAMPLE_RATE)
@@ -594,7 +614,7 @@ class EngineLoop:
             self.queue.appendleft(part)
             return
         chain = req.results.setdefault(part.segment, [])
-        accepted = action.result
+        accepted = replace(action.result, encoded=None)  # the encoder output stays in this process
         if req.heard is not None:  # the language heard rides on the first result accepted after it
             h, req.heard = req.heard, None
             lid = self.language_id
@@ -604,7 +624,8 @@ class EngineLoop:
                                language_mismatch=lid is not None and other_language(
                                    h.model_language_probability, lid.min_probability, h.detected_language,
                                    self._languages))
-        if part.after_seek and chain and repeats_tail(chain[-1], accepted):
+        rest_start = part.resume.from_s if part.resume is not None else 0.0
+        if part.after_seek and chain and repeats_tail(chain[-1], accepted, rest_start):
             self.stats.repeated_rests += 1
             accepted = replace(accepted, text="", segments=[], loop_free_text=None)
         chain.append(accepted)
@@ -618,8 +639,13 @@ class EngineLoop:
             if 0 < start < len(part.samples):
                 if tail_holds_speech(part.samples, seek, SAMPLE_RATE):
                     self.stats.seeks += 1
-                    self.queue.appendleft(part.successor(part.samples[start:], part.offset_s + seek, t0, now,
-                                                         context=req.context, after_seek=True))
+                    encoded = action.result.encoded
+                    if encoded is None:
+                        self.queue.appendleft(part.fresh_rest(seek, t0, now, req.context))
+                    else:
+                        self.stats.resumed_rests += 1
+                        self.queue.appendleft(part.successor(part.samples, part.offset_s, t0, now, context=req.context,
+                                                             after_seek=True, resume=Resume(seek, encoded)))
                     return
                 self.stats.quiet_rests += 1
         if part.rest:  # the second half of a loop split follows the first

@@ -52,6 +52,19 @@ faster-whisper's ``generate_with_fallback``:
   kept whole; one that truly repeats the segment's last words within ``MAX_REPEAT_S`` (a speaker
   saying them again right after) is lost.
 
+- tideserve's addition, the resumed rest: a backend that ``resumes`` (faster-whisper) keeps the
+  encoder output of a decode that seeks, and the rest is decoded over it, the timestamp token of
+  the seek point forced after the prompt, instead of being encoded again from its own audio
+  padded to 30 s (``transcribe`` encodes a new window from the seek point). On 2 cores the
+  encoder of tiny.en is about half of a window's cost (an int8 batch of 8 windows: 4.4 s on one
+  thread), and a rest is mostly padding: on bench/accuracy.py's 20-minute file at beam 5, 24 of
+  73 decodes were rests. The resumed decode is kept only when it wrote text and either seeks on
+  or leaves at most ``RESUMED_LEFT_S`` of sound after its text (``resumed_rest_holds``);
+  otherwise (and when it falls back or loops) the rest is decoded from its own audio as before.
+  It is an attempt, not Whisper's rule: the model was trained to start at 0 s, and a resumed
+  decode that closed its segment over half of the next clip lost "Hello world!" before that
+  check (README, Accuracy).
+
 No clock, no I/O and no model: the engine loop and the tests call the same function.
 """
 
@@ -132,6 +145,28 @@ def tail_holds_speech(samples: np.ndarray, seek_s: float, sample_rate: int = 16_
     return sound_s(samples[start:], samples, sample_rate) >= MIN_SPEECH_S
 
 
+#: Sound a resumed rest may leave after the end of its text and still be kept (seconds above the
+#: window's quiet level, ``windows.sound_s``; 5 frames of 20 ms): the rest's speech is then
+#: accounted for. On bench/accuracy.py's 5-minute file (seed 26, beam 5) a resumed rest closed
+#: its segment at 22.0 s over the first half of the next clip ("Hello world", 21.4-22.4 s) and
+#: left 0.24 s of it, under ``MIN_SPEECH_S``: the words were lost until this limit.
+RESUMED_LEFT_S = 0.1
+
+
+def resumed_rest_holds(window: np.ndarray, result: WindowResult, sample_rate: int = 16_000) -> bool:
+    """True when ``result``, a rest decoded over its window's kept encoder output
+    (``WindowTask.resume``; times from the window's start), may be kept: it wrote text, and
+    either seeks on (its own rest is resumed in turn) or leaves at most ``RESUMED_LEFT_S`` of
+    sound after its text's end in ``window`` (the whole window, mono, int16 PCM or float in
+    [-1, 1]). Otherwise the rest is decoded again from its own audio, as without resuming."""
+    if not result.text.strip() or result.text_end_s is None:
+        return False
+    if result.unfinished_from_s is not None:
+        return True
+    start = min(round(result.text_end_s * sample_rate), len(window))
+    return sound_s(window[start:], window, sample_rate) <= RESUMED_LEFT_S
+
+
 @dataclass(frozen=True)
 class Split:
     """Decode the window again as two halves (the loop split; see the module doc)."""
@@ -199,12 +234,14 @@ def _ends_with_words(text: str, tail: str) -> bool:
 MAX_REPEAT_S = 2.0
 
 
-def repeats_tail(previous: WindowResult, rest: WindowResult) -> bool:
+def repeats_tail(previous: WindowResult, rest: WindowResult, rest_start_s: float = 0.0) -> bool:
     """True when ``rest`` (the decode of a window's rest after a seek) writes nothing but the end
     of the last segment ``previous`` (the decode that sought) completed, its
     ``last_segment_text`` (see the module doc): its text, letters and digits only and case
     ignored, is non-empty and ends that segment's from the start of one of its words, and it
-    ends (``text_end_s``) within ``MAX_REPEAT_S`` of the rest's start."""
+    ends (``text_end_s``) within ``MAX_REPEAT_S`` of the rest's start, ``rest_start_s`` seconds
+    from where ``rest``'s times count (0 for a rest decoded from its own audio; the seek point
+    for a resumed rest, whose times count from its window's start)."""
     tail = _squashed(rest.text)
-    return (bool(tail) and rest.text_end_s is not None and rest.text_end_s <= MAX_REPEAT_S
+    return (bool(tail) and rest.text_end_s is not None and rest.text_end_s - rest_start_s <= MAX_REPEAT_S
             and _ends_with_words(previous.last_segment_text, tail))

@@ -571,3 +571,73 @@ def test_a_short_window_or_a_twice_split_one_is_accepted_as_it_is():
     assert segments_of(out, 1) == {0: ["loop9"]}
     assert len(segments_of(out, 2)[0]) == 4
     assert sum(m[1].splits for m in out if m[0] == "stats") == 3
+
+
+class Resuming(StaticBackend):
+    """A backend that ``resumes``: a first decode of a window over 20 s stops at 21 s and keeps
+    its encoder output (a marker array); ``rest_of(task)`` answers the resumed task."""
+
+    resumes = True
+
+    def __init__(self, rest_of) -> None:
+        super().__init__()
+        self.rest_of = rest_of
+
+    def transcribe_batch(self, tasks):
+        self.batches.append(tasks)
+        out = []
+        for t in tasks:
+            if t.resume is not None:
+                out.append(self.rest_of(t))
+            elif t.duration_s > 20:
+                out.append(ok(t, "head", unfinished_from_s=21.0, text_end_s=21.0, encoded=np.full(4, t.offset_s)))
+            else:
+                out.append(ok(t, f"fresh@{t.offset_s:g}/{t.duration_s:g}s"))
+        return out, ExecutionTimings()
+
+
+def _resumed_run(rest_of, decoding: Decoding | None = None) -> tuple[list[tuple], Resuming]:
+    clock, out = Clock(), []
+    decoding = decoding or Decoding(beam_size=1)
+    be = Resuming(rest_of)
+    loop = EngineLoop(be, decoding, max_batch_size=4, max_queue_delay_s=0.0, emit=out.append, clock=clock)
+    loop.submit(1, [(pcm(25), 100.0)], RequestOptions(timestamps=True))
+    run_until_idle(loop, clock)
+    assert not loop.requests
+    return out, be
+
+
+def test_a_rest_after_a_seek_is_decoded_over_the_windows_kept_encoder_output() -> None:
+    out, be = _resumed_run(lambda t: ok(t, f"rest from {t.resume.from_s:g}", text_end_s=25.0))
+    (resumed,) = [t for b in be.batches for t in b if t.resume is not None]
+    # the whole window, at its own offset, from the seek point, over the first decode's encoder output
+    assert (resumed.offset_s, resumed.duration_s, resumed.resume.from_s) == (100.0, 25.0, 21.0)
+    assert resumed.resume.encoded.tolist() == [100.0] * 4
+    chains = [m[3] for m in out if m[0] == "segment"]
+    assert [r.text for r in chains[0]] == ["head", "rest from 21"]
+    assert all(r.encoded is None for r in chains[0])  # the encoder output never leaves the engine
+    stats = [m[1] for m in out if m[0] == "stats"]
+    assert sum(s.resumed_rests for s in stats) == 1 and sum(s.seeks for s in stats) == 1
+
+
+def test_a_resumed_rest_that_leaves_speech_untranscribed_is_decoded_again_from_its_own_audio() -> None:
+    """Found on bench/accuracy.py's 5-minute file (seed 26, beam 5): a rest resumed at 18.0 s
+    closed its one segment at 22.0 s over half of the next clip and left 0.24 s of its sound;
+    "Hello world!" was lost. A resumed rest is kept only when it accounts for the rest's speech;
+    otherwise the rest is decoded from its own audio, as without resuming."""
+    out, be = _resumed_run(lambda t: ok(t, "rest", text_end_s=22.0))  # 3 s of sound left after it
+    assert [r.text for m in out if m[0] == "segment" for r in m[3]] == ["head", "fresh@121/4s"]
+    out, be = _resumed_run(lambda t: ok(t, ""))  # wrote nothing
+    assert [r.text for m in out if m[0] == "segment" for r in m[3]] == ["head", "fresh@121/4s"]
+    assert sum(m[1].redone_rests for m in out if m[0] == "stats") == 1
+    # a resumed rest that seeks on is kept, and its own rest resumed in turn
+    out, be = _resumed_run(lambda t: ok(t, "rest", text_end_s=23.0, unfinished_from_s=23.0, encoded=np.zeros(4))
+                           if t.resume.from_s == 21.0 else ok(t, "last", text_end_s=25.0))
+    assert [r.text for m in out if m[0] == "segment" for r in m[3]] == ["head", "rest", "last"]
+    assert [t.resume.from_s for b in be.batches for t in b if t.resume is not None] == [21.0, 23.0]
+
+
+def test_a_resumed_rest_that_loops_is_decoded_again_from_its_own_audio() -> None:
+    loop = lambda t: ok(t, "9 9 9 9", looping_segment=True, loop_free_text="", text_end_s=25.0)  # noqa: E731
+    out, _ = _resumed_run(loop, Decoding(beam_size=1, compression_ratio_threshold=2.4))
+    assert [r.text for m in out if m[0] == "segment" for r in m[3]] == ["head", "fresh@121/4s"]

@@ -10,7 +10,7 @@ import pytest
 
 from tideserve.protocol.types import Segment
 from tideserve.spec.models import Decoding
-from tideserve.worker.backends.base import WindowResult, WindowTask
+from tideserve.worker.backends.base import Resume, WindowResult, WindowTask
 from tideserve.worker.backends.whisper_text import loop_point, seek_point, window_result
 from tideserve.worker.longform import Accept, Retry, Split, follow_up, repeats_tail, without_loops
 
@@ -229,3 +229,23 @@ def test_a_decode_that_seeks_carries_its_last_segment_text_with_or_without_times
     assert done.unfinished_from_s is None and done.last_segment_text == "" and done.text_end_s == pytest.approx(2.0)
     left_open = window_result(task, [ts(0), 1], "en", -0.1, 0.01, EOT, TB, decode)
     assert left_open.text_end_s == pytest.approx(20.0)  # text without a closing timestamp runs to the end
+
+
+def test_a_resumed_decode_starts_at_its_timestamp_and_seeks_only_past_it() -> None:
+    """A rest decoded over its window's kept encoder output (``WindowTask.resume``): its tokens
+    begin with the timestamp it resumed at, its times count from the window's start, and a last
+    pair at that timestamp is no seek (the same point is never decoded twice)."""
+    window = np.zeros(16_000 * 25, np.int16)
+    task = WindowTask(window, offset_s=100.0, timestamps=True, resume=Resume(21.0, encoded=None))
+    r = window_result(task, [ts(21), 5, ts(23), ts(23), 6], "en", -0.1, 0.01, EOT, TB, decode)
+    assert r.unfinished_from_s == pytest.approx(23.0) and r.text == "w5"
+    assert [(s.start_s, s.end_s, s.text) for s in r.segments] == [(pytest.approx(121.0), pytest.approx(123.0), "w5")]
+    again = window_result(task, [ts(21), ts(21), 5], "en", -0.1, 0.01, EOT, TB, decode)
+    assert again.unfinished_from_s is None and again.text == "w5"
+
+
+def test_a_resumed_rest_repeats_the_segment_before_when_it_ends_within_2_s_of_its_own_start() -> None:
+    before = WindowResult(text="1, 2, 3.", language="en", unfinished_from_s=20.0, last_segment_text="1, 2, 3.")
+    resumed = WindowResult(text="3.", language="en", text_end_s=21.5)  # times from the window's start
+    assert repeats_tail(before, resumed, rest_start_s=20.0)
+    assert not repeats_tail(before, resumed)  # read as a rest from its own audio: 21.5 s of it

@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from tideserve.protocol.types import Segment
 from tideserve.worker.timings import ExecutionTimings
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Decode a window again from ``from_s`` (seconds from the window's start) over the encoder
+    output its earlier decode left, ``encoded`` (backend-private; ``WindowResult.encoded``):
+    Whisper's seek without a second encoder pass (``worker.longform``, the resumed rest)."""
+
+    from_s: float
+    encoded: Any = field(repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -29,6 +39,9 @@ class WindowTask:
     #: Identify the spoken language of this window with the language-ID model (an English-only
     #: model with ``model.language_id``; ``worker.language_id``): the result's ``detected_*``.
     identify_language: bool = False
+    #: Decode the window's rest from ``resume.from_s`` over its kept encoder output (a backend
+    #: that sets ``resumes``); segment times stay relative to this window.
+    resume: Resume | None = None
 
     @property
     def duration_s(self) -> float:
@@ -78,10 +91,18 @@ class WindowResult:
     #: Set by the engine (the one owner of ``model.language_id``'s rule): the speech is in a
     #: language the model cannot transcribe (``worker.language_id.other_language``).
     language_mismatch: bool = False
+    #: This window's encoder output, kept by a backend that ``resumes`` when the decode left a
+    #: rest (``unfinished_from_s``), for the task that decodes the rest (``Resume``); the
+    #: engine drops it once that task is made, so it never leaves the engine process.
+    encoded: Any = field(default=None, repr=False, compare=False)
 
 
 class Backend(Protocol):
     """A loaded model. ``transcribe_batch`` runs all tasks as ONE model execution.
+
+    A backend may set ``resumes = True``: it then keeps a window's encoder output in the result
+    of a decode that left a rest (``WindowResult.encoded``) and decodes a task with ``resume``
+    from that point over it, with no second encoder pass.
 
     Constructed as ``cls(model_dir, target, decoding, cpu_threads=…, max_batch_size=…,
     instances=…, language_id=…)`` (``language_id``: a ``worker.language_id.LanguageIdConfig`` or

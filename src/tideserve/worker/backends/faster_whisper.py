@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
+from typing import Any
 
 import ctranslate2
 import numpy as np
@@ -136,6 +137,10 @@ class FasterWhisperBackend:
         self._tokenizers: dict[tuple[str | None, str], Tokenizer] = {}
         base = self._tokenizer(decoding.language or "en")
         self._suppress = list(get_suppressed_tokens(base, [-1]))
+        #: Keep a window's encoder output for its rest after a seek and decode the rest over it
+        #: (``WindowTask.resume``; README, Accuracy: the resumed rest). False: every rest is
+        #: encoded again from its own audio, as openai/whisper's ``transcribe`` does.
+        self.resumes = True
 
     def _tokenizer(self, language: str | None, task: str = "transcribe") -> Tokenizer:
         key = (language if self._multilingual else None, task if self._multilingual else "transcribe")
@@ -156,10 +161,17 @@ class FasterWhisperBackend:
         """
         t0 = time.perf_counter()
         fe = self._model.feature_extractor
-        feats = np.stack([pad_or_trim(fe(_float32(t.samples))[..., :-1]) for t in tasks]).astype(np.float32)
+        fresh = [i for i, t in enumerate(tasks) if t.resume is None]
+        feats = np.stack([pad_or_trim(fe(_float32(tasks[i].samples))[..., :-1]) for i in fresh]).astype(np.float32) \
+            if fresh else None
         t1 = time.perf_counter()
 
-        encoded = self._model.encode(feats)
+        encoded = self._model.encode(feats) if feats is not None else None
+        if len(fresh) < len(tasks):  # resumed windows bring the encoder output of their first decode
+            stack: list[Any] = [t.resume.encoded if t.resume is not None else None for t in tasks]
+            for j, row in zip(fresh, np.asarray(encoded) if encoded is not None else (), strict=True):
+                stack[j] = row
+            encoded = ctranslate2.StorageView.from_array(np.ascontiguousarray(np.stack(stack)))
         requested = [t.language or self._decoding.language for t in tasks]
         languages: list[str]
         probabilities: list[float | None] = [None] * len(tasks)
@@ -176,7 +188,8 @@ class FasterWhisperBackend:
             tok = self._tokenizer(lang, task.task)
             previous = prompt_ids(tok, task.prompt)
             with_timestamps = task.timestamps or not self._decoding.without_timestamps
-            prompts.append(self._model.get_prompt(tok, previous, without_timestamps=not with_timestamps))
+            prompt = self._model.get_prompt(tok, previous, without_timestamps=not with_timestamps)
+            prompts.append(prompt + _resume_prefix(tok, task))
             toks.append(tok)
         groups: dict[tuple[int, int, float], list[int]] = {}
         for i, (prompt, tok) in enumerate(zip(prompts, toks, strict=True)):
@@ -213,6 +226,12 @@ class FasterWhisperBackend:
                                    model_language_probability=ident[2] if ident else None)
                for task, tok, lang, r, p, ident in zip(tasks, toks, languages, decoded, probabilities, identified,
                                                        strict=True)]
+        # A rest left by a seek is decoded over this window's encoder output (``resumes``), except
+        # with word timestamps, whose alignment reads the window from its start.
+        keep = [self.resumes and r.unfinished_from_s is not None and not t.words for t, r in zip(tasks, out, strict=True)]
+        if any(keep):
+            rows = np.asarray(encoded)
+            out = [dataclasses.replace(r, encoded=rows[i].copy()) if k else r for i, (r, k) in enumerate(zip(out, keep, strict=True))]
         for i, task in enumerate(tasks):
             if task.words and out[i].segments:
                 one = encoded if len(tasks) == 1 else ctranslate2.StorageView.from_array(np.asarray(encoded)[[i]])
@@ -235,8 +254,9 @@ class FasterWhisperBackend:
         return dataclasses.replace(result, segments=segments)
 
     def _window_result(self, task: WindowTask, tok: Tokenizer, language: str, res) -> WindowResult:
-        tokens = [t for t in res.sequences_ids[0]]
-        avg_logprob = res.scores[0] * len(tokens) / (len(tokens) + 1)  # length_penalty 1 (faster-whisper)
+        generated = list(res.sequences_ids[0])
+        avg_logprob = res.scores[0] * len(generated) / (len(generated) + 1)  # length_penalty 1 (faster-whisper)
+        tokens = _resume_prefix(tok, task) + generated
         d = self._decoding
         return window_result(task, tokens, language, avg_logprob, res.no_speech_prob, tok.eot, tok.timestamp_begin,
                              tok.decode, d.no_speech_threshold, d.log_prob_threshold, d.compression_ratio_threshold)
@@ -246,6 +266,14 @@ class FasterWhisperBackend:
 # the previous word.
 _PREPEND = "\"'“¿([{-"
 _APPEND = "\"'.。,，!！?？:：”)]}、"  # noqa: RUF001 (full-width marks on purpose: CJK punctuation)
+
+
+def _resume_prefix(tok: Tokenizer, task: WindowTask) -> list[int]:
+    """The timestamp token a resumed decode starts from, forced after the prompt ([] when the
+    task is not resumed): the model writes the rest of the window from that time on."""
+    if task.resume is None:
+        return []
+    return [tok.timestamp_begin + round(task.resume.from_s / _TIME_PRECISION_S)]
 
 
 def _float32(samples: np.ndarray) -> np.ndarray:

@@ -89,9 +89,10 @@ def window_result(task: WindowTask, tokens: Sequence[int], language: str, avg_lo
     Silence (``is_silence``) gives empty text with ``silent`` set. With timestamp tokens,
     ``unfinished_from_s`` marks speech left after the window's last completed segment
     (``seek_point``), and the tokens after it are dropped, since the next part decodes them
-    again; a seek that does not move past the window's start (a last pair at 0.0 s) or leaves
-    less than ``MIN_TAIL_S`` is no seek, so a window is never decoded twice from the same
-    point. When the whole text's compression ratio is over ``compression_ratio_threshold`` and
+    again; a seek that does not move past the window's start (a last pair at 0.0 s), or past
+    ``task.resume.from_s`` for a resumed decode (whose ``tokens`` then begin with the timestamp
+    token it was resumed at), or leaves less than ``MIN_TAIL_S`` is no seek, so a window is
+    never decoded twice from the same point. When the whole text's compression ratio is over ``compression_ratio_threshold`` and
     its segments loop (``loop_point``), the window keeps the first of the repeated segments and
     seeks to its end instead (the repetition guard; it applies to the attempt the fallback rule
     keeps). Segments (absolute times) are filled when the task asked for timestamps. The
@@ -112,9 +113,10 @@ def window_result(task: WindowTask, tokens: Sequence[int], language: str, avg_lo
     if compression_ratio_threshold is not None and cr > compression_ratio_threshold:
         guarded = loop_point(tokens, timestamp_begin)
         seek = guarded or seek
+    floor = task.resume.from_s if task.resume is not None else 0.0  # a resumed decode starts there
     if seek is not None:
         k, at = seek
-        if at > 0.0 and duration - at > MIN_TAIL_S:
+        if at > floor and duration - at > MIN_TAIL_S:
             unfinished = at
             tokens = tokens[:k]
     text = full_text if unfinished is None else decode([t for t in tokens if t < eot]).strip()

