@@ -621,12 +621,17 @@ def test_a_rest_after_a_seek_is_decoded_over_the_windows_kept_encoder_output() -
 
 
 def test_a_resumed_rest_that_leaves_speech_untranscribed_is_decoded_again_from_its_own_audio() -> None:
-    """Found on bench/accuracy.py's 5-minute file (seed 26, beam 5): a rest resumed at 18.0 s
-    closed its one segment at 22.0 s over half of the next clip and left 0.24 s of its sound;
-    "Hello world!" was lost. A resumed rest is kept only when it accounts for the rest's speech;
-    otherwise the rest is decoded from its own audio, as without resuming."""
+    """Found on bench/accuracy.py's long files: resumed rests that stopped after "The Quick
+    Brown Fox" or closed a segment over the next clip's "Hello world" lost words. A resumed rest
+    is kept only when no speech follows its last word; otherwise the rest is decoded from its
+    own audio, as without resuming."""
     out, be = _resumed_run(lambda t: ok(t, "rest", text_end_s=22.0))  # 3 s of sound left after it
     assert [r.text for m in out if m[0] == "segment" for r in m[3]] == ["head", "fresh@121/4s"]
+    # closed at the window's end, but its last word ends at 22 s (the alignment): speech left
+    out, be = _resumed_run(lambda t: ok(t, "rest", text_end_s=25.0, last_word_end_s=22.0))
+    assert [r.text for m in out if m[0] == "segment" for r in m[3]] == ["head", "fresh@121/4s"]
+    out, be = _resumed_run(lambda t: ok(t, "rest", text_end_s=22.0, last_word_end_s=24.9))
+    assert [r.text for m in out if m[0] == "segment" for r in m[3]] == ["head", "rest"]
     out, be = _resumed_run(lambda t: ok(t, ""))  # wrote nothing
     assert [r.text for m in out if m[0] == "segment" for r in m[3]] == ["head", "fresh@121/4s"]
     assert sum(m[1].redone_rests for m in out if m[0] == "stats") == 1

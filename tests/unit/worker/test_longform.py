@@ -12,7 +12,7 @@ from tideserve.protocol.types import Segment
 from tideserve.spec.models import Decoding
 from tideserve.worker.backends.base import Resume, WindowResult, WindowTask
 from tideserve.worker.backends.whisper_text import loop_point, seek_point, window_result
-from tideserve.worker.longform import Accept, Retry, Split, follow_up, repeats_tail, without_loops
+from tideserve.worker.longform import Accept, Retry, Split, follow_up, repeats_tail, resumed_rest_holds, without_loops
 
 TB = 1000  # timestamp_begin in these token lists; <|t|> = TB + t / 0.02
 EOT = 999
@@ -249,3 +249,16 @@ def test_a_resumed_rest_repeats_the_segment_before_when_it_ends_within_2_s_of_it
     resumed = WindowResult(text="3.", language="en", text_end_s=21.5)  # times from the window's start
     assert repeats_tail(before, resumed, rest_start_s=20.0)
     assert not repeats_tail(before, resumed)  # read as a rest from its own audio: 21.5 s of it
+
+
+def test_a_resumed_rest_is_kept_only_when_no_speech_follows_its_last_word() -> None:
+    rng = np.random.default_rng(0)
+    speech, room = rng.normal(0, 3000, 16_000 * 24).astype(np.int16), rng.normal(0, 20, 16_000).astype(np.int16)
+    window = np.concatenate([speech, room])  # 24 s of sound, then 1 s of quiet
+    done = WindowResult(text="dog.", language="en", text_end_s=25.0, last_word_end_s=24.0)
+    assert resumed_rest_holds(window, done)
+    # its segment closed at the window's end, over speech its words do not reach
+    assert not resumed_rest_holds(window, replace(done, last_word_end_s=22.0))
+    assert not resumed_rest_holds(window, replace(done, last_word_end_s=None, text_end_s=22.0))
+    assert not resumed_rest_holds(window, replace(done, text=" "))  # wrote nothing
+    assert resumed_rest_holds(window, replace(done, last_word_end_s=10.0, unfinished_from_s=12.0))  # seeks on

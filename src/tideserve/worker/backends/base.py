@@ -66,6 +66,10 @@ class WindowResult:
     #: timestamp, or the window's end for text left open (``split_by_timestamps``); None when
     #: nothing was written.
     text_end_s: float | None = None
+    #: Seconds from the window's start where the text's last word ends by the model's
+    #: cross-attention alignment (faster-whisper's ``find_alignment``, Whisper's word timestamps);
+    #: set only for a resumed rest that does not seek on (``longform.resumed_rest_holds``).
+    last_word_end_s: float | None = None
     #: Whisper's quality signals of this decode: mean log-probability per sampled token (the
     #: end-of-text included in the count), the no-speech probability at <|startoftranscript|>,
     #: and the gzip compression ratio of the text (high means repetition).

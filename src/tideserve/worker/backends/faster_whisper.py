@@ -168,7 +168,7 @@ class FasterWhisperBackend:
 
         encoded = self._model.encode(feats) if feats is not None else None
         if len(fresh) < len(tasks):  # resumed windows bring the encoder output of their first decode
-            stack: list[Any] = [t.resume.encoded if t.resume is not None else None for t in tasks]
+            stack: list[Any] = [t.resume.encoded.encoder_output if t.resume is not None else None for t in tasks]
             for j, row in zip(fresh, np.asarray(encoded) if encoded is not None else (), strict=True):
                 stack[j] = row
             encoded = ctranslate2.StorageView.from_array(np.ascontiguousarray(np.stack(stack)))
@@ -231,13 +231,32 @@ class FasterWhisperBackend:
         keep = [self.resumes and r.unfinished_from_s is not None and not t.words for t, r in zip(tasks, out, strict=True)]
         if any(keep):
             rows = np.asarray(encoded)
-            out = [dataclasses.replace(r, encoded=rows[i].copy()) if k else r for i, (r, k) in enumerate(zip(out, keep, strict=True))]
+            out = [dataclasses.replace(r, encoded=_Kept(rows[i].copy(), _written(task, tok, r))) if k else r
+                   for i, (task, tok, r, k) in enumerate(zip(tasks, toks, out, keep, strict=True))]
+        for i, task in enumerate(tasks):  # where a finished resumed rest's last word ends
+            if task.resume is not None and out[i].unfinished_from_s is None and out[i].text.strip():
+                out[i] = dataclasses.replace(out[i], last_word_end_s=self._last_word_end(
+                    task, toks[i], [t for t in decoded[i].sequences_ids[0] if t < toks[i].eot]))
         for i, task in enumerate(tasks):
             if task.words and out[i].segments:
                 one = encoded if len(tasks) == 1 else ctranslate2.StorageView.from_array(np.asarray(encoded)[[i]])
                 out[i] = self._with_words(task, toks[i], one, out[i])
         t3 = time.perf_counter()
         return out, ExecutionTimings(input_s=t1 - t0, infer_s=t2 - t1, output_s=t3 - t2)
+
+    def _last_word_end(self, task: WindowTask, tok: Tokenizer, text_tokens: list[int]) -> float | None:
+        """Seconds from a resumed window's start where the last word of ``text_tokens`` (its
+        rest's text) ends, by faster-whisper's cross-attention alignment of the window's whole
+        text (what was written before the seek, then this) over its kept encoder output; None
+        when no word has a letter or digit."""
+        kept = task.resume.encoded if task.resume is not None else None
+        if kept is None:
+            return None
+        one = ctranslate2.StorageView.from_array(np.ascontiguousarray(kept.encoder_output[None]))
+        (words,) = self._model.find_alignment(tok, [[*kept.text_tokens, *text_tokens]], one,
+                                              len(task.samples) // 160)
+        ends = [float(w["end"]) for w in words if any(c.isalnum() for c in w["word"])]
+        return ends[-1] if ends else None
 
     def _with_words(self, task: WindowTask, tok: Tokenizer, encoded, result: WindowResult) -> WindowResult:
         """``result`` with each segment's words timed by faster-whisper's cross-attention alignment
@@ -266,6 +285,24 @@ class FasterWhisperBackend:
 # the previous word.
 _PREPEND = "\"'“¿([{-"
 _APPEND = "\"'.。,，!！?？:：”)]}、"  # noqa: RUF001 (full-width marks on purpose: CJK punctuation)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Kept:
+    """What a decode that seeks keeps for its resumed rest (``WindowResult.encoded``): the
+    window's encoder output ``[1500, d_model]`` float32 and the text tokens written before the
+    seek point (re-encoded from the text kept), for the word alignment of the rest's text."""
+
+    encoder_output: np.ndarray
+    text_tokens: tuple[int, ...]
+
+
+def _written(task: WindowTask, tok: Tokenizer, result: WindowResult) -> tuple[int, ...]:
+    """The text tokens of ``task``'s window written so far: before a resumed task's start, then
+    ``result``'s text."""
+    before = task.resume.encoded.text_tokens if task.resume is not None else ()
+    text = result.text.strip()
+    return (*before, *(tok.encode(" " + text) if text else ()))
 
 
 def _resume_prefix(tok: Tokenizer, task: WindowTask) -> list[int]:
