@@ -52,10 +52,10 @@ _FAMILIES: dict[str, tuple[str, str]] = {
                                      "(under 0.25 s of sound above its quiet level)"),
     "tideserve_worker_repeated_rests": ("counter", "Rests decoded after a seek whose text was only the end of the "
                                         "text before them (an early closing timestamp), dropped"),
-    "tideserve_worker_resumed_rests": ("counter", "Rests after a seek decoded over their window's kept encoder output, "
-                                       "from the seek point (no second encoder pass)"),
-    "tideserve_worker_redone_rests": ("counter", "Resumed rests not kept (they fell back, looped or left speech "
-                                      "untranscribed), decoded again from their own audio"),
+    "tideserve_worker_resumed_rests": ("counter", "Rests after a seek queued to be decoded over their window's kept "
+                                       "encoder output, from the seek point (no second encoder pass)"),
+    "tideserve_worker_redone_rests": ("counter", "Resumed rests not kept (under Whisper's quality thresholds, looping, "
+                                      "or leaving speech untranscribed), decoded again from their own audio"),
     "tideserve_worker_loop_splits": ("counter", "Looping windows decoded again as two halves cut at their longest pause"),
     "tideserve_worker_language_mismatch": ("counter", "Requests whose speech the language-ID model heard in a "
                                            "language the model cannot transcribe (model.language_id)"),

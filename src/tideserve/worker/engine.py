@@ -580,7 +580,7 @@ class EngineLoop:
         part.compute_s = 0.0
         if part.identify:
             part.identify = False  # a fallback decode of this window does not identify again
-            req.heard = result
+            req.heard = replace(result, encoded=None)
             lid = self.language_id
             if lid is not None and lid.reject and other_language(result.model_language_probability, lid.min_probability,
                                                                  result.detected_language, self._languages):
@@ -593,9 +593,10 @@ class EngineLoop:
         action = follow_up(part.attempts, self.decoding, can_split, was_split=part.splits > 0)
         now, t0 = self.clock(), self.decoding.temperatures[0]
         if part.resume is not None and not (isinstance(action, Accept) and resumed_rest_holds(
-                part.samples, action.result, SAMPLE_RATE)):
-            # A resumed rest that falls back, loops, or leaves speech untranscribed is decoded
-            # again from its own audio (where a fallback or a split then works as for any part).
+                part.samples, action.result, self.decoding, SAMPLE_RATE)):
+            # A resumed rest that fails the quality thresholds, loops, or leaves speech
+            # untranscribed is decoded again from its own audio (where a fallback or a split then
+            # works as for any part).
             self.stats.redone_rests += 1
             self.queue.appendleft(part.fresh_rest(part.resume.from_s, t0, now, part.context))
             return
@@ -608,6 +609,7 @@ class EngineLoop:
                 rest=((part.samples[cut:], part.offset_s + cut / SAMPLE_RATE, part.splits + 1), *part.rest)))
             return
         if not isinstance(action, Accept):
+            part.attempts = [replace(a, encoded=None) for a in part.attempts]  # only an accepted decode keeps one
             self.stats.fallbacks += 1
             part.temperature = action.temperature
             part.enqueued_s = now

@@ -58,9 +58,9 @@ faster-whisper's ``generate_with_fallback``:
   padded to 30 s (``transcribe`` encodes a new window from the seek point). On 2 cores the
   encoder of tiny.en is about half of a window's cost (an int8 batch of 8 windows: 4.4 s on one
   thread), and a rest is mostly padding: on bench/accuracy.py's 20-minute file at beam 5, 24 of
-  73 decodes were rests. The resumed decode is kept only when it wrote text and either seeks on
-  or leaves no speech after its last word (``resumed_rest_holds``); otherwise (and when it
-  falls back or loops) the rest is decoded from its own audio as before. It is an attempt, not
+  73 decodes were rests. The resumed decode is kept only when it wrote text, passes Whisper's
+  quality thresholds and leaves no speech after its last word (``resumed_rest_holds``);
+  otherwise (and when it loops) the rest is decoded from its own audio as before. It is an attempt, not
   Whisper's rule: the model was trained to start at 0 s, and resumed decodes that stopped after
   "The Quick Brown Fox" or closed a segment over the next clip's "Hello world" lost words
   before that check (README, Accuracy).
@@ -145,13 +145,15 @@ def tail_holds_speech(samples: np.ndarray, seek_s: float, sample_rate: int = 16_
     return sound_s(samples[start:], samples, sample_rate) >= MIN_SPEECH_S
 
 
-def resumed_rest_holds(window: np.ndarray, result: WindowResult, sample_rate: int = 16_000) -> bool:
+def resumed_rest_holds(window: np.ndarray, result: WindowResult, d: Decoding, sample_rate: int = 16_000) -> bool:
     """True when ``result``, a rest decoded over its window's kept encoder output
-    (``WindowTask.resume``; times from the window's start), may be kept: it wrote text, and
-    either seeks on (its own rest is resumed in turn) or leaves no speech after its last word
-    (``tail_holds_speech`` from ``last_word_end_s``, else from ``text_end_s``) in ``window``
-    (the whole window, mono, int16 PCM or float in [-1, 1]). Otherwise the rest is decoded
-    again from its own audio, as without resuming.
+    (``WindowTask.resume``; times from the window's start), may be kept: it wrote text whose
+    last word's end is known (``last_word_end_s``), it passes Whisper's quality thresholds
+    (``needs_fallback``: its no-speech probability is the whole window's, so only the
+    log-probability and compression tests can speak), and no speech (``MIN_SPEECH_S`` of sound)
+    follows its last word in ``window`` (the whole window, mono, int16 PCM or float in
+    [-1, 1]): up to its own seek point when it seeks on, else to the window's end. Otherwise the
+    rest is decoded again from its own audio, as without resuming.
 
     The last word's end, not the segment's closing timestamp: a resumed decode may close its
     segment over speech it did not write. On bench/accuracy.py's 10-minute file (seed 32, beam
@@ -160,12 +162,13 @@ def resumed_rest_holds(window: np.ndarray, result: WindowResult, sample_rate: in
     sound after it sends the rest to be decoded again. Over eleven files at beam 1, every
     resumed rest that lost words left 0.74-2.44 s of sound after its last word, every other
     one none."""
-    if not result.text.strip() or result.text_end_s is None:
+    if not result.text.strip() or result.last_word_end_s is None or needs_fallback(result, d):
         return False
-    if result.unfinished_from_s is not None:
+    start = min(max(0, round(result.last_word_end_s * sample_rate)), len(window))
+    stop = len(window) if result.unfinished_from_s is None else round(result.unfinished_from_s * sample_rate)
+    if stop <= start:
         return True
-    end = result.last_word_end_s if result.last_word_end_s is not None else result.text_end_s
-    return not tail_holds_speech(window, max(0.0, end), sample_rate)
+    return sound_s(window[start:stop], window, sample_rate) < MIN_SPEECH_S
 
 
 @dataclass(frozen=True)

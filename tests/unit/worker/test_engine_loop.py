@@ -608,7 +608,7 @@ def _resumed_run(rest_of, decoding: Decoding | None = None) -> tuple[list[tuple]
 
 
 def test_a_rest_after_a_seek_is_decoded_over_the_windows_kept_encoder_output() -> None:
-    out, be = _resumed_run(lambda t: ok(t, f"rest from {t.resume.from_s:g}", text_end_s=25.0))
+    out, be = _resumed_run(lambda t: ok(t, f"rest from {t.resume.from_s:g}", text_end_s=25.0, last_word_end_s=25.0))
     (resumed,) = [t for b in be.batches for t in b if t.resume is not None]
     # the whole window, at its own offset, from the seek point, over the first decode's encoder output
     assert (resumed.offset_s, resumed.duration_s, resumed.resume.from_s) == (100.0, 25.0, 21.0)
@@ -636,8 +636,9 @@ def test_a_resumed_rest_that_leaves_speech_untranscribed_is_decoded_again_from_i
     assert [r.text for m in out if m[0] == "segment" for r in m[3]] == ["head", "fresh@121/4s"]
     assert sum(m[1].redone_rests for m in out if m[0] == "stats") == 1
     # a resumed rest that seeks on is kept, and its own rest resumed in turn
-    out, be = _resumed_run(lambda t: ok(t, "rest", text_end_s=23.0, unfinished_from_s=23.0, encoded=np.zeros(4))
-                           if t.resume.from_s == 21.0 else ok(t, "last", text_end_s=25.0))
+    out, be = _resumed_run(lambda t: ok(t, "rest", text_end_s=23.0, unfinished_from_s=23.0, last_word_end_s=22.9,
+                                        encoded=np.zeros(4))
+                           if t.resume.from_s == 21.0 else ok(t, "last", text_end_s=25.0, last_word_end_s=25.0))
     assert [r.text for m in out if m[0] == "segment" for r in m[3]] == ["head", "rest", "last"]
     assert [t.resume.from_s for b in be.batches for t in b if t.resume is not None] == [21.0, 23.0]
 

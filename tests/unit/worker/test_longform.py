@@ -255,10 +255,23 @@ def test_a_resumed_rest_is_kept_only_when_no_speech_follows_its_last_word() -> N
     rng = np.random.default_rng(0)
     speech, room = rng.normal(0, 3000, 16_000 * 24).astype(np.int16), rng.normal(0, 20, 16_000).astype(np.int16)
     window = np.concatenate([speech, room])  # 24 s of sound, then 1 s of quiet
-    done = WindowResult(text="dog.", language="en", text_end_s=25.0, last_word_end_s=24.0)
-    assert resumed_rest_holds(window, done)
+    d = Decoding(beam_size=1)
+    done = WindowResult(text="dog.", language="en", text_end_s=25.0, last_word_end_s=24.0, avg_logprob=-0.3)
+    assert resumed_rest_holds(window, done, d)
     # its segment closed at the window's end, over speech its words do not reach
-    assert not resumed_rest_holds(window, replace(done, last_word_end_s=22.0))
-    assert not resumed_rest_holds(window, replace(done, last_word_end_s=None, text_end_s=22.0))
-    assert not resumed_rest_holds(window, replace(done, text=" "))  # wrote nothing
-    assert resumed_rest_holds(window, replace(done, last_word_end_s=10.0, unfinished_from_s=12.0))  # seeks on
+    assert not resumed_rest_holds(window, replace(done, last_word_end_s=22.0), d)
+    assert not resumed_rest_holds(window, replace(done, last_word_end_s=None), d)  # words not placed
+    assert not resumed_rest_holds(window, replace(done, text=" "), d)  # wrote nothing
+    assert not resumed_rest_holds(window, replace(done, avg_logprob=-1.5), d)  # under Whisper's threshold
+    # seeking on: no speech between its last word and its seek point
+    assert resumed_rest_holds(window, replace(done, last_word_end_s=11.9, unfinished_from_s=12.0), d)
+    assert not resumed_rest_holds(window, replace(done, last_word_end_s=10.0, unfinished_from_s=12.0), d)
+
+
+def test_a_resumed_decode_never_writes_a_time_before_its_start() -> None:
+    """Found in review: CTranslate2 keeps sampled timestamps in order among themselves, not after
+    the forced one, so a resumed decode may write <|0.00|> after <|21.00|>."""
+    task = WindowTask(np.zeros(16_000 * 25, np.int16), offset_s=100.0, timestamps=True,
+                      resume=Resume(21.0, encoded=None))
+    r = window_result(task, [ts(21), ts(0), 5, ts(3)], "en", -0.1, 0.01, EOT, TB, decode)
+    assert [(s.start_s, s.end_s) for s in r.segments] == [(pytest.approx(121.0), pytest.approx(121.0))]

@@ -94,3 +94,27 @@ def test_the_rest_after_a_seek_is_decoded_over_the_windows_encoder_output(backen
     fresh, stats, encodes = transcribe(backend, window)
     assert (stats.seeks, stats.resumed_rests, encodes) == (1, 0, 2)
     assert words(fresh) == words(segments)
+
+
+def test_a_resumed_window_decodes_in_one_batch_with_fresh_and_untimed_windows(window, en_clips):
+    """Found in review: with the default ``without_timestamps: true``, a resumed window's prompt
+    (<|startoftranscript|> and its forced timestamp) was grouped with an untimed one
+    (<|startoftranscript|><|notimestamps|>): the same length, but CTranslate2 counts only the
+    second as a task token, and refused the whole batch."""
+    from tideserve.sources.local import resolve_pkg
+    from tideserve.worker.backends.base import Resume, WindowTask
+    from tideserve.worker.backends.faster_whisper import FasterWhisperBackend
+
+    backend = FasterWhisperBackend(resolve_pkg(BUNDLED), Target.parse("cpu-x86_64-int8"), Decoding(beam_size=5),
+                                   max_batch_size=4)
+    (head,), _ = backend.transcribe_batch([WindowTask(window, START, timestamps=True)])
+    assert head.unfinished_from_s == pytest.approx(21.0) and head.encoded is not None
+    clip = (np.clip(en_clips[0].samples, -1, 1) * 32767).astype(np.int16)
+    results, _ = backend.transcribe_batch([
+        WindowTask(window, START, timestamps=True, resume=Resume(21.0, head.encoded)),
+        WindowTask(clip, 0.0, timestamps=True), WindowTask(clip, 0.0, timestamps=False)])
+    rest, timed, untimed = results
+    assert words(rest.segments) == ["hello", "world"] and rest.segments[0].start_s == pytest.approx(START + 21.0)
+    assert rest.last_word_end_s is not None and 21.0 < rest.last_word_end_s <= END - START
+    assert timed.segments and not untimed.segments
+    assert words(timed.segments) == re.sub(r"[^a-z0-9 ]", " ", untimed.text.lower()).split()

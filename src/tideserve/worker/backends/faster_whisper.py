@@ -15,6 +15,7 @@ fallback is not applied (deterministic decoding at temperature 0).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,8 @@ from tideserve.worker.backends.whisper_text import window_result
 from tideserve.worker.cores import intra_op_threads, usable_cores
 from tideserve.worker.language_id import LanguageIdConfig, speech_start
 from tideserve.worker.timings import ExecutionTimings
+
+log = logging.getLogger("tideserve.worker.backends.faster_whisper")
 
 
 class _Identifier:
@@ -153,11 +156,13 @@ class FasterWhisperBackend:
     def transcribe_batch(self, tasks: list[WindowTask]) -> tuple[list[WindowResult], ExecutionTimings]:
         """Run all ``tasks`` as one execution; results in the order of ``tasks``.
 
-        Features of all windows are computed and encoded as one batch. CTranslate2's
+        Features of the windows not resumed are computed and encoded as one batch; a resumed
+        window (``task.resume``) brings its kept encoder output instead. CTranslate2's
         ``generate`` needs <|startoftranscript|> at the same position and the same number of
-        task tokens after it across a batch, so windows are decoded in groups of equal prompt
-        shape (prompt length, timestamps or not): one group in the common case of requests
-        without a prompt.
+        task tokens after it across a batch (<|notimestamps|> counts as one; a resumed window's
+        forced timestamp does not, it is a prefix, which may differ by row), so windows are
+        decoded in groups of equal prompt shape before that prefix, and temperature: one group
+        in the common case of requests without a prompt.
         """
         t0 = time.perf_counter()
         fe = self._model.feature_extractor
@@ -184,17 +189,16 @@ class FasterWhisperBackend:
         else:
             languages = [lang for lang in requested if lang is not None]
         prompts, toks = [], []
-        for task, lang in zip(tasks, languages, strict=True):
+        groups: dict[tuple[int, int, float], list[int]] = {}
+        for i, (task, lang) in enumerate(zip(tasks, languages, strict=True)):
             tok = self._tokenizer(lang, task.task)
             previous = prompt_ids(tok, task.prompt)
             with_timestamps = task.timestamps or not self._decoding.without_timestamps
             prompt = self._model.get_prompt(tok, previous, without_timestamps=not with_timestamps)
+            sot = prompt.index(tok.sot)
+            groups.setdefault((sot, len(prompt) - sot, task.temperature), []).append(i)
             prompts.append(prompt + _resume_prefix(tok, task))
             toks.append(tok)
-        groups: dict[tuple[int, int, float], list[int]] = {}
-        for i, (prompt, tok) in enumerate(zip(prompts, toks, strict=True)):
-            sot = prompt.index(tok.sot)
-            groups.setdefault((sot, len(prompt) - sot, tasks[i].temperature), []).append(i)
         decoded: list = [None] * len(tasks)
         for (_, _, temperature), idx in groups.items():
             enc = encoded if len(groups) == 1 else ctranslate2.StorageView.from_array(np.asarray(encoded)[idx])
@@ -231,12 +235,13 @@ class FasterWhisperBackend:
         keep = [self.resumes and r.unfinished_from_s is not None and not t.words for t, r in zip(tasks, out, strict=True)]
         if any(keep):
             rows = np.asarray(encoded)
-            out = [dataclasses.replace(r, encoded=_Kept(rows[i].copy(), _written(task, tok, r))) if k else r
-                   for i, (task, tok, r, k) in enumerate(zip(tasks, toks, out, keep, strict=True))]
-        for i, task in enumerate(tasks):  # where a finished resumed rest's last word ends
-            if task.resume is not None and out[i].unfinished_from_s is None and out[i].text.strip():
+            out = [dataclasses.replace(r, encoded=_Kept(
+                rows[i].copy() if task.resume is None else task.resume.encoded.encoder_output, _written(task, tok, r)))
+                if k else r for i, (task, tok, r, k) in enumerate(zip(tasks, toks, out, keep, strict=True))]
+        for i, task in enumerate(tasks):  # where a resumed rest's last word ends
+            if task.resume is not None and out[i].text.strip():
                 out[i] = dataclasses.replace(out[i], last_word_end_s=self._last_word_end(
-                    task, toks[i], [t for t in decoded[i].sequences_ids[0] if t < toks[i].eot]))
+                    task, toks[i], toks[i].encode(" " + out[i].text.strip())))
         for i, task in enumerate(tasks):
             if task.words and out[i].segments:
                 one = encoded if len(tasks) == 1 else ctranslate2.StorageView.from_array(np.asarray(encoded)[[i]])
@@ -253,8 +258,12 @@ class FasterWhisperBackend:
         if kept is None:
             return None
         one = ctranslate2.StorageView.from_array(np.ascontiguousarray(kept.encoder_output[None]))
-        (words,) = self._model.find_alignment(tok, [[*kept.text_tokens, *text_tokens]], one,
-                                              len(task.samples) // 160)
+        try:
+            (words,) = self._model.find_alignment(tok, [[*kept.text_tokens, *text_tokens]], one,
+                                                  len(task.samples) // 160)
+        except (ValueError, RuntimeError) as exc:  # e.g. more text than the decoder's 448 positions
+            log.warning("no word alignment for a resumed rest at %.2f s (%s); it is decoded again", task.offset_s, exc)
+            return None
         ends = [float(w["end"]) for w in words if any(c.isalnum() for c in w["word"])]
         return ends[-1] if ends else None
 
@@ -273,9 +282,10 @@ class FasterWhisperBackend:
         return dataclasses.replace(result, segments=segments)
 
     def _window_result(self, task: WindowTask, tok: Tokenizer, language: str, res) -> WindowResult:
-        generated = list(res.sequences_ids[0])
+        generated = list(res.sequences_ids[0])  # CTranslate2 returns a forced prefix with the sampled tokens
         avg_logprob = res.scores[0] * len(generated) / (len(generated) + 1)  # length_penalty 1 (faster-whisper)
-        tokens = _resume_prefix(tok, task) + generated
+        prefix = _resume_prefix(tok, task)
+        tokens = generated if generated[: len(prefix)] == prefix else prefix + generated
         d = self._decoding
         return window_result(task, tokens, language, avg_logprob, res.no_speech_prob, tok.eot, tok.timestamp_begin,
                              tok.decode, d.no_speech_threshold, d.log_prob_threshold, d.compression_ratio_threshold)

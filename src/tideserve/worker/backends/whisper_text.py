@@ -91,8 +91,9 @@ def window_result(task: WindowTask, tokens: Sequence[int], language: str, avg_lo
     (``seek_point``), and the tokens after it are dropped, since the next part decodes them
     again; a seek that does not move past the window's start (a last pair at 0.0 s), or past
     ``task.resume.from_s`` for a resumed decode (whose ``tokens`` then begin with the timestamp
-    token it was resumed at), or leaves less than ``MIN_TAIL_S`` is no seek, so a window is
-    never decoded twice from the same point. When the whole text's compression ratio is over ``compression_ratio_threshold`` and
+    token it was resumed at; a timestamp it writes before that point is read as that point), or
+    leaves less than ``MIN_TAIL_S`` is no seek, so a window is never decoded twice from the same
+    point. When the whole text's compression ratio is over ``compression_ratio_threshold`` and
     its segments loop (``loop_point``), the window keeps the first of the repeated segments and
     seeks to its end instead (the repetition guard; it applies to the attempt the fallback rule
     keeps). Segments (absolute times) are filled when the task asked for timestamps. The
@@ -114,6 +115,9 @@ def window_result(task: WindowTask, tokens: Sequence[int], language: str, avg_lo
         guarded = loop_point(tokens, timestamp_begin)
         seek = guarded or seek
     floor = task.resume.from_s if task.resume is not None else 0.0  # a resumed decode starts there
+    if task.resume is not None:  # no time before it (CTranslate2 does not order sampled after forced timestamps)
+        lowest = timestamp_begin + round(floor / TIME_PRECISION_S)
+        tokens = [max(t, lowest) if t >= timestamp_begin else t for t in tokens]
     if seek is not None:
         k, at = seek
         if at > floor and duration - at > MIN_TAIL_S:
