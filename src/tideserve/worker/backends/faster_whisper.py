@@ -1,8 +1,8 @@
 """faster-whisper (CTranslate2) backend: Whisper on CPU, windows of many requests in one batch.
 
-One execution = feature extraction for every window, one batched encoder pass, and one
-batched ``generate`` call (beam search) over all windows with a prompt per window, so
-requests with different prompts, languages and timestamp wishes share the batch. This is
+One execution = feature extraction for every window, encoder passes of ``ENCODE_BATCH``
+windows each, and one batched ``generate`` call (beam search) over all windows with a prompt
+per window, so requests with different prompts, languages and timestamp wishes share the batch. This is
 the only module that imports faster_whisper / ctranslate2.
 
 Decoding follows Whisper's reference rules as faster-whisper applies them: non-speech tokens
@@ -39,6 +39,14 @@ from tideserve.worker.language_id import LanguageIdConfig, speech_start
 from tideserve.worker.timings import ExecutionTimings
 
 log = logging.getLogger("tideserve.worker.backends.faster_whisper")
+
+#: Windows per CTranslate2 encoder pass. One at a time costs less CPU per window than a batch:
+#: on this 2-core Xeon, tiny.en int8, 0.52 s of CPU per window at 1 against 0.62 s at 8 on two
+#: intra-op threads, 0.48 s against 0.57 s on one (bench/encoder_batch.py,
+#: bench/results/encoder_batch.txt); a batch's activations (8 x 1500 x 1536 floats in the MLP)
+#: outgrow the caches. ``generate`` keeps the whole batch: on two threads one window alone cost
+#: more per window (1.27 s against 0.86 s at 8, beam 5).
+ENCODE_BATCH = 1
 
 
 class _Identifier:
@@ -156,7 +164,7 @@ class FasterWhisperBackend:
     def transcribe_batch(self, tasks: list[WindowTask]) -> tuple[list[WindowResult], ExecutionTimings]:
         """Run all ``tasks`` as one execution; results in the order of ``tasks``.
 
-        Features of the windows not resumed are computed and encoded as one batch; a resumed
+        Features of the windows not resumed are computed and encoded (``_encode``); a resumed
         window (``task.resume``) brings its kept encoder output instead. CTranslate2's
         ``generate`` needs <|startoftranscript|> at the same position and the same number of
         task tokens after it across a batch (<|notimestamps|> counts as one; a resumed window's
@@ -171,7 +179,7 @@ class FasterWhisperBackend:
             if fresh else None
         t1 = time.perf_counter()
 
-        encoded = self._model.encode(feats) if feats is not None else None
+        encoded = self._encode(feats) if feats is not None else None
         if len(fresh) < len(tasks):  # resumed windows bring the encoder output of their first decode
             stack: list[Any] = [t.resume.encoded.encoder_output if t.resume is not None else None for t in tasks]
             for j, row in zip(fresh, np.asarray(encoded) if encoded is not None else (), strict=True):
@@ -248,6 +256,14 @@ class FasterWhisperBackend:
                 out[i] = self._with_words(task, toks[i], one, out[i])
         t3 = time.perf_counter()
         return out, ExecutionTimings(input_s=t1 - t0, infer_s=t2 - t1, output_s=t3 - t2)
+
+    def _encode(self, feats: np.ndarray) -> Any:
+        """The encoder output (a CTranslate2 StorageView ``[windows, 1500, d_model]``) of log-mel
+        ``feats`` ``[windows, n_mels, 3000]`` (float32), computed ``ENCODE_BATCH`` windows at a time."""
+        if len(feats) <= ENCODE_BATCH:
+            return self._model.encode(feats)
+        rows = [np.asarray(self._model.encode(feats[i:i + ENCODE_BATCH])) for i in range(0, len(feats), ENCODE_BATCH)]
+        return ctranslate2.StorageView.from_array(np.ascontiguousarray(np.concatenate(rows)))
 
     def _last_word_end(self, task: WindowTask, tok: Tokenizer, text_tokens: list[int]) -> float | None:
         """Seconds from a resumed window's start where the last word of ``text_tokens`` (its
