@@ -133,16 +133,21 @@ def best_attempt(attempts: Sequence[WindowResult], d: Decoding) -> WindowResult:
 MIN_SPEECH_S = 0.25
 
 
-def tail_holds_speech(samples: np.ndarray, seek_s: float, sample_rate: int = 16_000) -> bool:
+def tail_holds_speech(samples: np.ndarray, seek_s: float, sample_rate: int = 16_000,
+                      end_s: float | None = None) -> bool:
     """True when the rest of a window from ``seek_s`` (seconds from the window's start) holds at
     least ``MIN_SPEECH_S`` of sound above the window's quiet level (``windows.sound_s``): only
     then is it decoded as a new part (see the module doc). ``samples``: the window, mono, shape
-    ``(n,)``, int16 PCM or float in [-1, 1]. A seek at or past the window's end leaves no rest
+    ``(n,)``, int16 PCM or float in [-1, 1]; ``end_s``: where the span ends (default: the
+    window's end). A span that starts at or past its end (or the window's) holds nothing
     (False). Raises ValueError for a negative ``seek_s``."""
     if seek_s < 0:
         raise ValueError(f"seek_s must be >= 0 seconds from the window's start, got {seek_s}")
     start = min(round(seek_s * sample_rate), len(samples))
-    return sound_s(samples[start:], samples, sample_rate) >= MIN_SPEECH_S
+    stop = len(samples) if end_s is None else min(max(0, round(end_s * sample_rate)), len(samples))
+    if stop <= start:
+        return False
+    return sound_s(samples[start:stop], samples, sample_rate) >= MIN_SPEECH_S
 
 
 def resumed_rest_holds(window: np.ndarray, result: WindowResult, d: Decoding, sample_rate: int = 16_000) -> bool:
@@ -164,11 +169,7 @@ def resumed_rest_holds(window: np.ndarray, result: WindowResult, d: Decoding, sa
     one none."""
     if not result.text.strip() or result.last_word_end_s is None or needs_fallback(result, d):
         return False
-    start = min(max(0, round(result.last_word_end_s * sample_rate)), len(window))
-    stop = len(window) if result.unfinished_from_s is None else round(result.unfinished_from_s * sample_rate)
-    if stop <= start:
-        return True
-    return sound_s(window[start:stop], window, sample_rate) < MIN_SPEECH_S
+    return not tail_holds_speech(window, max(0.0, result.last_word_end_s), sample_rate, result.unfinished_from_s)
 
 
 @dataclass(frozen=True)

@@ -179,6 +179,13 @@ def test_a_rest_holds_speech_from_13_frames_of_sound_and_a_seek_must_be_in_the_w
     assert not tail_holds_speech(np.zeros(16_000 * 3, np.int16), 1.0)  # digital silence
     with pytest.raises(ValueError, match="seek_s must be >= 0"):
         tail_holds_speech(speech, -1.0)
+    # A span with an end: the sound after it does not count.
+    window = np.concatenate([speech, room, speech[: 13 * 320], room])  # 0.26 s of sound at 6.0-6.26 s
+    assert tail_holds_speech(window, 5.5, end_s=6.5)
+    assert not tail_holds_speech(window, 5.5, end_s=6.0)  # ends before the sound
+    assert not tail_holds_speech(window, 5.5, end_s=6.1)  # 0.1 s of it
+    assert not tail_holds_speech(window, 6.5, end_s=6.0)  # ends before it starts
+    assert tail_holds_speech(window, 5.5, end_s=99.0)  # past the window: to its end
 
 
 def test_a_rest_that_writes_only_the_end_of_the_last_segment_before_it_repeats_it() -> None:

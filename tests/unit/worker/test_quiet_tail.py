@@ -5,15 +5,14 @@ loop over the faster-whisper backend as the worker does."""
 from __future__ import annotations
 
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tideserve.spec.models import Decoding, Target
+from engine_run import decode_window
 from tideserve.worker import engine
-from tideserve.worker.engine import EngineLoop, RequestOptions
 from tideserve.worker.windows import sound_s
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
@@ -42,18 +41,8 @@ def window(en_clips) -> np.ndarray:
 
 
 def transcribe(backend, window: np.ndarray) -> tuple[list, int]:
-    out: list[tuple] = []
-    woke = threading.Event()
-    loop = EngineLoop(backend, DECODING, 4, 0.0, out.append, wake=woke.set)
-    loop.submit(1, [(window, 105.2, None)], RequestOptions(timestamps=True))
-    while loop.requests:
-        if loop.wait_s() is None:  # a batch executing on an instance's thread
-            assert woke.wait(60), "the engine did not answer within 60 s"
-        woke.clear()
-        loop.run_once()
-    loop.close()
-    (chain,) = [m[3] for m in out if m[0] == "segment"]
-    return [s for r in chain for s in r.segments], sum(m[1].seeks for m in out if m[0] == "stats")
+    segments, stats = decode_window(backend, DECODING, window, 105.2)
+    return segments, stats.seeks
 
 
 def test_the_rest_of_a_window_over_a_pause_is_not_decoded_into_an_invented_sentence(backend, window, monkeypatch):

@@ -9,14 +9,14 @@ from __future__ import annotations
 import itertools
 import re
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tideserve.spec.models import Decoding, Target
-from tideserve.worker.engine import EngineLoop, EngineStats, RequestOptions
+from engine_run import decode_window
+from tideserve.worker.engine import EngineStats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
 
@@ -43,8 +43,7 @@ def window(en_clips) -> np.ndarray:
 
 
 def transcribe(backend, window: np.ndarray) -> tuple[list, EngineStats, int]:
-    """Segments, the engine's summed counters, and the encoder passes run."""
-    out: list[tuple] = []
+    """Segments, the engine's summed counters, and the encoder passes run (windows encoded)."""
     encodes = []
     encode = backend._model.encode
 
@@ -53,27 +52,11 @@ def transcribe(backend, window: np.ndarray) -> tuple[list, EngineStats, int]:
         return encode(features, *a, **kw)
 
     backend._model.encode = counting
-    woke = threading.Event()
-    loop = EngineLoop(backend, DECODING, 4, 0.0, out.append, wake=woke.set)
     try:
-        loop.submit(1, [(window, START, None)], RequestOptions(timestamps=True))
-        while loop.requests:
-            if loop.wait_s() is None:  # a batch executing on an instance's thread
-                assert woke.wait(60), "the engine did not answer within 60 s"
-            woke.clear()
-            loop.run_once()
+        segments, stats = decode_window(backend, DECODING, window, START)
     finally:
-        loop.close()
         del backend._model.encode
-    (chain,) = [m[3] for m in out if m[0] == "segment"]
-    stats = EngineStats()
-    for m in out:
-        if m[0] == "stats":
-            stats.seeks += m[1].seeks
-            stats.resumed_rests += m[1].resumed_rests
-            stats.redone_rests += m[1].redone_rests
-    assert all(r.encoded is None for r in chain)  # the encoder output stays in the engine
-    return [s for r in chain for s in r.segments], stats, sum(encodes)
+    return segments, stats, sum(encodes)
 
 
 def words(segments) -> list[str]:

@@ -40,12 +40,16 @@ from tideserve.worker.timings import ExecutionTimings
 
 log = logging.getLogger("tideserve.worker.backends.faster_whisper")
 
-#: Windows per CTranslate2 encoder pass. One at a time costs less CPU per window than a batch:
-#: on this 2-core Xeon, tiny.en int8, 0.52 s of CPU per window at 1 against 0.62 s at 8 on two
-#: intra-op threads, 0.48 s against 0.57 s on one (bench/encoder_batch.py,
-#: bench/results/encoder_batch.txt); a batch's activations (8 x 1500 x 1536 floats in the MLP)
-#: outgrow the caches. ``generate`` keeps the whole batch: on two threads one window alone cost
-#: more per window (1.27 s against 0.86 s at 8, beam 5).
+#: Windows per CTranslate2 encoder pass. One at a time cost less CPU per window than a batch of
+#: 8 on this 2-core Xeon with tiny.en int8: 0.52 s against 0.62 s on two intra-op threads (every
+#: round lower), 0.48 s against 0.57 s on one (noisier) (bench/encoder_batch.py,
+#: bench/results/encoder_batch.txt); on the 20-minute file the whole pipeline took a median 0.90x
+#: the batched pipeline's time one at a time against 1.01x at 8, faster in two rounds of three
+#: (bench/longfile_speed.py --encode-batch 1,8, bench/results/longfile_speed.txt). Measured for
+#: that model and machine only; the output is the same (test).
+#: ``generate`` keeps the whole batch: on two threads one window alone cost more per window (1.27 s
+#: against 0.86 s at 8, beam 5). The language-ID model (``_Identifier``) still encodes its batch
+#: in one pass.
 ENCODE_BATCH = 1
 
 
@@ -241,15 +245,16 @@ class FasterWhisperBackend:
         # A rest left by a seek is decoded over this window's encoder output (``resumes``), except
         # with word timestamps, whose alignment reads the window from its start.
         keep = [self.resumes and r.unfinished_from_s is not None and not t.words for t, r in zip(tasks, out, strict=True)]
+        # The text tokens of what a kept or resumed decode wrote, tokenized once for both uses.
+        spoken = {i: _spoken(toks[i], out[i]) for i, t in enumerate(tasks) if keep[i] or t.resume is not None}
         if any(keep):
             rows = np.asarray(encoded)
             out = [dataclasses.replace(r, encoded=_Kept(
-                rows[i].copy() if task.resume is None else task.resume.encoded.encoder_output, _written(task, tok, r)))
-                if k else r for i, (task, tok, r, k) in enumerate(zip(tasks, toks, out, keep, strict=True))]
+                rows[i].copy() if task.resume is None else task.resume.encoded.encoder_output, _written(task, spoken[i])))
+                if k else r for i, (task, r, k) in enumerate(zip(tasks, out, keep, strict=True))]
         for i, task in enumerate(tasks):  # where a resumed rest's last word ends
-            if task.resume is not None and out[i].text.strip():
-                out[i] = dataclasses.replace(out[i], last_word_end_s=self._last_word_end(
-                    task, toks[i], toks[i].encode(" " + out[i].text.strip())))
+            if task.resume is not None and spoken[i]:
+                out[i] = dataclasses.replace(out[i], last_word_end_s=self._last_word_end(task, toks[i], spoken[i]))
         for i, task in enumerate(tasks):
             if task.words and out[i].segments:
                 one = encoded if len(tasks) == 1 else ctranslate2.StorageView.from_array(np.asarray(encoded)[[i]])
@@ -263,9 +268,9 @@ class FasterWhisperBackend:
         if len(feats) <= ENCODE_BATCH:
             return self._model.encode(feats)
         rows = [np.asarray(self._model.encode(feats[i:i + ENCODE_BATCH])) for i in range(0, len(feats), ENCODE_BATCH)]
-        return ctranslate2.StorageView.from_array(np.ascontiguousarray(np.concatenate(rows)))
+        return ctranslate2.StorageView.from_array(np.concatenate(rows))
 
-    def _last_word_end(self, task: WindowTask, tok: Tokenizer, text_tokens: list[int]) -> float | None:
+    def _last_word_end(self, task: WindowTask, tok: Tokenizer, text_tokens: tuple[int, ...]) -> float | None:
         """Seconds from a resumed window's start where the last word of ``text_tokens`` (its
         rest's text) ends, by faster-whisper's cross-attention alignment of the window's whole
         text (what was written before the seek, then this) over its kept encoder output; None
@@ -323,12 +328,18 @@ class _Kept:
     text_tokens: tuple[int, ...]
 
 
-def _written(task: WindowTask, tok: Tokenizer, result: WindowResult) -> tuple[int, ...]:
-    """The text tokens of ``task``'s window written so far: before a resumed task's start, then
-    ``result``'s text."""
-    before = task.resume.encoded.text_tokens if task.resume is not None else ()
+def _spoken(tok: Tokenizer, result: WindowResult) -> tuple[int, ...]:
+    """The text tokens of ``result``'s text (stripped, after one space, as Whisper writes it);
+    () when it wrote nothing."""
     text = result.text.strip()
-    return (*before, *(tok.encode(" " + text) if text else ()))
+    return tuple(tok.encode(" " + text)) if text else ()
+
+
+def _written(task: WindowTask, spoken: tuple[int, ...]) -> tuple[int, ...]:
+    """The text tokens of ``task``'s window written so far: before a resumed task's start, then
+    ``spoken`` (``_spoken`` of this decode)."""
+    before = task.resume.encoded.text_tokens if task.resume is not None else ()
+    return (*before, *spoken)
 
 
 def _resume_prefix(tok: Tokenizer, task: WindowTask) -> list[int]:

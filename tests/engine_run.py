@@ -1,0 +1,41 @@
+"""Decode one window of a file through the worker's engine loop (``worker.engine.EngineLoop``)
+over a real backend, as the worker does, for tests that need Whisper's long-form rules on the
+real model (tests/unit/worker/test_quiet_tail.py, test_resumed_rest.py)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import fields
+
+import numpy as np
+
+from tideserve.spec.models import Decoding
+from tideserve.worker.engine import EngineLoop, EngineStats, RequestOptions
+
+
+def decode_window(backend, decoding: Decoding, window: np.ndarray, offset_s: float,
+                  max_batch_size: int = 4) -> tuple[list, EngineStats]:
+    """The segments of ``window`` (int16 PCM, 16 kHz mono, starting at ``offset_s`` in its file),
+    in order, and the engine's counters summed over the decode. Raises AssertionError when the
+    engine does not answer within 60 s or answers with anything but one chain of results."""
+    out: list[tuple] = []
+    woke = threading.Event()
+    loop = EngineLoop(backend, decoding, max_batch_size, 0.0, out.append, wake=woke.set)
+    try:
+        loop.submit(1, [(window, offset_s, None)], RequestOptions(timestamps=True))
+        while loop.requests:
+            if loop.wait_s() is None:  # a batch executing on an instance's thread
+                assert woke.wait(60), "the engine did not answer within 60 s"
+            woke.clear()
+            loop.run_once()
+    finally:
+        loop.close()
+    (chain,) = [m[3] for m in out if m[0] == "segment"]
+    assert all(r.encoded is None for r in chain)  # a kept encoder output stays in the engine
+    stats = EngineStats()
+    for m in out:
+        if m[0] == "stats":
+            for f in fields(EngineStats):
+                if f.name not in ("queued", "active"):
+                    setattr(stats, f.name, getattr(stats, f.name) + getattr(m[1], f.name))
+    return [s for r in chain for s in r.segments], stats
