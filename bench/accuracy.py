@@ -61,10 +61,10 @@ def check_segments(segs: list[tuple[float, float, str]], duration_s: float) -> d
 
 
 class FasterWhisper:
-    def __init__(self, decoding: Decoding, batched: bool, batch_size: int) -> None:
+    def __init__(self, decoding: Decoding, batched: bool, batch_size: int, compute_type: str = "int8") -> None:
         from faster_whisper import BatchedInferencePipeline, WhisperModel
 
-        self.model = WhisperModel(str(resolve_pkg(BUNDLED)), device="cpu", compute_type="int8")
+        self.model = WhisperModel(str(resolve_pkg(BUNDLED)), device="cpu", compute_type=compute_type)
         self.pipeline = BatchedInferencePipeline(self.model) if batched else None
         self.d = decoding
         self.batch_size = batch_size
@@ -93,6 +93,8 @@ def main() -> int:
     ap.add_argument("--instances", type=int, help="tideserve-fw: model instances (default: the worker's default)")
     ap.add_argument("--cpu-threads", type=int, default=0,
                     help="tideserve-fw: intra-op threads per instance (0: the worker's default)")
+    ap.add_argument("--fw-compute-type", default="int8",
+                    help="fw-transcribe and fw-batched: CTranslate2 compute type (float32: the torch backend's on the CPU)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     decoding = Decoding(beam_size=a.beam, without_timestamps=False, condition_on_previous_text=a.condition)
@@ -116,10 +118,11 @@ def main() -> int:
             target = "cpu-x86_64-fp32" if dev == "cpu" else \
                 "cuda-sm{}{}-fp16".format(*torch.cuda.get_device_capability())
             systems[f"tideserve-torch-{dev}"] = Tideserve("torch", target, decoding, 64 if dev == "cuda" else a.batch_size)
+    ct_suffix = "" if a.fw_compute_type == "int8" else "-" + a.fw_compute_type
     if "fw-transcribe" in wanted:
-        systems["fw-transcribe"] = FasterWhisper(decoding, False, a.batch_size)
+        systems["fw-transcribe" + ct_suffix] = FasterWhisper(decoding, False, a.batch_size, a.fw_compute_type)
     if "fw-batched" in wanted:
-        systems["fw-batched"] = FasterWhisper(decoding, True, a.batch_size)
+        systems["fw-batched" + ct_suffix] = FasterWhisper(decoding, True, a.batch_size, a.fw_compute_type)
 
     rows = []
     for name, samples, ref in files:

@@ -6,12 +6,16 @@ host's drift falls on both sides (bench/accuracy.py runs each system once per fi
     .venv/bin/python bench/longfile_speed.py --beam 5 --minutes 20 --seed 15 --rounds 3
     .venv/bin/python bench/longfile_speed.py --beam 5 --minutes 20 --seed 15 --rounds 3 --cpu-threads 0,1
     .venv/bin/python bench/longfile_speed.py --beam 5 --minutes 20 --seed 15 --rounds 3 --without-resume
+    .venv/bin/python bench/longfile_speed.py --beam 5 --minutes 20 --seed 15 --rounds 3 --encode-batch 1,8
 
 ``--cpu-threads``: tideserve's intra-op threads per model instance, one tideserve system per
 value (0: the worker's default, ``worker.cores.intra_op_threads``; the local config's
 ``cpu_threads_per_replica``), all taking turns with the batched pipeline. ``--without-resume``
 adds, per value, tideserve with every rest after a seek encoded again from its own audio (the
 backend's ``resumes`` off; the name ends ``-noresume``), to measure the resumed rest.
+``--encode-batch``: windows per encoder pass (``worker.backends.faster_whisper.ENCODE_BATCH``),
+one tideserve system per value (the name ends ``-encN``; the module constant is set before each
+of its runs).
 Prints one JSON line per run (with tideserve's decodes: the engine's parts decoded, seeks and
 loop splits) and the median of the per-round ratios (tideserve / batched time) per system.
 """
@@ -32,6 +36,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import accuracy as A  # noqa: E402
 
 from tideserve.spec.models import Decoding  # noqa: E402
+from tideserve.worker.backends import faster_whisper as fw  # noqa: E402
 
 
 def main() -> int:
@@ -43,6 +48,7 @@ def main() -> int:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--cpu-threads", default="0", help="comma-separated; 0: the worker's default")
     ap.add_argument("--without-resume", action="store_true", help="also run tideserve without the resumed rest")
+    ap.add_argument("--encode-batch", default="", help="comma-separated windows per encoder pass (default: the backend's)")
     a = ap.parse_args()
     d = Decoding(beam_size=a.beam, without_timestamps=False)
     clips = A.audio.load_en_clips()
@@ -50,11 +56,16 @@ def main() -> int:
     minutes = len(samples) / A.SR / 60
     threads = [int(t) for t in a.cpu_threads.split(",")]
     ours = {}
+    encode_batch: dict[str, int] = {}
     for t in threads:
         for resume in (True, False) if a.without_resume else (True,):
-            name = (f"tideserve-fw-threads{t}" if t else "tideserve-fw") + ("" if resume else "-noresume")
-            ours[name] = A.Tideserve("faster-whisper", "cpu-x86_64-int8", d, a.batch_size, cpu_threads=t)
-            ours[name].backend.resumes = resume
+            for e in [int(x) for x in a.encode_batch.split(",") if x] or [0]:
+                name = (f"tideserve-fw-threads{t}" if t else "tideserve-fw") + ("" if resume else "-noresume") + \
+                    (f"-enc{e}" if e else "")
+                ours[name] = A.Tideserve("faster-whisper", "cpu-x86_64-int8", d, a.batch_size, cpu_threads=t)
+                ours[name].backend.resumes = resume
+                if e:
+                    encode_batch[name] = e
     systems: dict[str, Any] = {**ours, "fw-batched": A.FasterWhisper(d, True, a.batch_size)}
     for run in systems.values():
         run(samples[: A.SR * 2])  # warm-up
@@ -63,6 +74,8 @@ def main() -> int:
         order = list(systems) if r % 2 == 0 else list(reversed(systems))
         spm = {}
         for name in order:
+            if name in encode_batch:
+                fw.ENCODE_BATCH = encode_batch[name]
             t0 = time.perf_counter()
             segs = systems[name](samples)
             spm[name] = (time.perf_counter() - t0) / minutes
