@@ -176,6 +176,8 @@ class FasterWhisperBackend:
         decoded in groups of equal prompt shape before that prefix, and temperature: one group
         in the common case of requests without a prompt.
         """
+        if not tasks:
+            return [], ExecutionTimings()
         t0 = time.perf_counter()
         fe = self._model.feature_extractor
         fresh = [i for i, t in enumerate(tasks) if t.resume is None]
@@ -183,12 +185,15 @@ class FasterWhisperBackend:
             if fresh else None
         t1 = time.perf_counter()
 
-        encoded = self._encode(feats) if feats is not None else None
-        if len(fresh) < len(tasks):  # resumed windows bring the encoder output of their first decode
+        # The encoder output of every window, [windows, 1500, d_model] float32: resumed windows
+        # bring the one kept from their first decode.
+        rows = self._encode(feats) if feats is not None else None
+        if rows is None or len(fresh) < len(tasks):
             stack: list[Any] = [t.resume.encoded.encoder_output if t.resume is not None else None for t in tasks]
-            for j, row in zip(fresh, np.asarray(encoded) if encoded is not None else (), strict=True):
+            for j, row in zip(fresh, rows if rows is not None else (), strict=True):
                 stack[j] = row
-            encoded = ctranslate2.StorageView.from_array(np.ascontiguousarray(np.stack(stack)))
+            rows = np.stack(stack)
+        encoded = ctranslate2.StorageView.from_array(rows)
         requested = [t.language or self._decoding.language for t in tasks]
         languages: list[str]
         probabilities: list[float | None] = [None] * len(tasks)
@@ -213,7 +218,7 @@ class FasterWhisperBackend:
             toks.append(tok)
         decoded: list = [None] * len(tasks)
         for (_, _, temperature), idx in groups.items():
-            enc = encoded if len(groups) == 1 else ctranslate2.StorageView.from_array(np.asarray(encoded)[idx])
+            enc = encoded if len(groups) == 1 else ctranslate2.StorageView.from_array(rows[idx])
             group_prompts = [prompts[i] for i in idx]
             max_length = _MAX_LENGTH
             if self._decoding.max_new_tokens is not None:
@@ -248,7 +253,6 @@ class FasterWhisperBackend:
         # The text tokens of what a kept or resumed decode wrote, tokenized once for both uses.
         spoken = {i: _spoken(toks[i], out[i]) for i, t in enumerate(tasks) if keep[i] or t.resume is not None}
         if any(keep):
-            rows = np.asarray(encoded)
             out = [dataclasses.replace(r, encoded=_Kept(
                 rows[i].copy() if task.resume is None else task.resume.encoded.encoder_output, _written(task, spoken[i])))
                 if k else r for i, (task, r, k) in enumerate(zip(tasks, out, keep, strict=True))]
@@ -257,18 +261,18 @@ class FasterWhisperBackend:
                 out[i] = dataclasses.replace(out[i], last_word_end_s=self._last_word_end(task, toks[i], spoken[i]))
         for i, task in enumerate(tasks):
             if task.words and out[i].segments:
-                one = encoded if len(tasks) == 1 else ctranslate2.StorageView.from_array(np.asarray(encoded)[[i]])
+                one = encoded if len(tasks) == 1 else ctranslate2.StorageView.from_array(rows[[i]])
                 out[i] = self._with_words(task, toks[i], one, out[i])
         t3 = time.perf_counter()
         return out, ExecutionTimings(input_s=t1 - t0, infer_s=t2 - t1, output_s=t3 - t2)
 
-    def _encode(self, feats: np.ndarray) -> Any:
-        """The encoder output (a CTranslate2 StorageView ``[windows, 1500, d_model]``) of log-mel
-        ``feats`` ``[windows, n_mels, 3000]`` (float32), computed ``ENCODE_BATCH`` windows at a time."""
+    def _encode(self, feats: np.ndarray) -> np.ndarray:
+        """The encoder output ``[windows, 1500, d_model]`` (float32) of log-mel ``feats``
+        ``[windows, n_mels, 3000]`` (float32), computed ``ENCODE_BATCH`` windows at a time."""
         if len(feats) <= ENCODE_BATCH:
-            return self._model.encode(feats)
-        rows = [np.asarray(self._model.encode(feats[i:i + ENCODE_BATCH])) for i in range(0, len(feats), ENCODE_BATCH)]
-        return ctranslate2.StorageView.from_array(np.concatenate(rows))
+            return np.asarray(self._model.encode(feats))  # no copy: the array holds the StorageView
+        return np.concatenate([np.asarray(self._model.encode(feats[i:i + ENCODE_BATCH]))
+                               for i in range(0, len(feats), ENCODE_BATCH)])
 
     def _last_word_end(self, task: WindowTask, tok: Tokenizer, text_tokens: tuple[int, ...]) -> float | None:
         """Seconds from a resumed window's start where the last word of ``text_tokens`` (its
