@@ -12,7 +12,7 @@ imported here and called with the virtual time (``POLICY`` lists them; tests che
   inter-arrival histogram, cold starts), the FIFO ``HoldQueue`` (``may_hold`` / ``hold_deadline``:
   ``max_pending``, ``hold_timeout_s``) and ``plan_apply``; a held request triggers an autoscaler
   decision at once (activation) when the policy wakes on holds;
-- batching: ``tideserve.worker.batching.cut_batch`` and ``schedulable`` per replica
+- batching: ``tideserve.worker.batching.next_batch`` per replica (which calls ``cut_batch``)
   (``max_batch_size``, ``max_queue_delay_ms``) on up to ``instances`` model instances, as the
   worker's engine does (``batching.instances``, default ``worker.engine.default_instances`` of the
   CPU cores; one for the torch backend, whose continuous batching is modelled as one execution at
@@ -23,7 +23,9 @@ imported here and called with the virtual time (``POLICY`` lists them; tests che
   (``worker.cores.intra_op_threads``) but keeping only c(b) = min(threads, c1 x b) cores busy
   for a batch of b windows, c1 the pool profile's ``busy_cores_per_window`` (measured by running
   lone requests at once: bench/profile_e2e.py; default: all its threads); each execution runs at
-  min(1, cores / sum of c(b) over the executions) of its measured speed (processor sharing).
+  min(1, cores / sum of c(b) over the executions) of its measured speed (processor sharing), and
+  a long caller's batch in the background lane (``batching.background_nice``) at its nice value's
+  weight in that sharing (``weighted_speeds``).
   Measured on 2 cores (int8), three lone tiny.en requests at once took 1.09x what they take
   alone and four 1.48x (c1 = 0.73: a batch-1 decode does not keep its 2 threads busy); taking
   every execution as keeping all its threads busy put the validation's p50 at 2.2x the real one
@@ -95,8 +97,7 @@ def _policy() -> dict[str, Callable]:
         "choose_replica": router.choose_replica,
         "may_hold": core.may_hold,
         "hold_deadline": core.hold_deadline,
-        "cut_batch": batching.cut_batch,
-        "schedulable": batching.schedulable,
+        "next_batch": batching.next_batch,
         "decide": autoscaler_policy.decide,
         "place": autoscaler_policy.place,
         "plan_launches": prov_choose.plan_launches,
@@ -185,6 +186,44 @@ class RunResult:
     decisions: int
 
 
+#: Linux's CPU weight of a thread at nice 0..19 (``sched_prio_to_weight`` in kernel/sched/core.c:
+#: each step about 1.25x, so that one nice level is about 10% of the CPU between two threads).
+NICE_WEIGHTS = (1024, 820, 655, 526, 423, 335, 272, 215, 172, 137, 110, 87, 70, 56, 45, 36, 29, 23, 18, 15)
+
+
+def nice_weight(nice: int) -> float:
+    """The CPU weight of a thread at ``nice`` (0..19; ``NICE_WEIGHTS``). Raises IndexError
+    outside 0..19 (the spec's ``background_nice`` range)."""
+    if not 0 <= nice < len(NICE_WEIGHTS):
+        raise IndexError(f"nice {nice} is outside 0..19")
+    return float(NICE_WEIGHTS[nice])
+
+
+def weighted_speeds(demand: list[tuple[float, float]], cores: float) -> list[float]:
+    """Each execution's speed (0-1 of its speed alone) when executions wanting ``(cores busy,
+    weight)`` share ``cores``: the scheduler gives each a share of the cores in proportion to its
+    threads' weight, and what an execution cannot use (it runs at full speed) goes to the others
+    (water-filling). With equal weights: min(1, cores / total demand) for every execution."""
+    speeds = [0.0] * len(demand)
+    left, open_ = float(cores), [i for i, (d, _) in enumerate(demand) if d > 0]
+    for i, (d, _) in enumerate(demand):
+        if d <= 0:
+            speeds[i] = 1.0
+    while open_:
+        total = sum(demand[i][0] * demand[i][1] for i in open_)
+        full = [i for i in open_ if left * demand[i][1] / total >= 1.0]
+        if not full:
+            for i in open_:
+                speeds[i] = left * demand[i][1] / total
+            break
+        for i in full:
+            speeds[i] = 1.0
+            left -= demand[i][0]
+        open_ = [i for i in open_ if i not in full]
+        left = max(left, 1e-9)  # others remain only when the full ones took less than ``left``
+    return speeds
+
+
 @dataclass
 class _Execution:
     """One batch executing: the request id of each of its windows, the work left in seconds at
@@ -195,6 +234,7 @@ class _Execution:
     work_s: float
     since: float
     audio_s: float = 0.0  # its longest window
+    background: bool = False  # a long caller's batch (``batching.next_batch``)
     speed: float = 1.0
     token: int = 0
 
@@ -547,7 +587,7 @@ class Simulation:
         return self.spec.batching.instances or default_instances(self.opt.cpu_cores)
 
     def _poke(self, r: _Replica) -> None:
-        """Start batches on ``r``'s free instances (``schedulable``, then ``cut_batch``), or
+        """Start batches on ``r``'s free instances (``next_batch``), or
         schedule the wake-up for when the oldest queued window's delay runs out."""
         if not r.queue or not (r.state.serves or r.state == RS.DRAINING):
             return
@@ -557,16 +597,16 @@ class Simulation:
         while r.queue and len(r.executions) < instances:
             items = [batching.QueuedItem(rid, t) for rid, t, _ in r.queue]
             busy = {i for e in r.executions for i in e.ids}
-            allowed = self._fns["schedulable"](items, busy, instances - len(r.executions), instances)
-            if not allowed:
+            cut = self._fns["next_batch"](items, busy, sum(e.background for e in r.executions),
+                                          instances - len(r.executions), instances, batch_spec.max_batch_size,
+                                          batch_spec.max_queue_delay_ms / 1000.0, self.now)
+            if cut is None:
                 break
-            cut = self._fns["cut_batch"]([items[k] for k in allowed], batch_spec.max_batch_size,
-                                         batch_spec.max_queue_delay_ms / 1000.0, self.now)
             if not cut.take:
                 r.wake_token += 1
                 self._at(self.now + cut.wait_s, "batch_wake", r.id, r.wake_token)
                 break
-            take = [allowed[k] for k in cut.take]
+            take = list(cut.take)
             batch = [r.queue[k] for k in take]
             taken = set(take)
             r.queue = [x for k, x in enumerate(r.queue) if k not in taken]
@@ -575,7 +615,7 @@ class Simulation:
             self.busy_s[acc] = self.busy_s.get(acc, 0.0) + service
             self._share_advance(r)
             r.executions.append(_Execution(tuple(rid for rid, _, _ in batch), service, self.now,
-                                           max(a for _, _, a in batch)))
+                                           max(a for _, _, a in batch), background=cut.background))
             started = True
         if started:
             self._share_reschedule(r)
@@ -610,16 +650,16 @@ class Simulation:
         running = [e for x in sharers for e in x.executions]
         if not running:
             return
-        if self._is_gpu(r.pool):
-            speed = 1.0 / len(running)
-        else:  # each execution keeps the cores its own pool's profile says busy
+        if not self._is_gpu(r.pool):  # each execution keeps the cores its own pool's profile says busy
             cores = self.opt.cpu_cores
             threads = intra_op_threads(cores)
-            busy = sum(min(threads, (self.profiles[x.pool].busy_cores_per_window or threads) * e.size)
-                       for x in sharers for e in x.executions)
-            speed = min(1.0, cores / busy)
+            nice = self.spec.batching.background_nice
+            demand = [(min(threads, (self.profiles[x.pool].busy_cores_per_window or threads) * e.size),
+                       nice_weight(nice if e.background else 0)) for x in sharers for e in x.executions]
+            speeds = iter(weighted_speeds(demand, cores))
         for x in sharers:
             for e in x.executions:
+                speed = 1.0 / len(running) if self._is_gpu(r.pool) else next(speeds)
                 e.speed, e.since = speed, self.now
                 e.token += 1
                 self._at(self.now + e.work_s / speed, "batch_done", x.id, e, e.token)

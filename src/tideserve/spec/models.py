@@ -254,9 +254,15 @@ class Batching(_Strict):
     )
     instances: int | None = Field(
         None, ge=1, le=64, strict=True, description="Model instances per replica that execute batches at once (Triton's "
-        "instance_group count), for backends that batch statically (faster-whisper); the last free one is kept "
-        "for requests with nothing executing, so a short request does not wait behind a long file. Default "
+        "instance_group count), for backends that batch statically (faster-whisper); a long file's batches never "
+        "take the last one, so a short request does not wait behind a long file. Default "
         "(null): the replica's cores + 1, at most 9. Continuous-batching backends (torch) run one decode loop.",
+    )
+    background_nice: int = Field(
+        10, ge=0, le=19, strict=True, description="With 2 or more instances: how much lower (Linux nice value) a "
+        "long file's batches run than short requests' (the background lane), so short requests get the cores "
+        "first while a long file is transcribed. The faster-whisper backend then loads a second copy of the "
+        "weights for that lane. 0: no lane, one copy, every batch at the same priority.",
     )
 
 

@@ -7,10 +7,16 @@ with queued items, in order of arrival (one item of each caller per round), so a
 items (the windows of a long file) does not hold back a short one queued behind it.
 
 A replica may run several model instances at once (Triton's ``instance_group`` count; the
-faster-whisper backend's CTranslate2 workers), each executing one batch. The last free instance
-of several is kept for callers with nothing executing (``schedulable``): one caller with many
-items (a 20-minute file) may fill every instance but one, so a short request arriving meanwhile
-starts at once instead of waiting for a batch of 30 s windows to end (issue 13, fairness).
+faster-whisper backend's CTranslate2 workers), each executing one batch (``next_batch``). Queued
+items fall in two classes: a *short* caller has nothing executing and all its queued items fit in
+one batch (a request of a few windows, a long file's last rests); a *long* caller is any other (a
+20-minute file's windows). A batch holds one class only, short first. Long batches take at most
+all instances but one, and run in the *background lane* (a lower CPU priority, where the backend
+offers one: ``worker.cores.lower_thread_priority``), so a short request arriving while a long file
+is transcribed starts at once and gets the cores first instead of sharing them with the long
+file's 30 s windows (issue 13, fairness: a short clip went from 0.42 s to 11.5 s behind one
+instance's batch of 8 windows, and to 1.5-2.2x its idle time beside two background-free
+instances, bench/results/fairness_runs.txt).
 
 No clock and no I/O: ``now`` is an argument, so the worker's engine loop and the simulator
 (``tideserve.sim``) make the same decision from the same queue.
@@ -78,20 +84,61 @@ def cut_batch(queue: Sequence[QueuedItem], max_batch_size: int, max_queue_delay_
     return BatchCut(round_robin(queue, max_batch_size))
 
 
-def schedulable(queue: Sequence[QueuedItem], executing: Collection[int], free_instances: int,
-                instances: int) -> list[int]:
-    """Indices of the ``queue`` items that may start on a free model instance now.
+@dataclass(frozen=True)
+class NextBatch:
+    """``next_batch``'s answer: ``take``, indices into the queue of the items to start now, in
+    batch order (empty: none yet, ask again in ``wait_s`` seconds or when an item arrives);
+    ``background``: the batch is a long caller's, for the background lane."""
 
-    ``executing``: callers with an item executing on some instance; ``free_instances`` of
-    ``instances`` are idle. With one instance, or more than one free, every item may start;
-    the last free instance of several takes only callers in ``executing``'s complement.
+    take: tuple[int, ...]
+    wait_s: float = 0.0
+    background: bool = False
 
-    Raises ValueError when ``instances`` < 1 or ``free_instances`` is not in 1..``instances``.
+
+def short_callers(queue: Sequence[QueuedItem], executing: Collection[int], max_batch_size: int) -> set[int]:
+    """Callers with nothing in ``executing`` whose queued items number at most ``max_batch_size``
+    (a request that one batch finishes); the others are long callers."""
+    counts: dict[int, int] = {}
+    for item in queue:
+        counts[item.caller] = counts.get(item.caller, 0) + 1
+    return {c for c, n in counts.items() if c not in executing and n <= max_batch_size}
+
+
+def next_batch(queue: Sequence[QueuedItem], executing: Collection[int], background_executing: int,
+               free_instances: int, instances: int, max_batch_size: int, max_queue_delay_s: float,
+               now: float) -> NextBatch | None:
+    """The batch to start on a free model instance at ``now`` (module doc), or None when nothing
+    queued may start before an executing batch ends.
+
+    ``queue``: live items, oldest first; ``executing``: callers with an item executing on some
+    instance; ``background_executing``: long batches executing; ``free_instances`` of
+    ``instances`` are idle. With one instance there are no classes: ``cut_batch`` over the whole
+    queue, never background. Otherwise short callers' items are cut first (``cut_batch`` over
+    them alone); then, while fewer than ``instances`` - 1 long batches execute, the long callers'
+    items, as a background batch. When neither may be cut yet, the shorter wait.
+
+    Raises ValueError when ``instances`` < 1, ``free_instances`` is not in 1..``instances`` or
+    ``background_executing`` is not in 0..``instances`` - ``free_instances``, and as ``cut_batch``.
     """
     if instances < 1:
         raise ValueError(f"instances {instances} must be >= 1")
     if not 1 <= free_instances <= instances:
         raise ValueError(f"free_instances {free_instances} must be in 1..{instances}")
-    if instances == 1 or free_instances > 1:
-        return list(range(len(queue)))
-    return [i for i, item in enumerate(queue) if item.caller not in executing]
+    if not 0 <= background_executing <= instances - free_instances:
+        raise ValueError(f"background_executing {background_executing} must be in 0..{instances - free_instances}")
+    if instances == 1:
+        cut = cut_batch(queue, max_batch_size, max_queue_delay_s, now)
+        return NextBatch(cut.take, cut.wait_s) if queue else None
+    short = short_callers(queue, executing, max_batch_size)
+    waits: list[float] = []
+    for background in (False, True):
+        if background and background_executing >= instances - 1:
+            break
+        idx = [i for i, item in enumerate(queue) if (item.caller in short) != background]
+        if not idx:
+            continue
+        cut = cut_batch([queue[i] for i in idx], max_batch_size, max_queue_delay_s, now)
+        if cut.take:
+            return NextBatch(tuple(idx[k] for k in cut.take), background=background)
+        waits.append(cut.wait_s)
+    return NextBatch((), min(waits)) if waits else None

@@ -32,3 +32,45 @@ def intra_op_threads(cores: int) -> int:
     """Intra-op threads of one CPU model instance on ``cores`` cores: all of them, at most 4
     (CTranslate2's own default of 4, lowered so a small replica does not oversubscribe)."""
     return max(1, min(4, cores))
+
+
+def lower_thread_priority(nice: int) -> int:
+    """Raise the calling thread's nice value by ``nice`` (at most to 19) and return the new
+    value. On Linux the nice value is a property of each thread (setpriority(2), "BUGS": a
+    thread's own id as ``who``), and threads a thread creates start with its value, so a model's
+    worker threads made from a lowered thread run lowered too. An unprivileged process can raise
+    its threads' nice values but never lower them again, so a lowered thread stays lowered.
+    Where the OS refuses (not Linux), the value stays and the current one is returned."""
+    import threading
+
+    tid = threading.get_native_id()
+    try:
+        now = os.getpriority(os.PRIO_PROCESS, tid)
+        if nice > 0:
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, now + nice))
+        return os.getpriority(os.PRIO_PROCESS, tid)
+    except (OSError, AttributeError):
+        return 0
+
+
+def on_lowered_thread(nice: int, make):
+    """``make()`` called on a new thread whose nice value is raised by ``nice``
+    (``lower_thread_priority``); its return value, or the exception it raised, re-raised here.
+    For a library that starts its worker threads when constructed (CTranslate2)."""
+    import threading
+
+    box: dict = {}
+
+    def run() -> None:
+        lower_thread_priority(nice)
+        try:
+            box["value"] = make()
+        except BaseException as exc:  # re-raised on the caller's thread
+            box["error"] = exc
+
+    t = threading.Thread(target=run, name="lowered-priority-init")
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]

@@ -22,8 +22,9 @@ Two ways to run a backend, chosen by what it offers:
 - static (``transcribe_batch`` only, faster-whisper): Triton's dynamic batcher, the pure
   ``worker.batching.cut_batch`` decision, on up to ``instances`` model instances at once (each
   runs one batch in a thread of its own; CTranslate2 releases the interpreter lock while it
-  runs). The last free instance is kept for requests with nothing executing
-  (``batching.schedulable``), so a short request never waits for a long file's batch to end.
+  runs). A long file's batches never take the last instance and run in the background lane, at
+  a lower CPU priority (``batching.next_batch``), so a short request never waits for a long
+  file's batch to end, nor shares the cores with it evenly.
 In both, which queued parts go next is a round-robin over requests (``batching.round_robin``),
 so a long file's windows interleave with short requests instead of running ahead of them.
 
@@ -62,9 +63,9 @@ import numpy as np
 from tideserve.errors import LanguageMismatchError
 from tideserve.spec.models import Decoding
 from tideserve.worker.backends.base import Resume, WindowResult, WindowTask
-from tideserve.worker.cores import usable_cores
+from tideserve.worker.cores import lower_thread_priority, usable_cores
 from tideserve.worker.language_id import LanguageIdConfig, mismatch_message, other_language
-from tideserve.worker.batching import QueuedItem, cut_batch, round_robin, schedulable
+from tideserve.worker.batching import NextBatch, QueuedItem, next_batch, round_robin
 from tideserve.worker.longform import (Accept, Split, follow_up, is_digital_silence, repeats_tail, resumed_rest_holds,
                                        tail_holds_speech)
 from tideserve.worker.windows import pause_middle, windows_of
@@ -207,13 +208,15 @@ class _Request:
 
 
 Emit = Callable[[tuple], None]
-#: Starts one batch: ``start(run, done)`` calls ``run()`` (the backend's execution) now or on
-#: another thread, then ``done(outcome)`` with its return value or the exception it raised.
-Starter = Callable[[Callable[[], Any], Callable[[Any], None]], None]
+#: Starts one batch: ``start(run, done, background)`` calls ``run()`` (the backend's execution)
+#: now or on another thread (a background-lane thread when ``background``), then
+#: ``done(outcome)`` with its return value or the exception it raised.
+Starter = Callable[[Callable[[], Any], Callable[[Any], None], bool], None]
 
 
-def start_inline(run: Callable[[], Any], done: Callable[[Any], None]) -> None:
+def start_inline(run: Callable[[], Any], done: Callable[[Any], None], background: bool = False) -> None:
     """A ``Starter`` that executes on the caller's thread (one model instance)."""
+    del background
     try:
         outcome = run()
     except Exception as exc:
@@ -222,18 +225,24 @@ def start_inline(run: Callable[[], Any], done: Callable[[Any], None]) -> None:
 
 
 class ThreadStarter:
-    """A ``Starter`` over ``instances`` threads (one per model instance); ``close`` ends them."""
+    """A ``Starter`` over ``instances`` threads for short batches and ``instances`` - 1 for the
+    background lane, whose threads run ``background_nice`` lower
+    (``worker.cores.lower_thread_priority``); ``close`` ends them."""
 
-    def __init__(self, instances: int) -> None:
+    def __init__(self, instances: int, background_nice: int = 0) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
         self._pool = ThreadPoolExecutor(max_workers=instances, thread_name_prefix="engine-instance")
+        self._background = ThreadPoolExecutor(
+            max_workers=max(1, instances - 1), thread_name_prefix="engine-background",
+            initializer=lower_thread_priority, initargs=(background_nice,))
 
-    def __call__(self, run: Callable[[], Any], done: Callable[[Any], None]) -> None:
-        self._pool.submit(start_inline, run, done)
+    def __call__(self, run: Callable[[], Any], done: Callable[[Any], None], background: bool = False) -> None:
+        (self._background if background else self._pool).submit(start_inline, run, done)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._background.shutdown(wait=False, cancel_futures=True)
 
 
 @dataclass
@@ -241,6 +250,7 @@ class _Execution:
     """One batch running on a model instance (static backends)."""
 
     parts: list[_Part]
+    background: bool = False  # a long caller's batch, in the background lane (``batching.next_batch``)
     outcome: Any = None  # (results, timings) or the exception, once done
 
 
@@ -251,7 +261,9 @@ class EngineLoop:
     ``submit``/``cancel`` are called by the loop's own thread (from ``handle``); ``run_once``
     does one round of scheduling and model work and returns whether anything was done.
     Static backends: ``instances`` batches may execute at once, each started by ``start``
-    (default: on the loop's thread with one instance, else a ``ThreadStarter``); ``wake()`` is
+    (default: on the loop's thread with one instance, else a ``ThreadStarter`` whose background
+    lane runs ``background_nice`` lower; a backend with ``background_lane`` is told which lane
+    a batch runs in, ``transcribe_batch(tasks, background=True)``); ``wake()`` is
     called from the instance's thread when a batch ends, so the caller's wait for messages
     returns (the results are handled by the next ``run_once`` on the loop's thread).
     """
@@ -259,7 +271,8 @@ class EngineLoop:
     def __init__(self, backend: Any, decoding: Decoding, max_batch_size: int, max_queue_delay_s: float,
                  emit: Emit, clock: Callable[[], float] = time.monotonic, chunk_steps: int = DEFAULT_CHUNK_STEPS,
                  instances: int = 1, start: Starter | None = None, wake: Callable[[], None] = lambda: None,
-                 language_id: LanguageIdConfig | None = None, model_name: str = "") -> None:
+                 language_id: LanguageIdConfig | None = None, model_name: str = "",
+                 background_nice: int = 0) -> None:
         if instances < 1:
             raise ValueError(f"instances {instances} must be >= 1")
         self.backend = backend
@@ -287,7 +300,9 @@ class EngineLoop:
         self._starts: dict[int, RequestOptions] = {}
         self._dropped: set[int] = set()
         self.instances = 1 if self.continuous else instances
-        self._start: Starter = start or (start_inline if self.instances == 1 else ThreadStarter(self.instances))
+        self._start: Starter = start or (start_inline if self.instances == 1
+                                         else ThreadStarter(self.instances, background_nice))
+        self._backend_lanes = bool(getattr(backend, "background_lane", False))
         self._wake = wake
         self.executing: list[_Execution] = []  # static batches started and not yet collected
         self._ended: collections.deque[_Execution] = collections.deque()  # appended by instance threads
@@ -399,24 +414,20 @@ class EngineLoop:
         cut = self._next_cut()
         if cut is None:
             return None
-        return 0.0 if cut[0] else cut[1]
+        return 0.0 if cut.take else cut.wait_s
 
     def _queued_items(self) -> list[QueuedItem]:
         return [QueuedItem(p.rid, p.enqueued_s) for p in self.queue]
 
-    def _next_cut(self) -> tuple[tuple[int, ...], float] | None:
-        """The static batch to start now (queue indices) or how long until one may be cut;
-        None when no instance is free or no queued part may take the free one."""
+    def _next_cut(self) -> NextBatch | None:
+        """The static batch to start now (queue indices, and its lane) or how long until one
+        may be cut; None when no instance is free or no queued part may take a free one."""
         free = self.instances - len(self.executing)
         if free < 1 or not self.queue:
             return None
-        items = self._queued_items()
         busy = {p.rid for e in self.executing for p in e.parts}
-        allowed = schedulable(items, busy, free, self.instances)
-        if not allowed:
-            return None
-        cut = cut_batch([items[i] for i in allowed], self.max_batch_size, self.max_queue_delay_s, self.clock())
-        return tuple(allowed[i] for i in cut.take), cut.wait_s
+        return next_batch(self._queued_items(), busy, sum(e.background for e in self.executing), free,
+                          self.instances, self.max_batch_size, self.max_queue_delay_s, self.clock())
 
     def _take(self, indices: tuple[int, ...]) -> list[_Part]:
         chosen = set(indices)
@@ -441,11 +452,12 @@ class EngineLoop:
         """Collect the batches that ended, start batches on the free instances, and collect
         again (with one instance the batch has run inline by then)."""
         worked = self._collect()
-        while (cut := self._next_cut()) is not None and cut[0]:
-            execution = _Execution(self._take(cut[0]))
+        while (cut := self._next_cut()) is not None and cut.take:
+            execution = _Execution(self._take(cut.take), background=cut.background)
             self.executing.append(execution)
-            self._start(functools.partial(self.backend.transcribe_batch, [p.task() for p in execution.parts]),
-                        functools.partial(self._ended_batch, execution))
+            lane = {"background": True} if cut.background and self._backend_lanes else {}
+            self._start(functools.partial(self.backend.transcribe_batch, [p.task() for p in execution.parts], **lane),
+                        functools.partial(self._ended_batch, execution), cut.background)
             worked = True
         return self._collect() or worked
 
@@ -696,6 +708,8 @@ class EngineConfig:
     handoff: tuple[str, bytes] | None = None
     #: The language-ID model and policy (``model.language_id``); None: none.
     language_id: LanguageIdConfig | None = None
+    #: How much lower the background lane runs (``batching.background_nice``; 0: not lowered).
+    background_nice: int = 0
     model_name: str = ""  # the endpoint's model name (in error messages)
 
 
@@ -719,7 +733,8 @@ def engine_main(inbox: Any, outbox: Any, config: EngineConfig) -> None:
             handoff = HandoffListener(config.handoff[0], config.handoff[1], messages.put)
         backend = backend_class(config.backend)(
             config.model_dir, config.target, config.decoding, cpu_threads=config.cpu_threads,
-            max_batch_size=config.max_batch_size, instances=config.instances, language_id=config.language_id)
+            max_batch_size=config.max_batch_size, instances=config.instances, language_id=config.language_id,
+            background_nice=config.background_nice)
     except BaseException as exc:
         emit(("failed", type(exc).__name__, str(exc) or traceback.format_exc(limit=3)))
         if handoff is not None:
@@ -729,7 +744,7 @@ def engine_main(inbox: Any, outbox: Any, config: EngineConfig) -> None:
                     "continuous": all(hasattr(backend, a) for a in ("admit", "run", "finished", "release"))}))
     loop = EngineLoop(backend, config.decoding, config.max_batch_size, config.max_queue_delay_s, emit,
                       chunk_steps=config.chunk_steps, instances=config.instances, language_id=config.language_id,
-                      model_name=config.model_name,
+                      model_name=config.model_name, background_nice=config.background_nice,
                       wake=lambda: messages.put(("wake",)))
 
     def receive() -> None:

@@ -149,8 +149,7 @@ def test_the_simulator_calls_the_live_policy_functions(monkeypatch):
     place, launch and consolidate through them (no second implementation)."""
     assert engine._policy()["decide"] is autoscaler_policy.decide
     assert engine._policy()["choose_replica"] is router.choose_replica
-    assert engine._policy()["cut_batch"] is batching.cut_batch
-    assert engine._policy()["schedulable"] is batching.schedulable
+    assert engine._policy()["next_batch"] is batching.next_batch
     assert engine._policy()["plan_launches"] is prov_choose.plan_launches
     calls: dict[str, int] = {}
 
@@ -164,7 +163,7 @@ def test_the_simulator_calls_the_live_policy_functions(monkeypatch):
         monkeypatch.setattr(module, name, wrapper)
 
     for module, name in ((router, "choose_replica"), (core, "may_hold"), (core, "hold_deadline"),
-                         (batching, "cut_batch"), (batching, "schedulable"), (autoscaler_policy, "decide"), (autoscaler_policy, "place"),
+                         (batching, "next_batch"), (autoscaler_policy, "decide"), (autoscaler_policy, "place"),
                          (prov_choose, "plan_launches"), (prov_choose, "consolidate"), (prov_choose, "replacements")):
         spy(module, name)
     res = simulate(_hetero_spec(), _trace(60), PROFILES, RunOptions(seed=1, spot_interruption_rate_per_h=2.0))
@@ -273,23 +272,22 @@ def test_a_replica_under_a_spot_notice_serves_until_its_replacement_is_ready():
     assert second.launched_s < notice + 2.5  # the replacement was launched at the notice
 
 
-def test_instances_share_the_cores_and_the_last_free_one_is_kept_for_newcomers():
+def test_instances_share_the_cores_and_a_long_file_runs_in_the_background_lane():
     """As the worker's engine runs a static backend: up to ``batching.instances`` (3) batches at
-    once, the last free instance kept for requests with nothing executing
-    (``batching.schedulable``), and the batches that run at once share the machine's 2 cores,
-    each instance asking for 2 intra-op threads (processor sharing). Each window takes 3.0 s
-    alone (batch of one).
+    once, a long caller's batches on at most all instances but one and in the background lane
+    (``batching.next_batch``; ``background_nice`` 10, weight w = 110 against 1024 at nice 0), and
+    the batches that run at once share the machine's 2 cores, each instance asking for 2 intra-op
+    threads (processor sharing by weight). Each window takes 3.0 s alone (batch of one).
 
-    t=0    A (90 s: three 30 s windows) arrives: windows 1 and 2 start (instances free: 3, then
-           2); window 3 may not take the last free instance (A is executing). Two executions on
-           2 cores: each at half speed.
-    t=1    B (5 s) arrives and takes the last instance: three executions, each at 1/3. A's
-           windows have 3 - 0.5 = 2.5 s of work left, B 3.0.
-    t=8.5  A's windows 1 and 2 end (2.5 s at 1/3); B has 3 - 7.5 / 3 = 0.5 s left and runs
-           alone until window 3 of A starts (at once: two instances free): both at half speed.
-    t=9.5  B ends (0.5 s at 1/2): latency 8.5 s. A's window 3 has 3 - 0.5 = 2.5 s left, alone.
-    t=12   A ends: latency 12.0 s. One at a time (the simulator before), B ended at 12: behind
-           all of A.
+    t=0    A (90 s: three 30 s windows, more than a batch of 1: long) arrives: windows 1 and 2
+           start in the background (two instances); window 3 may not take the third. Two
+           executions of equal weight on 2 cores: each at half speed.
+    t=1    B (5 s, short) arrives and takes the third instance: B runs at 1024 / (1024 + 2w) =
+           0.82 of its speed, A's windows at w / (1024 + 2w) = 0.09 each.
+    t=4.64 B ends (3 s of work at 0.82): latency 3.64 s (8.5 s when every batch had the same
+           weight). A's windows have 2.5 - 3.64 x 0.09 = 2.18 s left, alone: half speed.
+    t=9    A's windows 1 and 2 end; window 3 (now all A has left: a short caller) runs alone.
+    t=12   A ends: latency 12.0 s, as without the lane (the machine never idles).
     """
     spec = make_spec(batching={"max_batch_size": 1, "max_queue_delay_ms": 0, "instances": 3},
                      pools=[{"name": "cpu", "target": "cpu-x86_64-int8", "replicas": {"min": 1, "max": 1},
@@ -297,8 +295,16 @@ def test_instances_share_the_cores_and_the_last_free_one_is_kept_for_newcomers()
     reqs = [TraceRequest(0, 0.0, 90.0), TraceRequest(1, 1.0, 5.0)]
     res = simulate(spec, reqs, [fixed_profile(latency_s=3.0)],
                    RunOptions(cluster="local", replica_slots=1, cpu_cores=2))
-    assert [r.latency_s for r in res.requests] == [pytest.approx(12.0), pytest.approx(8.5)]
+    w = 110
+    assert [r.latency_s for r in res.requests] == [pytest.approx(12.0), pytest.approx(3.0 * (1024 + 2 * w) / 1024)]
     assert res.busy_s == {"cpu": pytest.approx(12.0)}  # four windows of 3 s of work each
+    # Without the lane (background_nice 0) the three share the cores evenly, as before it: B takes
+    # 8.5 s (A's windows 1 and 2 end at 8.5, B has 0.5 s left and ends at 9.5).
+    flat = make_spec(batching={"max_batch_size": 1, "max_queue_delay_ms": 0, "instances": 3, "background_nice": 0},
+                     pools=[{"name": "cpu", "target": "cpu-x86_64-int8", "replicas": {"min": 1, "max": 1},
+                             "max_concurrency": 4}])
+    res = simulate(flat, reqs, [fixed_profile(latency_s=3.0)], RunOptions(cluster="local", replica_slots=1, cpu_cores=2))
+    assert [r.latency_s for r in res.requests] == [pytest.approx(12.0), pytest.approx(8.5)]
     # With 12 cores, the same three instances (4 threads each) do not slow each other down:
     # A's windows 1 and 2 end at 3, B at 4; window 3 starts at 3, ends at 6.
     res = simulate(spec, reqs, [fixed_profile(latency_s=3.0)],
@@ -362,3 +368,21 @@ def test_executions_keep_the_measured_cores_busy_and_their_work_is_drawn_from_th
     got = [r.latency_s for r in simulate(spec, lone, [drawn], opts).requests]
     assert sorted({round(x, 6) for x in got}) == [1.0, 3.0]
     assert got == [r.latency_s for r in simulate(spec, lone, [drawn], opts).requests]  # same seed, same draws
+
+
+def test_weighted_speeds_share_the_cores_by_nice_weight_and_hand_on_what_is_not_used():
+    from tideserve.sim.engine import nice_weight, weighted_speeds
+
+    assert (nice_weight(0), nice_weight(5), nice_weight(10)) == (1024, 335, 110)
+    # Equal weights: processor sharing, min(1, cores / demand) each.
+    assert weighted_speeds([(2, 1024), (2, 1024)], 2) == pytest.approx([0.5, 0.5])
+    assert weighted_speeds([(0.5, 1024), (1, 1024)], 2) == [1.0, 1.0]
+    # A short batch (weight 1024) beside two long ones at nice 10 (110 each), each wanting 2 of 2
+    # cores: the short one gets 2 x 1024 / 1244 = 1.65 cores (0.82 of its speed), the long ones
+    # 0.18 each (0.09).
+    fg, bg1, bg2 = weighted_speeds([(2, 1024), (2, 110), (2, 110)], 2)
+    assert fg == pytest.approx(1024 / 1244) and bg1 == bg2 == pytest.approx(110 / 1244)
+    # A short batch keeping only 0.7 cores busy runs at full speed; the rest goes to the others.
+    fg, bg1, bg2 = weighted_speeds([(0.7, 1024), (2, 110), (2, 110)], 2)
+    assert fg == 1.0 and bg1 == bg2 == pytest.approx(1.3 / 4)
+    assert weighted_speeds([], 2) == []

@@ -33,18 +33,33 @@ def test_empty_queue_and_bad_arguments():
         cut_batch(q((1, 0.0)), 1, -1, 0.0)
 
 
-def test_the_last_free_instance_is_kept_for_callers_with_nothing_executing():
-    from tideserve.worker.batching import schedulable
+def test_short_callers_go_first_and_long_ones_run_in_the_background_on_all_instances_but_one():
+    from tideserve.worker.batching import NextBatch, next_batch, short_callers
 
-    queue = q((1, 0.0), (1, 0.0), (2, 0.5), (1, 0.0))
-    # Two of three instances free: anything may start, caller 1's windows included.
-    assert schedulable(queue, executing={1}, free_instances=2, instances=3) == [0, 1, 2, 3]
-    # The last free one: only caller 2 (caller 1 already executes elsewhere).
-    assert schedulable(queue, executing={1}, free_instances=1, instances=3) == [2]
-    assert schedulable(queue, executing={1, 2}, free_instances=1, instances=3) == []
-    # One instance: no instance is kept back (the caller waits for its own batch anyway).
-    assert schedulable(queue, executing=set(), free_instances=1, instances=1) == [0, 1, 2, 3]
+    # Caller 1: a long file (5 windows, more than a batch of 4); caller 2: one window.
+    queue = q((1, 0.0), (1, 0.0), (1, 0.0), (2, 0.5), (1, 0.0), (1, 0.0))
+    assert short_callers(queue, executing=set(), max_batch_size=4) == {2}
+    assert short_callers(queue, executing=set(), max_batch_size=5) == {1, 2}
+    assert short_callers(queue, executing={2}, max_batch_size=5) == {1}
+    # The short caller's window is cut first, alone (never batched with the long file's windows).
+    assert next_batch(queue, set(), 0, 3, 3, 4, 0.0, now=1.0) == NextBatch((3,))
+    # Without it, the long file fills a background batch, in queue order.
+    rest = [x for x in queue if x.caller == 1]
+    assert next_batch(rest, set(), 0, 3, 3, 4, 0.0, now=1.0) == NextBatch((0, 1, 2, 3), background=True)
+    # Two instances of three run its batches: the third is kept, even with windows still queued.
+    assert next_batch(rest, {1}, 1, 2, 3, 4, 0.0, now=1.0) == NextBatch((0, 1, 2, 3), background=True)
+    assert next_batch(rest, {1}, 2, 1, 3, 4, 0.0, now=1.0) is None
+    # A short caller waiting for its batch to fill: the long file still starts, then the wait.
+    assert next_batch(queue, set(), 0, 3, 3, 4, 1.0, now=1.0) == NextBatch((0, 1, 2, 4), background=True)
+    assert next_batch(queue, {1}, 2, 1, 3, 4, 1.0, now=1.0) == NextBatch((), 0.5)
+    # Short callers may take every instance, the last one included.
+    assert next_batch(q((2, 0.0), (3, 0.0)), {1}, 2, 1, 3, 1, 0.0, now=0.0) == NextBatch((0,))
+    # One instance: no classes, the whole queue round-robin, never background.
+    assert next_batch(queue, set(), 0, 1, 1, 4, 0.0, now=1.0) == NextBatch((0, 3, 1, 2))
+    assert next_batch([], set(), 0, 1, 1, 4, 0.0, now=1.0) is None
     with pytest.raises(ValueError, match="free_instances 0"):
-        schedulable(queue, set(), 0, 3)
+        next_batch(queue, set(), 0, 0, 3, 4, 0.0, 0.0)
     with pytest.raises(ValueError, match="instances 0"):
-        schedulable(queue, set(), 1, 0)
+        next_batch(queue, set(), 0, 1, 0, 4, 0.0, 0.0)
+    with pytest.raises(ValueError, match=r"background_executing 2 must be in 0\.\.1"):
+        next_batch(queue, set(), 2, 2, 3, 4, 0.0, 0.0)

@@ -388,9 +388,11 @@ class ManualStarter:
 
     def __init__(self) -> None:
         self.pending: list[tuple] = []
+        self.lanes: list[bool] = []  # background or not, per batch started
 
-    def __call__(self, run, done) -> None:
+    def __call__(self, run, done, background=False) -> None:
         self.pending.append((run, done))
+        self.lanes.append(background)
 
     def end(self, i: int = 0) -> None:
         from tideserve.worker.engine import start_inline
@@ -398,10 +400,25 @@ class ManualStarter:
         start_inline(*self.pending.pop(i))
 
 
+class LaneBackend(StaticBackend):
+    """A static backend with a background lane: records the lane of each batch."""
+
+    background_lane = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lanes: list[bool] = []
+
+    def transcribe_batch(self, tasks, background=False):
+        self.lanes.append(background)
+        return super().transcribe_batch(tasks)
+
+
 def test_instances_run_batches_at_once_and_keep_the_last_one_for_a_newcomer():
-    # A long file (4 windows) and three instances: it may take two instances, not the third; a
-    # short request arriving while both run starts at once on the third, and is answered first.
-    be, out, clock = StaticBackend(), [], Clock()
+    # A long file (4 windows, more than a batch of 2) and three instances: it may take two
+    # instances, not the third, in the background lane; a short request arriving while both run
+    # starts at once on the third, in the foreground, and is answered first.
+    be, out, clock = LaneBackend(), [], Clock()
     starter, woken = ManualStarter(), []
     loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=2, max_queue_delay_s=0.0, emit=out.append,
                       clock=clock, instances=3, start=starter, wake=lambda: woken.append(1))
@@ -425,6 +442,23 @@ def test_instances_run_batches_at_once_and_keep_the_last_one_for_a_newcomer():
     assert segments_of(out, 1) == {0: ["w1@0"], 1: ["w1@30"], 2: ["w1@60"], 3: ["w1@90"]}
     assert loop.idle
     assert [len(b) for b in be.batches] == [1, 2, 2]  # in the order they ran: the short one first
+    assert starter.lanes == [True, True, False]  # in the order they started
+    assert be.lanes == [False, True, True]
+
+
+def test_a_backend_without_a_background_lane_is_called_as_before():
+    be, out, clock, starter = StaticBackend(), [], Clock(), ManualStarter()
+    loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=1, max_queue_delay_s=0.0, emit=out.append,
+                      clock=clock, instances=2, start=starter)
+    loop.submit(1, [(pcm(30, 1), 0.0), (pcm(30, 1), 30.0)], RequestOptions())
+    loop.run_once()
+    assert starter.lanes == [True]  # a long caller's batch, on the background thread
+    starter.end()  # StaticBackend.transcribe_batch takes no ``background``: a TypeError would fail it
+    loop.run_once()
+    assert starter.lanes == [True, False]  # its last window fits one batch: a short caller now
+    starter.end()
+    loop.run_once()
+    assert segments_of(out, 1) == {0: ["w1@0"], 1: ["w1@30"]} and loop.idle
 
 
 def test_an_instance_failure_fails_only_its_own_request():
@@ -647,3 +681,24 @@ def test_a_resumed_rest_that_loops_is_decoded_again_from_its_own_audio() -> None
     loop = lambda t: ok(t, "9 9 9 9", looping_segment=True, loop_free_text="", text_end_s=25.0)  # noqa: E731
     out, _ = _resumed_run(loop, Decoding(beam_size=1, compression_ratio_threshold=2.4))
     assert [r.text for m in out if m[0] == "segment" for r in m[3]] == ["head", "fresh@121/4s"]
+
+
+def test_the_thread_starters_background_lane_runs_lowered():
+    import os
+    import threading
+
+    from tideserve.worker.engine import ThreadStarter
+
+    def nice() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    base, seen, done = nice(), [], threading.Event()
+    starter = ThreadStarter(3, background_nice=4)
+    try:
+        for background in (False, True, False):
+            done.clear()
+            starter(nice, lambda v: (seen.append(v), done.set()), background)
+            assert done.wait(10)
+    finally:
+        starter.close()
+    assert seen == [base, min(19, base + 4), base]

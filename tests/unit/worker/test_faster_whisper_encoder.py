@@ -33,7 +33,66 @@ def test_the_encoder_one_window_at_a_time_gives_the_batchs_output(monkeypatch, e
 
     monkeypatch.setattr(b._model, "encode", counting)
     together = np.asarray(encode(feats))
-    apart = np.asarray(b._encode(feats))
+    apart = np.asarray(b._encode(b._model, feats))
     assert calls == [min(fw.ENCODE_BATCH, len(clips) - i) for i in range(0, len(clips), fw.ENCODE_BATCH)]
     assert apart.shape == together.shape
     np.testing.assert_allclose(apart, together, rtol=0, atol=1e-4)  # identical here (max |diff| 0.0)
+
+
+def _nice_of_threads() -> dict[int, int]:
+    import os
+
+    return {int(t): os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir("/proc/self/task")}
+
+
+def test_the_background_lane_runs_lowered_and_writes_what_the_foreground_writes(en_clips) -> None:
+    import os
+    import threading
+
+    from tideserve.sources.local import resolve_pkg
+    from tideserve.worker.backends.base import WindowTask
+    from tideserve.worker.backends.faster_whisper import FasterWhisperBackend
+
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    before = _nice_of_threads()
+    b = FasterWhisperBackend(resolve_pkg(BUNDLED), Target.parse("cpu-x86_64-int8"), DECODING, cpu_threads=2,
+                             instances=2, background_nice=5)
+    assert b.background_lane and b._background is None  # loaded by the first background batch
+    tasks = [WindowTask(c.samples, timestamps=True) for c in en_clips[:3]]
+    fg, _ = b.transcribe_batch(tasks)
+    made = {t: n for t, n in _nice_of_threads().items() if t not in before}
+    assert set(made.values()) == {base}
+    bg, _ = b.transcribe_batch(tasks, background=True)
+    lowered = {t: n for t, n in _nice_of_threads().items() if t not in before and t not in made}
+    # The foreground copy's threads stay at this thread's value; the background copy's worker
+    # threads (made at its load) and the OpenMP threads they start run 5 lower.
+    assert made and lowered and b._background is not None
+    assert set(lowered.values()) == {min(19, base + 5)}
+    assert [r.text for r in bg] == [r.text for r in fg] and all(r.text for r in fg)
+    assert [[(s.start_s, s.end_s) for s in r.segments] for r in bg] == \
+        [[(s.start_s, s.end_s) for s in r.segments] for r in fg]
+    # No lane without a second instance or with a nice of 0: one copy of the weights.
+    one = FasterWhisperBackend(resolve_pkg(BUNDLED), Target.parse("cpu-x86_64-int8"), DECODING, instances=1,
+                               background_nice=5)
+    assert not one.background_lane
+    one.transcribe_batch(tasks[:1], background=True)
+    assert one._background is None  # no lane: the one copy ran it
+    assert not FasterWhisperBackend(resolve_pkg(BUNDLED), Target.parse("cpu-x86_64-int8"), DECODING, instances=2,
+                                    background_nice=0).background_lane
+
+
+def test_a_background_copy_that_cannot_load_gives_up_the_lane_and_the_batch_still_runs(en_clips, caplog) -> None:
+    from tideserve.sources.local import resolve_pkg
+    from tideserve.worker.backends.base import WindowTask
+    from tideserve.worker.backends.faster_whisper import FasterWhisperBackend
+
+    b = FasterWhisperBackend(resolve_pkg(BUNDLED), Target.parse("cpu-x86_64-int8"), DECODING, instances=2,
+                             background_nice=5)
+
+    def fail():
+        raise RuntimeError("out of memory")
+
+    b._load_background = fail
+    (r,), _ = b.transcribe_batch([WindowTask(en_clips[0].samples)], background=True)
+    assert r.text and not b.background_lane and b._background is None
+    assert "no background lane" in caplog.text and "out of memory" in caplog.text

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from tideserve.worker.backends.base import WindowResult, WindowTask
 from tideserve.worker.backends.whisper_text import MAX_LENGTH as _MAX_LENGTH
 from tideserve.worker.backends.whisper_text import TIME_PRECISION_S as _TIME_PRECISION_S
 from tideserve.worker.backends.whisper_text import window_result
-from tideserve.worker.cores import intra_op_threads, usable_cores
+from tideserve.worker.cores import intra_op_threads, on_lowered_thread, usable_cores
 from tideserve.worker.language_id import LanguageIdConfig, speech_start
 from tideserve.worker.timings import ExecutionTimings
 
@@ -121,23 +122,32 @@ class FasterWhisperBackend:
     4, as CTranslate2's default of 4 but no more threads than cores per instance; measured on 2 cores with 3 instances, a 5-minute
     file took 15.3 s at 2 threads, 17.9 s at 4; bench/fairness.py).
 
+    ``background_nice`` > 0 with 2 or more instances: a second copy of the model (loaded by the
+    first batch that needs it), with ``instances`` - 1 workers made on a thread whose nice value
+    is raised by that much
+    (``worker.cores.on_lowered_thread``; CTranslate2's worker threads and their OpenMP threads
+    inherit it), runs the batches the engine puts in the background lane
+    (``transcribe_batch(tasks, background=True)``; ``worker.batching.next_batch``).
+
     Raises EngineMismatchError when the target is not a CPU target or its compute type is not
     supported by this CPU.
     """
 
     def __init__(self, model_dir: Path, target: Target, decoding: Decoding, cpu_threads: int = 0,
                  max_batch_size: int | None = None,  # batches of any size: no preallocation
-                 instances: int = 1, language_id: LanguageIdConfig | None = None) -> None:
+                 instances: int = 1, language_id: LanguageIdConfig | None = None, background_nice: int = 0) -> None:
         if target.device != "cpu":
             raise EngineMismatchError(
                 f"the faster-whisper backend runs CPU targets here; {target.name} needs a CUDA backend"
             )
         threads = cpu_threads or intra_op_threads(usable_cores())
+
+        def load(workers: int) -> WhisperModel:
+            return WhisperModel(str(model_dir), device="cpu", compute_type=target.backend_compute_type,
+                                cpu_threads=threads, num_workers=workers)
+
         try:
-            self._model = WhisperModel(
-                str(model_dir), device="cpu", compute_type=target.backend_compute_type,
-                cpu_threads=threads, num_workers=instances,
-            )
+            self._model = load(instances)
         except ValueError as exc:  # e.g. "Requested int8 compute type, but the target device ... does not support"
             raise EngineMismatchError(f"cannot load {model_dir} for {target.name}: {exc}") from None
         self._decoding = decoding
@@ -149,6 +159,12 @@ class FasterWhisperBackend:
             Path(language_id.model_dir), target, threads, instances, language_id.seconds,
             self.languages)
         self.identifies_language = self._identifier is not None
+        #: The background lane's copy, loaded by the first batch that runs there (so a replica
+        #: that never sees a long file neither loads it nor waits for it at start).
+        self.background_lane = background_nice > 0 and instances >= 2
+        self._background: WhisperModel | None = None
+        self._load_background = lambda: on_lowered_thread(background_nice, lambda: load(instances - 1))
+        self._background_lock = threading.Lock()
         self._tokenizers: dict[tuple[str | None, str], Tokenizer] = {}
         base = self._tokenizer(decoding.language or "en")
         self._suppress = list(get_suppressed_tokens(base, [-1]))
@@ -165,8 +181,11 @@ class FasterWhisperBackend:
             self._tokenizers[key] = tok
         return tok
 
-    def transcribe_batch(self, tasks: list[WindowTask]) -> tuple[list[WindowResult], ExecutionTimings]:
-        """Run all ``tasks`` as one execution; results in the order of ``tasks``.
+    def transcribe_batch(self, tasks: list[WindowTask], background: bool = False
+                         ) -> tuple[list[WindowResult], ExecutionTimings]:
+        """Run all ``tasks`` as one execution; results in the order of ``tasks``; on the
+        background lane's copy of the model when ``background`` and there is one (the results
+        are the same; only the CPU priority differs).
 
         Features of the windows not resumed are computed and encoded (``_encode``); a resumed
         window (``task.resume``) brings its kept encoder output instead. CTranslate2's
@@ -176,10 +195,11 @@ class FasterWhisperBackend:
         decoded in groups of equal prompt shape before that prefix, and temperature: one group
         in the common case of requests without a prompt.
         """
+        model = self._background_model() if background and self.background_lane else self._model
         if not tasks:
             return [], ExecutionTimings()
         t0 = time.perf_counter()
-        fe = self._model.feature_extractor
+        fe = model.feature_extractor
         fresh = [i for i, t in enumerate(tasks) if t.resume is None]
         feats = np.stack([pad_or_trim(fe(_float32(tasks[i].samples))[..., :-1]) for i in fresh]).astype(np.float32) \
             if fresh else None
@@ -187,7 +207,7 @@ class FasterWhisperBackend:
 
         # The encoder output of every window, [windows, 1500, d_model] float32: resumed windows
         # bring the one kept from their first decode.
-        rows = self._encode(feats) if feats is not None else None
+        rows = self._encode(model, feats) if feats is not None else None
         if rows is None or len(fresh) < len(tasks):
             stack: list[Any] = [t.resume.encoded.encoder_output if t.resume is not None else None for t in tasks]
             for j, row in zip(fresh, rows if rows is not None else (), strict=True):
@@ -200,7 +220,7 @@ class FasterWhisperBackend:
         if not self._multilingual:
             languages = ["en"] * len(tasks)
         elif any(lang is None for lang in requested):
-            detected = self._model.model.detect_language(encoded)  # per window: [(token, probability)], best first
+            detected = model.model.detect_language(encoded)  # per window: [(token, probability)], best first
             languages = [lang or det[0][0].strip("<|>") for lang, det in zip(requested, detected, strict=True)]
             probabilities = [None if lang else float(det[0][1]) for lang, det in zip(requested, detected, strict=True)]
         else:
@@ -211,7 +231,7 @@ class FasterWhisperBackend:
             tok = self._tokenizer(lang, task.task)
             previous = prompt_ids(tok, task.prompt)
             with_timestamps = task.timestamps or not self._decoding.without_timestamps
-            prompt = self._model.get_prompt(tok, previous, without_timestamps=not with_timestamps)
+            prompt = model.get_prompt(tok, previous, without_timestamps=not with_timestamps)
             sot = prompt.index(tok.sot)
             groups.setdefault((sot, len(prompt) - sot, task.temperature), []).append(i)
             prompts.append(prompt + _resume_prefix(tok, task))
@@ -226,7 +246,7 @@ class FasterWhisperBackend:
             # Temperature 0: beam search (or greedy); above 0: one sampled hypothesis (Whisper's fallback).
             sampling = dict(beam_size=1, sampling_temperature=temperature, sampling_topk=0) if temperature > 0 \
                 else dict(beam_size=self._decoding.beam_size)
-            res = self._model.model.generate(
+            res = model.model.generate(
                 enc,
                 group_prompts,
                 **sampling,
@@ -258,23 +278,41 @@ class FasterWhisperBackend:
                 if k else r for i, (task, r, k) in enumerate(zip(tasks, out, keep, strict=True))]
         for i, task in enumerate(tasks):  # where a resumed rest's last word ends
             if task.resume is not None and spoken[i]:
-                out[i] = dataclasses.replace(out[i], last_word_end_s=self._last_word_end(task, toks[i], spoken[i]))
+                out[i] = dataclasses.replace(out[i], last_word_end_s=self._last_word_end(model, task, toks[i],
+                                                                                         spoken[i]))
         for i, task in enumerate(tasks):
             if task.words and out[i].segments:
                 one = encoded if len(tasks) == 1 else ctranslate2.StorageView.from_array(rows[[i]])
-                out[i] = self._with_words(task, toks[i], one, out[i])
+                out[i] = self._with_words(model, task, toks[i], one, out[i])
         t3 = time.perf_counter()
         return out, ExecutionTimings(input_s=t1 - t0, infer_s=t2 - t1, output_s=t3 - t2)
 
-    def _encode(self, feats: np.ndarray) -> np.ndarray:
+    def _background_model(self) -> WhisperModel:
+        """The background lane's copy of the model, loaded on first use (once, under a lock).
+        When it cannot be loaded (e.g. out of memory), the lane is given up with a warning and
+        every batch runs on the first copy, at the same priority."""
+        with self._background_lock:
+            if self._background is None and self.background_lane:
+                try:
+                    self._background = self._load_background()
+                except (ValueError, RuntimeError, OSError, MemoryError) as exc:
+                    log.warning("no background lane: cannot load a second copy of the model (%s: %s); long files "
+                                "now run at the priority of short requests", type(exc).__name__, exc)
+                    self.background_lane = False
+            return self._background if self._background is not None else self._model
+
+    @staticmethod
+    def _encode(model: WhisperModel, feats: np.ndarray) -> np.ndarray:
         """The encoder output ``[windows, 1500, d_model]`` (float32) of log-mel ``feats``
         ``[windows, n_mels, 3000]`` (float32), computed ``ENCODE_BATCH`` windows at a time."""
         if len(feats) <= ENCODE_BATCH:
-            return np.asarray(self._model.encode(feats))  # no copy: the array holds the StorageView
-        return np.concatenate([np.asarray(self._model.encode(feats[i:i + ENCODE_BATCH]))
+            return np.asarray(model.encode(feats))  # no copy: the array holds the StorageView
+        return np.concatenate([np.asarray(model.encode(feats[i:i + ENCODE_BATCH]))
                                for i in range(0, len(feats), ENCODE_BATCH)])
 
-    def _last_word_end(self, task: WindowTask, tok: Tokenizer, text_tokens: tuple[int, ...]) -> float | None:
+    @staticmethod
+    def _last_word_end(model: WhisperModel, task: WindowTask, tok: Tokenizer,
+                       text_tokens: tuple[int, ...]) -> float | None:
         """Seconds from a resumed window's start where the last word of ``text_tokens`` (its
         rest's text) ends, by faster-whisper's cross-attention alignment of the window's whole
         text (what was written before the seek, then this) over its kept encoder output; None
@@ -284,7 +322,7 @@ class FasterWhisperBackend:
             return None
         one = ctranslate2.StorageView.from_array(np.ascontiguousarray(kept.encoder_output[None]))
         try:
-            (words,) = self._model.find_alignment(tok, [[*kept.text_tokens, *text_tokens]], one,
+            (words,) = model.find_alignment(tok, [[*kept.text_tokens, *text_tokens]], one,
                                                   len(task.samples) // 160)
         except (ValueError, RuntimeError) as exc:  # e.g. more text than the decoder's 448 positions
             log.warning("no word alignment for a resumed rest at %.2f s (%s); it is decoded again", task.offset_s, exc)
@@ -292,14 +330,16 @@ class FasterWhisperBackend:
         ends = [float(w["end"]) for w in words if any(c.isalnum() for c in w["word"])]
         return ends[-1] if ends else None
 
-    def _with_words(self, task: WindowTask, tok: Tokenizer, encoded, result: WindowResult) -> WindowResult:
+    @staticmethod
+    def _with_words(model: WhisperModel, task: WindowTask, tok: Tokenizer, encoded,
+                    result: WindowResult) -> WindowResult:
         """``result`` with each segment's words timed by faster-whisper's cross-attention alignment
         (``WhisperModel.add_word_timestamps``: the alignment heads and dynamic time warping, as
         Whisper's word timestamps), with its default punctuation merging."""
-        fps = self._model.frames_per_second
+        fps = model.frames_per_second
         subs = [{"seek": round(task.offset_s * fps), "start": s.start_s, "end": s.end_s, "tokens": list(s.tokens)}
                 for s in result.segments]
-        self._model.add_word_timestamps([subs], tok, encoded, len(task.samples) // 160, _PREPEND, _APPEND,
+        model.add_word_timestamps([subs], tok, encoded, len(task.samples) // 160, _PREPEND, _APPEND,
                                         last_speech_timestamp=task.offset_s)
         segments = [dataclasses.replace(s, start_s=sub["start"], end_s=sub["end"], words=tuple(
             Word(w["start"], w["end"], w["word"], float(w["probability"])) for w in sub.get("words") or ()))

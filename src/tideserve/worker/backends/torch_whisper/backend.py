@@ -105,8 +105,8 @@ class TorchWhisperBackend:
     def __init__(self, model_dir: Path, target: Target, decoding: Decoding, cpu_threads: int = 0,
                  max_batch_size: int = 64, use_cuda_graphs: bool | None = None,
                  encoder_graphs: bool | None = None, instances: int = 1, run_ahead: int = RUN_AHEAD_STEPS,
-                 language_id: LanguageIdConfig | None = None) -> None:
-        del instances  # continuous batching: one decode loop holds every slot
+                 language_id: LanguageIdConfig | None = None, background_nice: int = 0) -> None:
+        del instances, background_nice  # continuous batching: one decode loop holds every slot
         self.device = _device_for(target)
         if decoding.beam_size != 1:
             raise ValueError(f"the torch backend decodes greedily; set model.decoding.beam_size: 1 "
