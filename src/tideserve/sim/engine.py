@@ -60,6 +60,7 @@ at an event time, so the simulator needs ordered events and nothing of simpy's p
 
 from __future__ import annotations
 
+import collections
 import heapq
 import math
 import random
@@ -596,7 +597,7 @@ class Simulation:
         started = False
         while r.queue and len(r.executions) < instances:
             items = [batching.QueuedItem(rid, t) for rid, t, _ in r.queue]
-            busy = {i for e in r.executions for i in e.ids}
+            busy = collections.Counter(i for e in r.executions for i in e.ids)
             cut = self._fns["next_batch"](items, busy, sum(e.background for e in r.executions),
                                           instances - len(r.executions), instances, batch_spec.max_batch_size,
                                           batch_spec.max_queue_delay_ms / 1000.0, self.now)

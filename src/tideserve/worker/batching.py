@@ -8,10 +8,11 @@ items (the windows of a long file) does not hold back a short one queued behind 
 
 A replica may run several model instances at once (Triton's ``instance_group`` count; the
 faster-whisper backend's CTranslate2 workers), each executing one batch (``next_batch``). Queued
-items fall in two classes: a *short* caller has nothing executing and all its queued items fit in
-one batch (a request of a few windows, a long file's last rests); a *long* caller is any other (a
-20-minute file's windows). A batch holds one class only, short first. Long batches take at most
-all instances but one, and run in the *background lane* (a lower CPU priority, where the backend
+items fall in two classes: a *short* caller's items queued and executing fit in one batch (a
+request of a few windows, a long file's last rests); a *long* caller is any other (a 20-minute
+file's windows). A batch holds one class only, short first, except that the last free instance
+goes to long callers waiting with no batch executing, so a long file always progresses. Long
+batches take at most all instances but one, and run in the *background lane* (a lower CPU priority, where the backend
 offers one: ``worker.cores.lower_thread_priority``), so a short request arriving while a long file
 is transcribed starts at once and gets the cores first instead of sharing them with the long
 file's 30 s windows (issue 13, fairness: a short clip went from 0.42 s to 11.5 s behind one
@@ -25,7 +26,7 @@ No clock and no I/O: ``now`` is an argument, so the worker's engine loop and the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from collections.abc import Collection, Sequence
+from collections.abc import Mapping, Sequence
 
 
 @dataclass(frozen=True)
@@ -95,27 +96,31 @@ class NextBatch:
     background: bool = False
 
 
-def short_callers(queue: Sequence[QueuedItem], executing: Collection[int], max_batch_size: int) -> set[int]:
-    """Callers with nothing in ``executing`` whose queued items number at most ``max_batch_size``
-    (a request that one batch finishes); the others are long callers."""
+def short_callers(queue: Sequence[QueuedItem], executing: Mapping[int, int], max_batch_size: int) -> set[int]:
+    """Callers whose items queued and executing (``executing``: caller -> items executing)
+    number at most ``max_batch_size`` (a request one batch could hold); the others are long
+    callers. Counting the executing items too keeps a short request's leftover windows (those
+    its first batch had no room for) short."""
     counts: dict[int, int] = {}
     for item in queue:
         counts[item.caller] = counts.get(item.caller, 0) + 1
-    return {c for c, n in counts.items() if c not in executing and n <= max_batch_size}
+    return {c for c, n in counts.items() if n + executing.get(c, 0) <= max_batch_size}
 
 
-def next_batch(queue: Sequence[QueuedItem], executing: Collection[int], background_executing: int,
+def next_batch(queue: Sequence[QueuedItem], executing: Mapping[int, int], background_executing: int,
                free_instances: int, instances: int, max_batch_size: int, max_queue_delay_s: float,
                now: float) -> NextBatch | None:
     """The batch to start on a free model instance at ``now`` (module doc), or None when nothing
     queued may start before an executing batch ends.
 
-    ``queue``: live items, oldest first; ``executing``: callers with an item executing on some
+    ``queue``: live items, oldest first; ``executing``: caller -> its items executing on some
     instance; ``background_executing``: long batches executing; ``free_instances`` of
     ``instances`` are idle. With one instance there are no classes: ``cut_batch`` over the whole
     queue, never background. Otherwise short callers' items are cut first (``cut_batch`` over
-    them alone); then, while fewer than ``instances`` - 1 long batches execute, the long callers'
-    items, as a background batch. When neither may be cut yet, the shorter wait.
+    them alone), on any free instance but the last one while long callers wait with no batch
+    executing (so a long file always progresses); then, while fewer than ``instances`` - 1 long
+    batches execute, the long callers' items, as a background batch. When neither may be cut
+    yet, the shorter wait.
 
     Raises ValueError when ``instances`` < 1, ``free_instances`` is not in 1..``instances`` or
     ``background_executing`` is not in 0..``instances`` - ``free_instances``, and as ``cut_batch``.
@@ -130,12 +135,13 @@ def next_batch(queue: Sequence[QueuedItem], executing: Collection[int], backgrou
         cut = cut_batch(queue, max_batch_size, max_queue_delay_s, now)
         return NextBatch(cut.take, cut.wait_s) if queue else None
     short = short_callers(queue, executing, max_batch_size)
+    lanes = {False: [i for i, item in enumerate(queue) if item.caller in short],
+             True: [i for i, item in enumerate(queue) if item.caller not in short]}
+    long_starved = bool(lanes[True]) and background_executing == 0 and free_instances == 1
     waits: list[float] = []
     for background in (False, True):
-        if background and background_executing >= instances - 1:
-            break
-        idx = [i for i, item in enumerate(queue) if (item.caller in short) != background]
-        if not idx:
+        idx = lanes[background]
+        if not idx or (not background and long_starved) or (background and background_executing >= instances - 1):
             continue
         cut = cut_batch([queue[i] for i in idx], max_batch_size, max_queue_delay_s, now)
         if cut.take:

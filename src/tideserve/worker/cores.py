@@ -35,26 +35,28 @@ def intra_op_threads(cores: int) -> int:
 
 
 def lower_thread_priority(nice: int) -> int:
-    """Raise the calling thread's nice value by ``nice`` (at most to 19) and return the new
-    value. On Linux the nice value is a property of each thread (setpriority(2), "BUGS": a
-    thread's own id as ``who``), and threads a thread creates start with its value, so a model's
-    worker threads made from a lowered thread run lowered too. An unprivileged process can raise
-    its threads' nice values but never lower them again, so a lowered thread stays lowered.
-    Where the OS refuses (not Linux), the value stays and the current one is returned."""
+    """Set the calling thread's nice value to the process's (its main thread's) plus ``nice``,
+    at most 19, unless it is already that low or lower, and return the thread's value. The
+    target is absolute, so a thread made by an already lowered thread is not lowered twice. On
+    Linux the nice value is a property of each thread (setpriority(2), "BUGS": a thread's own id
+    as ``who``), and threads a thread creates start with its value, so a model's worker threads
+    made from a lowered thread run lowered too. An unprivileged process can raise its threads'
+    nice values but never lower them again, so a lowered thread stays lowered. Where the OS has
+    no per-thread value or refuses, nothing changes and 0 is returned."""
     import threading
 
     tid = threading.get_native_id()
     try:
-        now = os.getpriority(os.PRIO_PROCESS, tid)
-        if nice > 0:
-            os.setpriority(os.PRIO_PROCESS, tid, min(19, now + nice))
+        target = min(19, os.getpriority(os.PRIO_PROCESS, os.getpid()) + max(0, nice))
+        if os.getpriority(os.PRIO_PROCESS, tid) < target:
+            os.setpriority(os.PRIO_PROCESS, tid, target)
         return os.getpriority(os.PRIO_PROCESS, tid)
     except (OSError, AttributeError):
         return 0
 
 
 def on_lowered_thread(nice: int, make):
-    """``make()`` called on a new thread whose nice value is raised by ``nice``
+    """``make()`` called on a new thread whose nice value is the process's plus ``nice``
     (``lower_thread_priority``); its return value, or the exception it raised, re-raised here.
     For a library that starts its worker threads when constructed (CTranslate2)."""
     import threading

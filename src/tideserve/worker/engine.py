@@ -425,7 +425,7 @@ class EngineLoop:
         free = self.instances - len(self.executing)
         if free < 1 or not self.queue:
             return None
-        busy = {p.rid for e in self.executing for p in e.parts}
+        busy = collections.Counter(p.rid for e in self.executing for p in e.parts)
         return next_batch(self._queued_items(), busy, sum(e.background for e in self.executing), free,
                           self.instances, self.max_batch_size, self.max_queue_delay_s, self.clock())
 

@@ -38,28 +38,49 @@ def test_short_callers_go_first_and_long_ones_run_in_the_background_on_all_insta
 
     # Caller 1: a long file (5 windows, more than a batch of 4); caller 2: one window.
     queue = q((1, 0.0), (1, 0.0), (1, 0.0), (2, 0.5), (1, 0.0), (1, 0.0))
-    assert short_callers(queue, executing=set(), max_batch_size=4) == {2}
-    assert short_callers(queue, executing=set(), max_batch_size=5) == {1, 2}
-    assert short_callers(queue, executing={2}, max_batch_size=5) == {1}
+    assert short_callers(queue, executing={}, max_batch_size=4) == {2}
+    assert short_callers(queue, executing={}, max_batch_size=5) == {1, 2}
+    # Items executing count: 5 queued + 1 executing is more than a batch of 5.
+    assert short_callers(queue, executing={1: 1, 2: 4}, max_batch_size=5) == {2}
     # The short caller's window is cut first, alone (never batched with the long file's windows).
-    assert next_batch(queue, set(), 0, 3, 3, 4, 0.0, now=1.0) == NextBatch((3,))
+    assert next_batch(queue, {}, 0, 3, 3, 4, 0.0, now=1.0) == NextBatch((3,))
     # Without it, the long file fills a background batch, in queue order.
     rest = [x for x in queue if x.caller == 1]
-    assert next_batch(rest, set(), 0, 3, 3, 4, 0.0, now=1.0) == NextBatch((0, 1, 2, 3), background=True)
+    assert next_batch(rest, {}, 0, 3, 3, 4, 0.0, now=1.0) == NextBatch((0, 1, 2, 3), background=True)
     # Two instances of three run its batches: the third is kept, even with windows still queued.
-    assert next_batch(rest, {1}, 1, 2, 3, 4, 0.0, now=1.0) == NextBatch((0, 1, 2, 3), background=True)
-    assert next_batch(rest, {1}, 2, 1, 3, 4, 0.0, now=1.0) is None
+    assert next_batch(rest, {1: 4}, 1, 2, 3, 4, 0.0, now=1.0) == NextBatch((0, 1, 2, 3), background=True)
+    assert next_batch(rest, {1: 8}, 2, 1, 3, 4, 0.0, now=1.0) is None
     # A short caller waiting for its batch to fill: the long file still starts, then the wait.
-    assert next_batch(queue, set(), 0, 3, 3, 4, 1.0, now=1.0) == NextBatch((0, 1, 2, 4), background=True)
-    assert next_batch(queue, {1}, 2, 1, 3, 4, 1.0, now=1.0) == NextBatch((), 0.5)
-    # Short callers may take every instance, the last one included.
-    assert next_batch(q((2, 0.0), (3, 0.0)), {1}, 2, 1, 3, 1, 0.0, now=0.0) == NextBatch((0,))
+    assert next_batch(queue, {}, 0, 3, 3, 4, 1.0, now=1.0) == NextBatch((0, 1, 2, 4), background=True)
+    assert next_batch(queue, {1: 8}, 2, 1, 3, 4, 1.0, now=1.0) == NextBatch((), 0.5)
+    # Short callers may take every instance, the last one included, while no long caller waits.
+    assert next_batch(q((2, 0.0), (3, 0.0)), {1: 8}, 2, 1, 3, 1, 0.0, now=0.0) == NextBatch((0,))
     # One instance: no classes, the whole queue round-robin, never background.
-    assert next_batch(queue, set(), 0, 1, 1, 4, 0.0, now=1.0) == NextBatch((0, 3, 1, 2))
-    assert next_batch([], set(), 0, 1, 1, 4, 0.0, now=1.0) is None
+    assert next_batch(queue, {}, 0, 1, 1, 4, 0.0, now=1.0) == NextBatch((0, 3, 1, 2))
+    assert next_batch([], {}, 0, 1, 1, 4, 0.0, now=1.0) is None
     with pytest.raises(ValueError, match="free_instances 0"):
-        next_batch(queue, set(), 0, 0, 3, 4, 0.0, 0.0)
+        next_batch(queue, {}, 0, 0, 3, 4, 0.0, 0.0)
     with pytest.raises(ValueError, match="instances 0"):
-        next_batch(queue, set(), 0, 1, 0, 4, 0.0, 0.0)
+        next_batch(queue, {}, 0, 1, 0, 4, 0.0, 0.0)
     with pytest.raises(ValueError, match=r"background_executing 2 must be in 0\.\.1"):
-        next_batch(queue, set(), 2, 2, 3, 4, 0.0, 0.0)
+        next_batch(queue, {}, 2, 2, 3, 4, 0.0, 0.0)
+
+
+def test_a_short_requests_leftover_windows_stay_short():
+    from tideserve.worker.batching import NextBatch, next_batch
+
+    # Two requests of 5 windows, batches of 8: the first batch took 4 of each; their fifth
+    # windows are still short (5 in all each), so they start in the foreground, not the background.
+    queue = q((1, 0.0), (2, 0.0))
+    assert next_batch(queue, {1: 4, 2: 4}, 0, 2, 3, 8, 0.0, now=0.0) == NextBatch((0, 1))
+
+
+def test_a_long_file_is_never_starved_by_short_requests():
+    from tideserve.worker.batching import NextBatch, next_batch
+
+    # Short requests hold two of three instances and more wait; the long file (caller 1) has no
+    # batch executing: the last free instance goes to it, in the background.
+    queue = q((1, 0.0), (2, 0.0), (1, 0.0), (3, 0.0), (1, 0.0))
+    assert next_batch(queue, {4: 1, 5: 1}, 0, 1, 3, 2, 0.0, now=0.0) == NextBatch((0, 2), background=True)
+    # With one of its batches executing, short requests take the last free one.
+    assert next_batch(queue, {1: 2, 4: 1}, 1, 1, 3, 2, 0.0, now=0.0) == NextBatch((1, 3))

@@ -32,3 +32,27 @@ def test_default_prep_processes_a_quarter_of_the_cores_on_cpu_three_quarters_on_
 
     assert [default_processes(n) for n in (1, 2, 8, 16, 64)] == [1, 1, 2, 4, 8]
     assert [default_processes(n, gpu=True) for n in (1, 2, 8, 16, 64)] == [1, 1, 6, 12, 16]
+
+
+def test_a_lowered_thread_is_set_to_the_process_value_plus_nice_once():
+    import os
+    import threading
+
+    from tideserve.worker.cores import lower_thread_priority, on_lowered_thread
+
+    base = os.getpriority(os.PRIO_PROCESS, os.getpid())
+    seen: list[int] = []
+
+    def lowered_twice() -> None:
+        seen.append(lower_thread_priority(3))
+        seen.append(lower_thread_priority(3))  # not 6: the target is the process's value + 3
+        # A thread made by a lowered thread with the same nice (as the background lane's model,
+        # loaded from a lowered instance thread): still + 3, not + 6.
+        seen.append(on_lowered_thread(3, lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+        seen.append(lower_thread_priority(0))  # never raised back: it stays where it is
+
+    t = threading.Thread(target=lowered_twice)
+    t.start()
+    t.join()
+    assert seen == [min(19, base + 3)] * 4
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base  # this thread untouched

@@ -108,9 +108,15 @@ class Backend(Protocol):
     of a decode that left a rest (``WindowResult.encoded``) and decodes a task with ``resume``
     from that point over it, with no second encoder pass.
 
+    A backend may set ``background_lane = True``: the engine then calls
+    ``transcribe_batch(tasks, background=True)`` for a long file's batches
+    (``worker.batching.next_batch``), which it runs at the lower priority ``background_nice``
+    asks for (faster-whisper: on a second copy of the model whose threads are niced).
+
     Constructed as ``cls(model_dir, target, decoding, cpu_threads=…, max_batch_size=…,
-    instances=…, language_id=…)`` (``language_id``: a ``worker.language_id.LanguageIdConfig`` or
-    None; a backend that can identify languages sets ``identifies_language``); a backend that
+    instances=…, language_id=…, background_nice=…)`` (``language_id``: a
+    ``worker.language_id.LanguageIdConfig`` or None; a backend that can identify languages sets
+    ``identifies_language``; ``background_nice``: the spec's ``batching.background_nice``); a backend that
     preallocates per batch (the torch backend's KV cache) sizes
     itself by ``max_batch_size`` (the endpoint's ``batching.max_batch_size``); one whose
     ``transcribe_batch`` may be called from ``instances`` threads at once prepares for that

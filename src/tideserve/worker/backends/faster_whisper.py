@@ -124,9 +124,8 @@ class FasterWhisperBackend:
 
     ``background_nice`` > 0 with 2 or more instances: a second copy of the model (loaded by the
     first batch that needs it), with ``instances`` - 1 workers made on a thread whose nice value
-    is raised by that much
-    (``worker.cores.on_lowered_thread``; CTranslate2's worker threads and their OpenMP threads
-    inherit it), runs the batches the engine puts in the background lane
+    is the process's plus that much (``worker.cores.on_lowered_thread``; CTranslate2's worker
+    threads and their OpenMP threads inherit it), runs the batches the engine puts in the background lane
     (``transcribe_batch(tasks, background=True)``; ``worker.batching.next_batch``).
 
     Raises EngineMismatchError when the target is not a CPU target or its compute type is not
@@ -295,7 +294,7 @@ class FasterWhisperBackend:
             if self._background is None and self.background_lane:
                 try:
                     self._background = self._load_background()
-                except (ValueError, RuntimeError, OSError, MemoryError) as exc:
+                except Exception as exc:  # whatever the loader raises: the lane is not worth failing requests
                     log.warning("no background lane: cannot load a second copy of the model (%s: %s); long files "
                                 "now run at the priority of short requests", type(exc).__name__, exc)
                     self.background_lane = False
