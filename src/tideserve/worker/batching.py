@@ -11,7 +11,7 @@ faster-whisper backend's CTranslate2 workers), each executing one batch (``next_
 items fall in two classes: a *short* caller's items queued and executing fit in one batch (a
 request of a few windows, a long file's last rests); a *long* caller is any other (a 20-minute
 file's windows). A batch holds one class only, short first, except that the last free instance
-goes to long callers waiting with no batch executing, so a long file always progresses. Long
+goes to long callers waiting while no background batch executes, so a long file always progresses. Long
 batches take at most all instances but one, and run in the *background lane* (a lower CPU priority, where the backend
 offers one: ``worker.cores.lower_thread_priority``), so a short request arriving while a long file
 is transcribed starts at once and gets the cores first instead of sharing them with the long
@@ -117,8 +117,8 @@ def next_batch(queue: Sequence[QueuedItem], executing: Mapping[int, int], backgr
     instance; ``background_executing``: long batches executing; ``free_instances`` of
     ``instances`` are idle. With one instance there are no classes: ``cut_batch`` over the whole
     queue, never background. Otherwise short callers' items are cut first (``cut_batch`` over
-    them alone), on any free instance but the last one while long callers wait with no batch
-    executing (so a long file always progresses); then, while fewer than ``instances`` - 1 long
+    them alone), on any free instance but the last one while long callers wait and no
+    background batch executes (so a long file always progresses); then, while fewer than ``instances`` - 1 long
     batches execute, the long callers' items, as a background batch. When neither may be cut
     yet, the shorter wait.
 

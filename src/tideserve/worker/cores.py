@@ -42,7 +42,7 @@ def lower_thread_priority(nice: int) -> int:
     as ``who``), and threads a thread creates start with its value, so a model's worker threads
     made from a lowered thread run lowered too. An unprivileged process can raise its threads'
     nice values but never lower them again, so a lowered thread stays lowered. Where the OS has
-    no per-thread value or refuses, nothing changes and 0 is returned."""
+    no per-thread value or refuses, nothing changes and 0 is returned (not the thread's value)."""
     import threading
 
     tid = threading.get_native_id()
