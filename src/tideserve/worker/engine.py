@@ -22,9 +22,9 @@ Two ways to run a backend, chosen by what it offers:
 - static (``transcribe_batch`` only, faster-whisper): Triton's dynamic batcher, the pure
   ``worker.batching.cut_batch`` decision, on up to ``instances`` model instances at once (each
   runs one batch in a thread of its own; CTranslate2 releases the interpreter lock while it
-  runs). A long file's batches never take the last instance and run in the background lane, at
-  a lower CPU priority (``batching.next_batch``), so a short request never waits for a long
-  file's batch to end, nor shares the cores with it evenly.
+  runs). A long file's batches take at most all instances but one and run in the background
+  lane, at a lower CPU priority (``batching.next_batch``), so a short request does not wait for
+  a long file's batch to end, nor share the cores with it evenly.
 In both, which queued parts go next is a round-robin over requests (``batching.round_robin``),
 so a long file's windows interleave with short requests instead of running ahead of them.
 
