@@ -651,7 +651,9 @@ class Simulation:
         running = [e for x in sharers for e in x.executions]
         if not running:
             return
-        if not self._is_gpu(r.pool):  # each execution keeps the cores its own pool's profile says busy
+        if self._is_gpu(r.pool):
+            speeds = iter([1.0 / len(running)] * len(running))
+        else:  # each execution keeps the cores its own pool's profile says busy
             cores = self.opt.cpu_cores
             threads = intra_op_threads(cores)
             nice = self.spec.batching.background_nice
@@ -660,7 +662,7 @@ class Simulation:
             speeds = iter(weighted_speeds(demand, cores))
         for x in sharers:
             for e in x.executions:
-                speed = 1.0 / len(running) if self._is_gpu(r.pool) else next(speeds)
+                speed = next(speeds)
                 e.speed, e.since = speed, self.now
                 e.token += 1
                 self._at(self.now + e.work_s / speed, "batch_done", x.id, e, e.token)

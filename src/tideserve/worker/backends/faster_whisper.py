@@ -290,6 +290,8 @@ class FasterWhisperBackend:
         """The background lane's copy of the model, loaded on first use (once, under a lock).
         When it cannot be loaded (e.g. out of memory), the lane is given up with a warning and
         every batch runs on the first copy, at the same priority."""
+        if self._background is not None:  # loaded: no lock on every batch
+            return self._background
         with self._background_lock:
             if self._background is None and self.background_lane:
                 try:
