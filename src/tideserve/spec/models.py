@@ -141,8 +141,9 @@ class Decoding(_Strict):
     )
     condition_on_previous_text: bool = Field(
         False, description="Whisper's condition_on_previous_text: each window of a request is decoded with the "
-        "request's text so far as its prompt (after the client's prompt; the last 223 tokens; reset after a "
-        "decode at a temperature over 0.5, as openai/whisper's prompt_reset_on_temperature). The windows of one "
+        "request's earlier decodes in its prompt, each segment's tokens between its timestamp tokens as "
+        "openai/whisper's transcribe feeds them back (after the client's prompt; the last 223 tokens; reset after "
+        "a decode at a temperature over 0.5, as openai/whisper's prompt_reset_on_temperature). The windows of one "
         "file then run one after another instead of side by side. Off by default (measured: README, Accuracy).",
     )
 

@@ -61,13 +61,14 @@ from collections.abc import Callable
 import numpy as np
 
 from tideserve.errors import LanguageMismatchError
+from tideserve.protocol.types import Segment
 from tideserve.spec.models import Decoding
 from tideserve.worker.backends.base import Resume, WindowResult, WindowTask
 from tideserve.worker.cores import lower_thread_priority, usable_cores
 from tideserve.worker.language_id import LanguageIdConfig, mismatch_message, other_language
 from tideserve.worker.batching import NextBatch, QueuedItem, next_batch, round_robin
-from tideserve.worker.longform import (Accept, Split, follow_up, is_digital_silence, repeats_tail, resumed_rest_holds,
-                                       tail_holds_speech)
+from tideserve.worker.longform import (Accept, Split, conditioning_context, follow_up, is_digital_silence,
+                                       repeats_tail, resumed_rest_holds, tail_holds_speech)
 from tideserve.worker.windows import pause_middle, windows_of
 
 log = logging.getLogger("tideserve.worker.engine")
@@ -159,7 +160,8 @@ class _Part:
     attempts: list[WindowResult] = field(default_factory=list)
     parts_so_far: int = 1
     compute_s: float = 0.0
-    context: str = ""  # the request's text so far, when decoding conditions on it
+    #: With ``condition_on_previous_text``: the request's segments so far (``WindowTask.previous``).
+    context: tuple[Segment, ...] = ()
     #: Audio of this segment after ``samples`` still to decode, as ``(samples, offset_s,
     #: splits)`` in order (left by loop splits), and how many splits this part's lineage has had.
     rest: tuple[tuple[np.ndarray, float, int], ...] = ()
@@ -179,11 +181,10 @@ class _Part:
 
     def task(self) -> WindowTask:
         o = self.options
-        prompt = " ".join(t for t in (o.prompt, self.context) if t) or None
-        return WindowTask(self.samples, self.offset_s, prompt, o.language, o.timestamps, self.temperature, o.task,
-                          o.words, identify_language=self.identify, resume=self.resume)
+        return WindowTask(self.samples, self.offset_s, o.prompt, o.language, o.timestamps, self.temperature, o.task,
+                          o.words, identify_language=self.identify, resume=self.resume, previous=self.context)
 
-    def fresh_rest(self, from_s: float, temperature: float, now: float, context: str) -> _Part:
+    def fresh_rest(self, from_s: float, temperature: float, now: float, context: tuple[Segment, ...]) -> _Part:
         """This window's audio from ``from_s`` (seconds from ``samples``' start) as a part of its
         own, encoded again (the rest after a seek, as openai/whisper's ``transcribe`` decodes it)."""
         start = round(from_s * SAMPLE_RATE)
@@ -199,9 +200,9 @@ class _Request:
     done: set[int] = field(default_factory=set)  # segments whose chain is complete (sent)
     compute_s: float = 0.0
     #: With ``condition_on_previous_text``: the segments not queued yet (each waits for the one
-    #: before it), and the text decoded since the last prompt reset.
+    #: before it), and what was decoded since the last prompt reset (``WindowTask.previous``).
     later: collections.deque[_Part] = field(default_factory=collections.deque)
-    context: str = ""
+    context: tuple[Segment, ...] = ()
     #: The decode that identified the spoken language, until its fields ride on an accepted
     #: result (the identifying decode itself may be split or fall back and not be accepted).
     heard: WindowResult | None = None
@@ -644,9 +645,7 @@ class EngineLoop:
             accepted = replace(accepted, text="", segments=[], loop_free_text=None)
         chain.append(accepted)
         if self.decoding.condition_on_previous_text:
-            # openai/whisper transcribe: prompt_reset_on_temperature 0.5
-            text = accepted.text.strip()  # a dropped repeated rest adds nothing
-            req.context = "" if action.result.temperature > 0.5 else " ".join(t for t in (req.context, text) if t)
+            req.context = conditioning_context(req.context, accepted, part.offset_s)
         seek = action.seek_s
         if seek is not None and part.parts_so_far < MAX_PARTS_PER_SEGMENT:
             start = round(seek * SAMPLE_RATE)

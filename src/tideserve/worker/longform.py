@@ -77,6 +77,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from tideserve.protocol.types import Segment
 from tideserve.spec.models import Decoding
 from tideserve.worker.backends.base import WindowResult
 from tideserve.worker.windows import sound_s
@@ -250,3 +251,26 @@ def repeats_tail(previous: WindowResult, rest: WindowResult, rest_start_s: float
     tail = _squashed(rest.text)
     return (bool(tail) and rest.text_end_s is not None and rest.text_end_s - rest_start_s <= MAX_REPEAT_S
             and _ends_with_words(previous.last_segment_text, tail))
+
+
+#: openai/whisper ``transcribe``'s ``prompt_reset_on_temperature``: a decode accepted above it
+#: starts the previous-text prompt afresh.
+PROMPT_RESET_ON_TEMPERATURE = 0.5
+#: The segments a request keeps for its previous-text prompt (which takes at most 223 tokens).
+PREVIOUS_SEGMENTS = 223
+
+
+def conditioning_context(context: tuple[Segment, ...], accepted: WindowResult, offset_s: float
+                         ) -> tuple[Segment, ...]:
+    """The request's context for its next decode when decoding conditions on previous text
+    (``WindowTask.previous``): ``context`` and the segments of ``accepted`` (the decode just
+    accepted, whose audio starts at ``offset_s``), or its text as one segment without tokens when
+    it has none (a decode without timestamps; a dropped repeated rest adds nothing). Empty after
+    a decode accepted at a temperature over 0.5 (openai/whisper ``transcribe``'s
+    ``prompt_reset_on_temperature``). Keeps the last ``PREVIOUS_SEGMENTS`` segments: the prompt
+    takes at most 223 tokens, and every segment is at least one."""
+    if accepted.temperature > PROMPT_RESET_ON_TEMPERATURE:
+        return ()
+    text = accepted.text.strip()
+    new = tuple(accepted.segments) or ((Segment(offset_s, offset_s, text, window_start_s=offset_s),) if text else ())
+    return (context + new)[-PREVIOUS_SEGMENTS:]

@@ -24,6 +24,11 @@ class Clock:
         return self.t
 
 
+
+def previous_text(t: WindowTask) -> str:
+    """The text of a task's previous-text context (``WindowTask.previous``)."""
+    return " ".join(seg.text for seg in t.previous)
+
 def pcm(seconds: float, mark: int = 1) -> np.ndarray:
     return np.full(int(seconds * SR), mark * 100, dtype=np.int16)  # loud enough not to be digital silence
 
@@ -243,7 +248,7 @@ def test_a_dropped_repeated_rest_does_not_reach_the_next_windows_prompt() -> Non
                       max_queue_delay_s=0.0, emit=out.append, clock=clock)
     loop.submit(1, [(pcm(25, 1), 0.0), (pcm(25, 2), 30.0)], RequestOptions())
     run_until_idle(loop, clock)
-    prompts = {t.offset_s: t.prompt for b in be.admitted for t in b}
+    prompts = {t.offset_s: previous_text(t) for b in be.admitted for t in b}
     assert prompts[30.0] == "1, 2, 3, 4, 5, 6, 7, 8, 9, 10."
 
 
@@ -519,7 +524,8 @@ def test_threaded_instances_answer_every_request():
 
 def test_conditioning_on_previous_text_decodes_a_files_windows_in_order_each_prompted_with_the_text_so_far():
     # Three windows; the second seeks once (its first decode ends at 10 s). Each decode's prompt
-    # is the client's prompt, then every text decoded before it, in audio order.
+    # is the client's prompt, then everything decoded before it, in audio order (here text
+    # without segments: each decode's text is one piece of the context).
     class Seeking(StaticBackend):
         def transcribe_batch(self, tasks):
             self.batches.append(tasks)
@@ -537,9 +543,9 @@ def test_conditioning_on_previous_text_decodes_a_files_windows_in_order_each_pro
     loop.submit(2, [(pcm(5, 4), 0.0)], RequestOptions())
     run_until_idle(loop, clock)
     assert [len(b) for b in be.batches] == [2, 1, 1, 1]  # request 1's windows one at a time; request 2 beside
-    prompts = [(t.offset_s, t.prompt) for b in be.batches for t in b if int(t.samples[0]) // 100 != 4]
-    assert prompts == [(0.0, "Glossary:"), (30.0, "Glossary: w1@0"), (40.0, "Glossary: w1@0 w2@30"),
-                       (60.0, "Glossary: w1@0 w2@30 w2@40")]
+    prompts = [(t.offset_s, t.prompt, previous_text(t)) for b in be.batches for t in b if int(t.samples[0]) // 100 != 4]
+    assert prompts == [(0.0, "Glossary:", ""), (30.0, "Glossary:", "w1@0"), (40.0, "Glossary:", "w1@0 w2@30"),
+                       (60.0, "Glossary:", "w1@0 w2@30 w2@40")]
     assert segments_of(out, 1) == {0: ["w1@0"], 1: ["w2@30", "w2@40"], 2: ["w3@60"]}
     assert segments_of(out, 2) == {0: ["w4@0"]}
 
@@ -559,7 +565,8 @@ def test_conditioning_resets_after_a_decode_over_temperature_half():
                       max_batch_size=8, max_queue_delay_s=0.0, emit=out.append, clock=clock)
     loop.submit(1, [(pcm(30, 1), 0.0), (pcm(30, 2), 30.0)], RequestOptions())
     run_until_idle(loop, clock)
-    assert [(t.temperature, t.prompt) for b in be.batches for t in b] == [(0.0, None), (0.6, None), (0.0, None)]
+    assert [(t.temperature, t.prompt, t.previous) for b in be.batches for t in b] == [(0.0, None, ()), (0.6, None, ()),
+                                                                                    (0.0, None, ())]
     assert segments_of(out, 1) == {0: ["w1t0.6"], 1: ["w2t0"]}
 
 

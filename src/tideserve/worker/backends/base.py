@@ -42,6 +42,11 @@ class WindowTask:
     #: Decode the window's rest from ``resume.from_s`` over its kept encoder output (a backend
     #: that sets ``resumes``); segment times stay relative to this window.
     resume: Resume | None = None
+    #: With ``condition_on_previous_text``: the segments the request's earlier decodes wrote since
+    #: the last prompt reset, in audio order, put after ``prompt`` in the decoder's previous-text
+    #: prompt with their timestamp tokens (``whisper_text.previous_tokens``); a segment without
+    #: tokens (a decode without timestamps) is its text.
+    previous: tuple[Segment, ...] = ()
 
     @property
     def duration_s(self) -> float:

@@ -34,7 +34,7 @@ from tideserve.protocol.types import Word
 from tideserve.worker.backends.base import WindowResult, WindowTask
 from tideserve.worker.backends.whisper_text import MAX_LENGTH as _MAX_LENGTH
 from tideserve.worker.backends.whisper_text import TIME_PRECISION_S as _TIME_PRECISION_S
-from tideserve.worker.backends.whisper_text import window_result
+from tideserve.worker.backends.whisper_text import previous_tokens, window_result
 from tideserve.worker.cores import intra_op_threads, on_lowered_thread, usable_cores
 from tideserve.worker.language_id import LanguageIdConfig, speech_start
 from tideserve.worker.timings import ExecutionTimings
@@ -228,7 +228,7 @@ class FasterWhisperBackend:
         groups: dict[tuple[int, int, float], list[int]] = {}
         for i, (task, lang) in enumerate(zip(tasks, languages, strict=True)):
             tok = self._tokenizer(lang, task.task)
-            previous = prompt_ids(tok, task.prompt)
+            previous = prompt_ids(tok, task.prompt) + previous_tokens(task.previous, tok.timestamp_begin, tok.encode)
             with_timestamps = task.timestamps or not self._decoding.without_timestamps
             prompt = model.get_prompt(tok, previous, without_timestamps=not with_timestamps)
             sot = prompt.index(tok.sot)

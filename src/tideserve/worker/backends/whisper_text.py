@@ -21,6 +21,31 @@ MIN_TAIL_S = 0.5  # an untranscribed tail shorter than this is not decoded again
 SAMPLE_RATE = 16_000
 
 
+def previous_tokens(previous: Sequence[Segment], timestamp_begin: int,
+                    encode: Callable[[str], list[int]]) -> list[int]:
+    """The token ids conditioning on previous text puts after ``<|startofprev|>`` (the caller
+    keeps the last ``MAX_LENGTH // 2 - 1`` of them, after the client's prompt): per segment in
+    ``previous``, its own tokens between the timestamp tokens of its start and end, each relative
+    to the decode that wrote it (``Segment.window_start_s``, clamped to 0-30 s), as openai/whisper
+    and faster-whisper ``transcribe`` feed back every token a decode kept; a segment without
+    tokens (a decode without timestamps) is ``encode(" " + text)``.
+
+    Why the timestamps: prompted with the text alone, tiny.en (beam 5) wrote the 26.7 s second
+    window of bench/accuracy.py's 1-minute file as one segment holding three of its eight
+    sentences (29 of 54 words); with them it wrote all eight, each a segment
+    (tests/unit/worker/test_conditioning.py; README "Accuracy", conditioning)."""
+    def ts(seconds: float) -> int:
+        return timestamp_begin + round(min(max(seconds, 0.0), 30.0) / TIME_PRECISION_S)
+
+    out: list[int] = []
+    for seg in previous:
+        if seg.tokens:
+            out += [ts(seg.start_s - seg.window_start_s), *seg.tokens, ts(seg.end_s - seg.window_start_s)]
+        elif seg.text.strip():
+            out += encode(" " + seg.text.strip())
+    return out
+
+
 def compression_ratio(text: str) -> float:
     b = text.encode()
     return len(b) / len(zlib.compress(b)) if b else 0.0

@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import time
+from collections.abc import Sequence
 from typing import Any
 from pathlib import Path
 
@@ -24,13 +25,14 @@ import torch
 from tokenizers import Tokenizer
 
 from tideserve.errors import EngineMismatchError
+from tideserve.protocol.types import Segment
 from tideserve.spec.models import Decoding, Target
 from tideserve.worker.backends.base import WindowResult, WindowTask
 from tideserve.worker.backends.torch_whisper.decode import GreedyDecoder, SpecialTokens
 from tideserve.worker.backends.torch_whisper.features import LogMel
 from tideserve.worker.backends.torch_whisper.identify import Heard, LanguageIdentifier, language_tokens
 from tideserve.worker.backends.torch_whisper.model import GraphedEncoder, Whisper, load_hf_dir
-from tideserve.worker.backends.whisper_text import MAX_LENGTH, window_result
+from tideserve.worker.backends.whisper_text import MAX_LENGTH, previous_tokens, window_result
 from tideserve.worker.language_id import LanguageIdConfig
 from tideserve.worker.timings import ExecutionTimings
 
@@ -71,16 +73,20 @@ def special_tokens(tok: Tokenizer) -> SpecialTokens:
 
 
 def prompt_tokens(tok: Tokenizer, special: SpecialTokens, multilingual: bool, language: str | None,
-                  timestamps: bool, previous: str | None, task: str = "transcribe") -> list[int]:
-    """Whisper's decoder prompt: [<|startofprev|> previous…] <|startoftranscript|>
-    [<|lang|> <|transcribe|> or <|translate|>] [<|notimestamps|>]. The previous text keeps its last 223 tokens
-    and is encoded as plain text: a client's "<|endoftext|>" or "<|startoftranscript|>" becomes
+                  timestamps: bool, previous: str | None, task: str = "transcribe",
+                  context: Sequence[Segment] = ()) -> list[int]:
+    """Whisper's decoder prompt: [<|startofprev|> previous… context…] <|startoftranscript|>
+    [<|lang|> <|transcribe|> or <|translate|>] [<|notimestamps|>]. ``previous`` (the client's
+    prompt) is encoded as plain text: a client's "<|endoftext|>" or "<|startoftranscript|>" becomes
     ordinary tokens, never control tokens (OpenAI Whisper's tokenizer refuses special tokens in
-    text by default; here they are neutralised instead of failing the request)."""
+    text by default; here they are neutralised instead of failing the request). ``context``: the
+    request's earlier segments when decoding conditions on previous text, as
+    ``whisper_text.previous_tokens`` writes them. Together they keep their last 223 tokens."""
     out: list[int] = []
-    if previous and previous.strip():
-        tok.encode_special_tokens = True  # no other text this tokenizer encodes has special tokens
-        ids = tok.encode(" " + previous.strip(), add_special_tokens=False).ids
+    tok.encode_special_tokens = True  # no other text this tokenizer encodes has special tokens
+    ids = tok.encode(" " + previous.strip(), add_special_tokens=False).ids if previous and previous.strip() else []
+    ids += previous_tokens(context, special.timestamp_begin, lambda text: tok.encode(text, add_special_tokens=False).ids)
+    if ids:
         out = [_token(tok, "<|startofprev|>"), *ids[-(MAX_LENGTH // 2 - 1):]]
     out.append(special.sot)
     if multilingual:
@@ -153,9 +159,10 @@ class TorchWhisperBackend:
         # (1.11 s vs 1.15 s), so scale-from-zero is served better lazily.
 
     def prompt(self, language: str | None, timestamps: bool, previous: str | None,
-               task: str = "transcribe") -> list[int]:
+               task: str = "transcribe", context: Sequence[Segment] = ()) -> list[int]:
         """Whisper's decoder prompt (see ``prompt_tokens``)."""
-        return prompt_tokens(self.tokenizer, self.special, self.multilingual, language, timestamps, previous, task)
+        return prompt_tokens(self.tokenizer, self.special, self.multilingual, language, timestamps, previous, task,
+                             context)
 
     # --- continuous batching (worker.engine drives these) -----------------------------------
 
@@ -166,7 +173,8 @@ class TorchWhisperBackend:
     def _prompts(self, tasks: list[WindowTask]) -> tuple[list[str], list[bool], list[list[int]]]:
         languages = [t.language or self.decoding.language or "en" for t in tasks]
         with_ts = [t.timestamps or not self.decoding.without_timestamps for t in tasks]
-        prompts = [self.prompt(lang, ts, t.prompt, t.task) for t, lang, ts in zip(tasks, languages, with_ts, strict=True)]
+        prompts = [self.prompt(lang, ts, t.prompt, t.task, t.previous)
+                   for t, lang, ts in zip(tasks, languages, with_ts, strict=True)]
         return languages, with_ts, prompts
 
     def _identify(self, tasks: list[WindowTask]) -> list[tuple[Heard, int] | None]:
