@@ -454,13 +454,17 @@ class EngineLoop:
         again (with one instance the batch has run inline by then)."""
         worked = self._collect()
         while (cut := self._next_cut()) is not None and cut.take:
-            execution = _Execution(self._take(cut.take), background=cut.background)
-            self.executing.append(execution)
-            lane = {"background": True} if cut.background and self._backend_lanes else {}
-            self._start(functools.partial(self.backend.transcribe_batch, [p.task() for p in execution.parts], **lane),
-                        functools.partial(self._ended_batch, execution), cut.background)
+            self._execute(self._take(cut.take), cut.background)
             worked = True
         return self._collect() or worked
+
+    def _execute(self, parts: list[_Part], background: bool) -> None:
+        """Start ``parts`` as one batch on an instance (in the background lane when asked)."""
+        execution = _Execution(parts, background=background)
+        self.executing.append(execution)
+        lane = {"background": True} if background and self._backend_lanes else {}
+        self._start(functools.partial(self.backend.transcribe_batch, [p.task() for p in parts], **lane),
+                    functools.partial(self._ended_batch, execution), background)
 
     def close(self) -> None:
         """End the instances' threads (a batch still executing finishes unobserved)."""
@@ -479,11 +483,12 @@ class EngineLoop:
         while self._ended:
             execution = self._ended.popleft()
             self.executing.remove(execution)
-            self._finish_static(execution.parts, execution.outcome)
+            self._finish_static(execution)
             worked = True
         return worked
 
-    def _finish_static(self, parts: list[_Part], outcome: Any) -> None:
+    def _finish_static(self, execution: _Execution) -> None:
+        parts, outcome = execution.parts, execution.outcome
         try:
             if isinstance(outcome, BaseException):
                 raise outcome
@@ -492,7 +497,13 @@ class EngineLoop:
                 raise RuntimeError(f"backend returned {len(results)} results for {len(parts)} inputs")
         except Exception as exc:
             if len(parts) > 1:
-                self._run_alone(parts)
+                # One bad input fails only its own request: the batch's windows run again one
+                # by one, each on an instance like any batch (never on this thread, which
+                # would hold every other request meanwhile), and a single one that fails
+                # fails its request.
+                for p in parts:
+                    if p.rid in self.requests:
+                        self._execute([p], execution.background)
             else:
                 self._fail(parts[0].rid, exc)
             return
@@ -504,22 +515,6 @@ class EngineLoop:
         share = timings.total_s / len(parts)
         for p, r in zip(parts, results, strict=True):
             p.compute_s += share
-            self._on_result(p, r)
-
-    def _run_alone(self, parts: list[_Part]) -> None:
-        """Run ``parts`` one by one (a batch of them failed): one bad input fails only its own
-        request, the others get their results."""
-        for p in parts:
-            if p.rid not in self.requests:
-                continue
-            try:
-                (r,), timings = self.backend.transcribe_batch([p.task()])
-            except Exception as exc:
-                self._fail(p.rid, exc)
-                continue
-            self.stats.executions += 1
-            self.stats.windows += 1
-            p.compute_s += timings.total_s
             self._on_result(p, r)
 
     def _run_continuous(self) -> bool:

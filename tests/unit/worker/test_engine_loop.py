@@ -488,6 +488,37 @@ def test_an_instance_failure_fails_only_its_own_request():
     assert loop.idle
 
 
+def test_a_failed_batch_runs_again_one_window_per_instance_not_on_the_loops_thread():
+    """Found in review: a failed batch's windows ran again one by one on the engine loop's own
+    thread, holding every other request meanwhile. Now each is a batch of its own on an
+    instance; only the bad window's request fails."""
+    class Failing(StaticBackend):
+        def transcribe_batch(self, tasks):
+            self.batches.append(tasks)
+            if any(int(t.samples[0]) == 300 for t in tasks):
+                raise RuntimeError("bad window")
+            return [ok(t, f"w{int(t.samples[0]) // 100}@{t.offset_s:g}") for t in tasks], ExecutionTimings()
+
+    be, out, clock, starter = Failing(), [], Clock(), ManualStarter()
+    loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=4, max_queue_delay_s=0.0, emit=out.append,
+                      clock=clock, instances=2, start=starter)
+    for rid in (1, 2, 3):
+        loop.submit(rid, [(pcm(2, rid), 0.0)], RequestOptions())
+    loop.run_once()
+    assert len(starter.pending) == 1
+    starter.end()  # the batch of three fails
+    loop.run_once()
+    assert [len(b) for b in be.batches] == [3]  # nothing ran on the loop's thread
+    assert len(starter.pending) == 3 and starter.lanes == [False] * 4
+    while starter.pending:
+        starter.end()
+    loop.run_once()
+    assert [len(b) for b in be.batches] == [3, 1, 1, 1]
+    assert segments_of(out, 1) == {0: ["w1@0"]} and segments_of(out, 2) == {0: ["w2@0"]}
+    assert [m[1:3] for m in out if m[0] == "error"] == [(3, "RuntimeError")]
+    assert loop.idle
+
+
 def test_a_cancelled_request_still_executing_is_answered_nothing():
     be, out, clock, starter = StaticBackend(), [], Clock(), ManualStarter()
     loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=4, max_queue_delay_s=0.0, emit=out.append,
