@@ -59,20 +59,8 @@ def on_lowered_thread(nice: int, make):
     """``make()`` called on a new thread whose nice value is the process's plus ``nice``
     (``lower_thread_priority``); its return value, or the exception it raised, re-raised here.
     For a library that starts its worker threads when constructed (CTranslate2)."""
-    import threading
+    from concurrent.futures import ThreadPoolExecutor
 
-    box: dict = {}
-
-    def run() -> None:
-        lower_thread_priority(nice)
-        try:
-            box["value"] = make()
-        except BaseException as exc:  # re-raised on the caller's thread
-            box["error"] = exc
-
-    t = threading.Thread(target=run, name="lowered-priority-init")
-    t.start()
-    t.join()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+    with ThreadPoolExecutor(1, thread_name_prefix="lowered-priority-init", initializer=lower_thread_priority,
+                            initargs=(nice,)) as one:
+        return one.submit(make).result()

@@ -56,3 +56,12 @@ def test_a_lowered_thread_is_set_to_the_process_value_plus_nice_once():
     t.join()
     assert seen == [min(19, base + 3)] * 4
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base  # this thread untouched
+
+
+def test_what_a_lowered_thread_raises_is_raised_to_the_caller():
+    import pytest
+
+    from tideserve.worker.cores import on_lowered_thread
+
+    with pytest.raises(ZeroDivisionError):
+        on_lowered_thread(1, lambda: 1 / 0)
