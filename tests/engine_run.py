@@ -18,18 +18,19 @@ def decode_window(backend, decoding: Decoding, window: np.ndarray, offset_s: flo
     """The segments of ``window`` (int16 PCM, 16 kHz mono, starting at ``offset_s`` in its file),
     in order, and the engine's counters summed over the decode. Raises AssertionError when the
     engine does not answer within 60 s or answers with anything but one chain of results."""
-    return decode_windows(backend, decoding, [(window, offset_s)], max_batch_size)
+    results, stats = decode_windows(backend, decoding, [(window, offset_s)], max_batch_size)
+    return [s for r in results for s in r.segments], stats
 
 
 def decode_windows(backend, decoding: Decoding, windows: list[tuple[np.ndarray, float]],
-                   max_batch_size: int = 4) -> tuple[list, EngineStats]:
-    """``decode_window`` for the windows of one request (one file), in order: every window's
-    segments, in file order, and the counters summed."""
+                   max_batch_size: int = 4, timestamps: bool = True) -> tuple[list, EngineStats]:
+    """The accepted results (``WindowResult``, in file order) of the windows of one request (one
+    file; the client asked for segments when ``timestamps``), and the counters summed."""
     out: list[tuple] = []
     woke = threading.Event()
     loop = EngineLoop(backend, decoding, max_batch_size, 0.0, out.append, wake=woke.set)
     try:
-        loop.submit(1, [(w, offset_s, None) for w, offset_s in windows], RequestOptions(timestamps=True))
+        loop.submit(1, [(w, offset_s, None) for w, offset_s in windows], RequestOptions(timestamps=timestamps))
         while loop.requests:
             if loop.wait_s() is None:  # a batch executing on an instance's thread
                 assert woke.wait(60), "the engine did not answer within 60 s"
@@ -46,4 +47,4 @@ def decode_windows(backend, decoding: Decoding, windows: list[tuple[np.ndarray, 
             for f in fields(EngineStats):
                 if f.name not in ("queued", "active"):
                     setattr(stats, f.name, getattr(stats, f.name) + getattr(m[1], f.name))
-    return [s for k in sorted(chains) for r in chains[k] for s in r.segments], stats
+    return [r for k in sorted(chains) for r in chains[k]], stats

@@ -141,10 +141,11 @@ class Decoding(_Strict):
     )
     condition_on_previous_text: bool = Field(
         False, description="Whisper's condition_on_previous_text: each window of a request is decoded with the "
-        "request's earlier decodes in its prompt, each segment's tokens between its timestamp tokens as "
-        "openai/whisper's transcribe feeds them back (after the client's prompt; the last 223 tokens; reset after "
-        "a decode at a temperature over 0.5, as openai/whisper's prompt_reset_on_temperature). The windows of one "
-        "file then run one after another instead of side by side. Off by default (measured: README, Accuracy).",
+        "tokens the request's earlier decodes kept in its prompt, timestamp tokens included, as openai/whisper's "
+        "transcribe feeds them back (after the client's prompt, which unlike transcribe's initial_prompt stays "
+        "after a reset; the last 223 tokens; reset after a window whose last attempt was at a temperature over "
+        "0.5, openai/whisper's prompt_reset_on_temperature). The windows of one file then run one after another "
+        "instead of side by side. Off by default (measured: README, Accuracy).",
     )
 
     @field_validator("temperatures")

@@ -61,9 +61,8 @@ from collections.abc import Callable
 import numpy as np
 
 from tideserve.errors import LanguageMismatchError
-from tideserve.protocol.types import Segment
 from tideserve.spec.models import Decoding
-from tideserve.worker.backends.base import Resume, WindowResult, WindowTask
+from tideserve.worker.backends.base import PreviousText, Resume, WindowResult, WindowTask
 from tideserve.worker.cores import lower_thread_priority, usable_cores
 from tideserve.worker.language_id import LanguageIdConfig, mismatch_message, other_language
 from tideserve.worker.batching import NextBatch, QueuedItem, next_batch, round_robin
@@ -160,8 +159,8 @@ class _Part:
     attempts: list[WindowResult] = field(default_factory=list)
     parts_so_far: int = 1
     compute_s: float = 0.0
-    #: With ``condition_on_previous_text``: the request's segments so far (``WindowTask.previous``).
-    context: tuple[Segment, ...] = ()
+    #: With ``condition_on_previous_text``: what the request decoded so far (``WindowTask.previous``).
+    context: tuple[PreviousText, ...] = ()
     #: Audio of this segment after ``samples`` still to decode, as ``(samples, offset_s,
     #: splits)`` in order (left by loop splits), and how many splits this part's lineage has had.
     rest: tuple[tuple[np.ndarray, float, int], ...] = ()
@@ -170,6 +169,8 @@ class _Part:
     after_seek: bool = False  # this part is the rest of a window after a seek
     #: Decode ``samples`` (the whole window) from ``resume.from_s`` over its kept encoder output.
     resume: Resume | None = None
+    #: Run in a batch of its own: a batch this part was in failed (``EngineLoop._finish_static``).
+    alone: bool = False
 
     def successor(self, samples: np.ndarray, offset_s: float, temperature: float, now: float, **changes: Any) -> _Part:
         """The next part of this segment: ``samples`` from ``offset_s``, queued at ``now``, with
@@ -184,7 +185,7 @@ class _Part:
         return WindowTask(self.samples, self.offset_s, o.prompt, o.language, o.timestamps, self.temperature, o.task,
                           o.words, identify_language=self.identify, resume=self.resume, previous=self.context)
 
-    def fresh_rest(self, from_s: float, temperature: float, now: float, context: tuple[Segment, ...]) -> _Part:
+    def fresh_rest(self, from_s: float, temperature: float, now: float, context: tuple[PreviousText, ...]) -> _Part:
         """This window's audio from ``from_s`` (seconds from ``samples``' start) as a part of its
         own, encoded again (the rest after a seek, as openai/whisper's ``transcribe`` decodes it)."""
         start = round(from_s * SAMPLE_RATE)
@@ -202,7 +203,7 @@ class _Request:
     #: With ``condition_on_previous_text``: the segments not queued yet (each waits for the one
     #: before it), and what was decoded since the last prompt reset (``WindowTask.previous``).
     later: collections.deque[_Part] = field(default_factory=collections.deque)
-    context: tuple[Segment, ...] = ()
+    context: tuple[PreviousText, ...] = ()
     #: The decode that identified the spoken language, until its fields ride on an accepted
     #: result (the identifying decode itself may be split or fall back and not be accepted).
     heard: WindowResult | None = None
@@ -454,17 +455,14 @@ class EngineLoop:
         again (with one instance the batch has run inline by then)."""
         worked = self._collect()
         while (cut := self._next_cut()) is not None and cut.take:
-            self._execute(self._take(cut.take), cut.background)
+            take = next(((i,) for i in cut.take if self.queue[i].alone), cut.take)
+            execution = _Execution(self._take(take), background=cut.background)
+            self.executing.append(execution)
+            lane = {"background": True} if cut.background and self._backend_lanes else {}
+            self._start(functools.partial(self.backend.transcribe_batch, [p.task() for p in execution.parts], **lane),
+                        functools.partial(self._ended_batch, execution), cut.background)
             worked = True
         return self._collect() or worked
-
-    def _execute(self, parts: list[_Part], background: bool) -> None:
-        """Start ``parts`` as one batch on an instance (in the background lane when asked)."""
-        execution = _Execution(parts, background=background)
-        self.executing.append(execution)
-        lane = {"background": True} if background and self._backend_lanes else {}
-        self._start(functools.partial(self.backend.transcribe_batch, [p.task() for p in parts], **lane),
-                    functools.partial(self._ended_batch, execution), background)
 
     def close(self) -> None:
         """End the instances' threads (a batch still executing finishes unobserved)."""
@@ -483,12 +481,11 @@ class EngineLoop:
         while self._ended:
             execution = self._ended.popleft()
             self.executing.remove(execution)
-            self._finish_static(execution)
+            self._finish_static(execution.parts, execution.outcome)
             worked = True
         return worked
 
-    def _finish_static(self, execution: _Execution) -> None:
-        parts, outcome = execution.parts, execution.outcome
+    def _finish_static(self, parts: list[_Part], outcome: Any) -> None:
         try:
             if isinstance(outcome, BaseException):
                 raise outcome
@@ -497,16 +494,19 @@ class EngineLoop:
                 raise RuntimeError(f"backend returned {len(results)} results for {len(parts)} inputs")
         except Exception as exc:
             if len(parts) > 1:
-                # One bad input fails only its own request: the batch's windows run again one
-                # by one, each on an instance like any batch (never on this thread, which
-                # would hold every other request meanwhile), and a single one that fails
-                # fails its request.
-                for p in parts:
+                # One bad input fails only its own request: the batch's windows go back to the
+                # front of the queue, each to run in a batch of its own, scheduled as any batch
+                # (instances, lanes, cancellation); one that fails alone fails its request.
+                now = self.clock()
+                for p in reversed(parts):
                     if p.rid in self.requests:
-                        self._execute([p], execution.background)
+                        p.alone, p.enqueued_s = True, now
+                        self.queue.appendleft(p)
             else:
                 self._fail(parts[0].rid, exc)
             return
+        for p in parts:
+            p.alone = False
         self.stats.executions += 1
         self.stats.windows += len(parts)
         self.stats.features_s += timings.input_s
@@ -637,10 +637,10 @@ class EngineLoop:
         rest_start = part.resume.from_s if part.resume is not None else 0.0
         if part.after_seek and chain and repeats_tail(chain[-1], accepted, rest_start):
             self.stats.repeated_rests += 1
-            accepted = replace(accepted, text="", segments=[], loop_free_text=None)
+            accepted = replace(accepted, text="", segments=[], loop_free_text=None, tokens=())
         chain.append(accepted)
         if self.decoding.condition_on_previous_text:
-            req.context = conditioning_context(req.context, accepted, part.offset_s)
+            req.context = conditioning_context(req.context, accepted, part.attempts[-1].temperature)
         seek = action.seek_s
         if seek is not None and part.parts_so_far < MAX_PARTS_PER_SEGMENT:
             start = round(seek * SAMPLE_RATE)

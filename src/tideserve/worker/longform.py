@@ -77,9 +77,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tideserve.protocol.types import Segment
 from tideserve.spec.models import Decoding
-from tideserve.worker.backends.base import WindowResult
+from tideserve.worker.backends.base import PreviousText, WindowResult
 from tideserve.worker.windows import sound_s
 
 
@@ -211,7 +210,7 @@ def without_loops(r: WindowResult, d: Decoding) -> WindowResult:
     """``r`` without its segments over the compression threshold by themselves (see the module
     doc): its text is the other segments' (``loop_free_text``)."""
     limit = d.compression_ratio_threshold
-    return replace(r, text=r.loop_free_text or "", looping_segment=False, last_segment_text="", segments=[
+    return replace(r, text=r.loop_free_text or "", looping_segment=False, last_segment_text="", tokens=(), segments=[
         s for s in r.segments if limit is None or s.compression_ratio is None or s.compression_ratio <= limit])
 
 
@@ -256,21 +255,21 @@ def repeats_tail(previous: WindowResult, rest: WindowResult, rest_start_s: float
 #: openai/whisper ``transcribe``'s ``prompt_reset_on_temperature``: a decode accepted above it
 #: starts the previous-text prompt afresh.
 PROMPT_RESET_ON_TEMPERATURE = 0.5
-#: The segments a request keeps for its previous-text prompt (which takes at most 223 tokens).
-PREVIOUS_SEGMENTS = 223
+#: The decodes a request keeps for its previous-text prompt (which takes at most 223 tokens).
+PREVIOUS_DECODES = 223
 
 
-def conditioning_context(context: tuple[Segment, ...], accepted: WindowResult, offset_s: float
-                         ) -> tuple[Segment, ...]:
+def conditioning_context(context: tuple[PreviousText, ...], accepted: WindowResult, last_temperature: float
+                         ) -> tuple[PreviousText, ...]:
     """The request's context for its next decode when decoding conditions on previous text
-    (``WindowTask.previous``): ``context`` and the segments of ``accepted`` (the decode just
-    accepted, whose audio starts at ``offset_s``), or its text as one segment without tokens when
-    it has none (a decode without timestamps; a dropped repeated rest adds nothing). Empty after
-    a decode accepted at a temperature over 0.5 (openai/whisper ``transcribe``'s
-    ``prompt_reset_on_temperature``). Keeps the last ``PREVIOUS_SEGMENTS`` segments: the prompt
-    takes at most 223 tokens, and every segment is at least one."""
-    if accepted.temperature > PROMPT_RESET_ON_TEMPERATURE:
+    (``WindowTask.previous``): ``context`` and what ``accepted`` (the decode just accepted) kept,
+    its tokens, or its text when they are not known (a dropped repeated rest adds nothing).
+    Empty when ``last_temperature``, the temperature of the window's last attempt, is over 0.5:
+    openai/whisper ``transcribe``'s ``prompt_reset_on_temperature``, which faster-whisper also
+    applies when every temperature failed and an earlier attempt is kept. Keeps the last
+    ``PREVIOUS_DECODES`` pieces: the prompt takes at most 223 tokens, every piece at least one."""
+    if last_temperature > PROMPT_RESET_ON_TEMPERATURE:
         return ()
     text = accepted.text.strip()
-    new = tuple(accepted.segments) or ((Segment(offset_s, offset_s, text, window_start_s=offset_s),) if text else ())
-    return (context + new)[-PREVIOUS_SEGMENTS:]
+    new = (PreviousText(tokens=accepted.tokens),) if accepted.tokens else ((PreviousText(text=text),) if text else ())
+    return (context + new)[-PREVIOUS_DECODES:]

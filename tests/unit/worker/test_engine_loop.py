@@ -488,10 +488,11 @@ def test_an_instance_failure_fails_only_its_own_request():
     assert loop.idle
 
 
-def test_a_failed_batch_runs_again_one_window_per_instance_not_on_the_loops_thread():
+def test_a_failed_batch_runs_again_one_window_per_batch_scheduled_as_any_batch():
     """Found in review: a failed batch's windows ran again one by one on the engine loop's own
-    thread, holding every other request meanwhile. Now each is a batch of its own on an
-    instance; only the bad window's request fails."""
+    thread, holding every other request meanwhile. Now each goes back to the queue to run in a
+    batch of its own, within the instances, and a cancelled one never runs; only the bad
+    window's request fails."""
     class Failing(StaticBackend):
         def transcribe_batch(self, tasks):
             self.batches.append(tasks)
@@ -502,21 +503,30 @@ def test_a_failed_batch_runs_again_one_window_per_instance_not_on_the_loops_thre
     be, out, clock, starter = Failing(), [], Clock(), ManualStarter()
     loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=4, max_queue_delay_s=0.0, emit=out.append,
                       clock=clock, instances=2, start=starter)
-    for rid in (1, 2, 3):
+    for rid in (1, 2, 3, 4):
         loop.submit(rid, [(pcm(2, rid), 0.0)], RequestOptions())
     loop.run_once()
     assert len(starter.pending) == 1
-    starter.end()  # the batch of three fails
+    starter.end()  # the batch of four fails
     loop.run_once()
-    assert [len(b) for b in be.batches] == [3]  # nothing ran on the loop's thread
-    assert len(starter.pending) == 3 and starter.lanes == [False] * 4
-    while starter.pending:
-        starter.end()
+    assert [len(b) for b in be.batches] == [4]  # nothing ran on the loop's thread
+    assert len(starter.pending) == 2 and len(loop.queue) == 2  # one window per instance, two waiting
+    loop.cancel(4)  # a window still waiting to run alone is dropped
+    starter.end()
+    starter.end()
     loop.run_once()
-    assert [len(b) for b in be.batches] == [3, 1, 1, 1]
+    starter.end()
+    loop.run_once()
+    assert [[int(t.samples[0]) // 100 for t in b] for b in be.batches] == [[1, 2, 3, 4], [1], [2], [3]]
     assert segments_of(out, 1) == {0: ["w1@0"]} and segments_of(out, 2) == {0: ["w2@0"]}
     assert [m[1:3] for m in out if m[0] == "error"] == [(3, "RuntimeError")]
-    assert loop.idle
+    assert loop.idle and not starter.pending
+    loop.submit(5, [(pcm(2, 5), 0.0)], RequestOptions())
+    loop.submit(6, [(pcm(2, 6), 0.0)], RequestOptions())
+    loop.run_once()
+    starter.end()
+    loop.run_once()
+    assert [len(b) for b in be.batches][-1] == 2  # later batches are whole again
 
 
 def test_a_cancelled_request_still_executing_is_answered_nothing():
@@ -599,6 +609,27 @@ def test_conditioning_resets_after_a_decode_over_temperature_half():
     assert [(t.temperature, t.prompt, t.previous) for b in be.batches for t in b] == [(0.0, None, ()), (0.6, None, ()),
                                                                                     (0.0, None, ())]
     assert segments_of(out, 1) == {0: ["w1t0.6"], 1: ["w2t0"]}
+
+
+def test_conditioning_resets_when_every_temperature_failed_and_an_earlier_attempt_is_kept():
+    """Found in review: the reset looked at the kept attempt's temperature (0.0 here: its mean
+    log-probability is the best), not the last one tried, which faster-whisper uses."""
+    class Failing(StaticBackend):
+        def transcribe_batch(self, tasks):
+            self.batches.append(tasks)
+            # Window 1 is under the log-probability threshold (-1.0) at both temperatures.
+            return [WindowResult(text=f"w{int(t.samples[0]) // 100}t{t.temperature:g}", language="en",
+                                 avg_logprob=(-1.2 if t.temperature == 0 else -1.5) if int(t.samples[0]) == 100
+                                 else -0.2, temperature=t.temperature, compression_ratio=1.0)
+                    for t in tasks], ExecutionTimings(0.1, 0.2, 0.0)
+
+    be, out, clock = Failing(), [], Clock()
+    loop = EngineLoop(be, Decoding(beam_size=1, condition_on_previous_text=True, temperatures=[0.0, 0.6]),
+                      max_batch_size=8, max_queue_delay_s=0.0, emit=out.append, clock=clock)
+    loop.submit(1, [(pcm(30, 1), 0.0), (pcm(30, 2), 30.0)], RequestOptions())
+    run_until_idle(loop, clock)
+    assert segments_of(out, 1) == {0: ["w1t0"], 1: ["w2t0"]}  # the t=0 attempt of window 1 is kept
+    assert [(t.temperature, previous_text(t)) for b in be.batches for t in b] == [(0.0, ""), (0.6, ""), (0.0, "")]
 
 
 def test_a_window_that_loops_to_its_end_is_decoded_again_as_two_halves_cut_at_its_pause():

@@ -22,6 +22,16 @@ class Resume:
 
 
 @dataclass(frozen=True)
+class PreviousText:
+    """What one accepted decode puts into the previous-text prompt of the request's next decodes
+    when decoding conditions on previous text: the tokens it kept as the model wrote them
+    (``WindowResult.tokens``: timestamp tokens included), or its text when those are not known."""
+
+    tokens: tuple[int, ...] = ()
+    text: str = ""
+
+
+@dataclass(frozen=True)
 class WindowTask:
     """One window (<= 30 s) of one request: 16 kHz mono ``samples`` (int16 PCM, or float32 in
     [-1, 1]) starting at ``offset_s`` in the file, with that request's prompt, language and
@@ -42,11 +52,10 @@ class WindowTask:
     #: Decode the window's rest from ``resume.from_s`` over its kept encoder output (a backend
     #: that sets ``resumes``); segment times stay relative to this window.
     resume: Resume | None = None
-    #: With ``condition_on_previous_text``: the segments the request's earlier decodes wrote since
-    #: the last prompt reset, in audio order, put after ``prompt`` in the decoder's previous-text
-    #: prompt with their timestamp tokens (``whisper_text.previous_tokens``); a segment without
-    #: tokens (a decode without timestamps) is its text.
-    previous: tuple[Segment, ...] = ()
+    #: With ``condition_on_previous_text``: what the request's earlier decodes kept since the last
+    #: prompt reset, in audio order, put after ``prompt`` in the decoder's previous-text prompt
+    #: (``whisper_text.previous_tokens``; ``longform.conditioning_context``).
+    previous: tuple[PreviousText, ...] = ()
 
     @property
     def duration_s(self) -> float:
@@ -100,6 +109,11 @@ class WindowResult:
     #: Set by the engine (the one owner of ``model.language_id``'s rule): the speech is in a
     #: language the model cannot transcribe (``worker.language_id.other_language``).
     language_mismatch: bool = False
+    #: The tokens this decode kept (those after a seek point are dropped), timestamp tokens
+    #: included, end-of-text not: what conditioning on previous text feeds back, as
+    #: openai/whisper's ``transcribe`` does. Empty when not known, or when the text was changed
+    #: after decoding (looping segments removed, a repeated rest dropped).
+    tokens: tuple[int, ...] = ()
     #: This window's encoder output, kept by a backend that ``resumes`` when the decode left a
     #: rest (``unfinished_from_s``), for the task that decodes the rest (``Resume``); the
     #: engine drops it once that task is made, so it never leaves the engine process.

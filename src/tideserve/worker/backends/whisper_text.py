@@ -11,7 +11,7 @@ import zlib
 from collections.abc import Callable, Sequence
 
 from tideserve.protocol.types import Segment
-from tideserve.worker.backends.base import WindowResult, WindowTask
+from tideserve.worker.backends.base import PreviousText, WindowResult, WindowTask
 
 TIME_PRECISION_S = 0.02  # one timestamp token = 20 ms (Whisper)
 MAX_LENGTH = 448  # Whisper decoder context, tokens
@@ -21,28 +21,23 @@ MIN_TAIL_S = 0.5  # an untranscribed tail shorter than this is not decoded again
 SAMPLE_RATE = 16_000
 
 
-def previous_tokens(previous: Sequence[Segment], timestamp_begin: int,
-                    encode: Callable[[str], list[int]]) -> list[int]:
+def previous_tokens(previous: Sequence[PreviousText], encode: Callable[[str], list[int]]) -> list[int]:
     """The token ids conditioning on previous text puts after ``<|startofprev|>`` (the caller
-    keeps the last ``MAX_LENGTH // 2 - 1`` of them, after the client's prompt): per segment in
-    ``previous``, its own tokens between the timestamp tokens of its start and end, each relative
-    to the decode that wrote it (``Segment.window_start_s``, clamped to 0-30 s), as openai/whisper
-    and faster-whisper ``transcribe`` feed back every token a decode kept; a segment without
-    tokens (a decode without timestamps) is ``encode(" " + text)``.
+    keeps the last ``MAX_LENGTH // 2 - 1`` of them, after the client's prompt): the tokens each
+    earlier decode kept, timestamp tokens included, as openai/whisper and faster-whisper
+    ``transcribe`` feed them back; a piece without tokens is ``encode(text)`` (``encode`` puts the
+    leading space, as for a client's prompt).
 
     Why the timestamps: prompted with the text alone, tiny.en (beam 5) wrote the 26.7 s second
     window of bench/accuracy.py's 1-minute file as one segment holding three of its eight
     sentences (29 of 54 words); with them it wrote all eight, each a segment
     (tests/unit/worker/test_conditioning.py; README "Accuracy", conditioning)."""
-    def ts(seconds: float) -> int:
-        return timestamp_begin + round(min(max(seconds, 0.0), 30.0) / TIME_PRECISION_S)
-
     out: list[int] = []
-    for seg in previous:
-        if seg.tokens:
-            out += [ts(seg.start_s - seg.window_start_s), *seg.tokens, ts(seg.end_s - seg.window_start_s)]
-        elif seg.text.strip():
-            out += encode(" " + seg.text.strip())
+    for piece in previous:
+        if piece.tokens:
+            out += piece.tokens
+        elif piece.text.strip():
+            out += encode(piece.text.strip())
     return out
 
 
@@ -177,8 +172,28 @@ def window_result(task: WindowTask, tokens: Sequence[int], language: str, avg_lo
         last = next((t for t in reversed(texts) if t), "")
     return WindowResult(text=text, language=language, segments=segments, unfinished_from_s=unfinished,
                         last_segment_text=last, text_end_s=spans[-1][1] if spans else None,
+                        tokens=_fed_back(tokens, eot, timestamp_begin, duration),
                         avg_logprob=avg, no_speech_prob=nsp, compression_ratio=cr, temperature=temp,
                         looping_segment=looping, loop_free_text=" ".join(loop_free) if looping else None)
+
+
+def _fed_back(tokens: Sequence[int], eot: int, timestamp_begin: int, duration_s: float) -> tuple[int, ...]:
+    """``WindowResult.tokens``: the completed segments of ``tokens`` as ``transcribe`` feeds them
+    back (faster-whisper slices a decode at consecutive timestamp tokens): end-of-text dropped,
+    and a last timestamp that only opens a next segment too. Times past the window's audio (in its
+    padding) are read as its end, and a timestamped decode's text left open there is closed by
+    it: the segments' own times (``split_by_timestamps``; ``transcribe`` would seek to the last
+    timestamp instead, into a 30 s window of audio). Each of these loose ends in the prompt made
+    tiny.en go on with the prompt's pattern: a count that is not in the audio opened the 1-minute
+    file's second window after a rest that wrote "<|26.20|> Hello World.<|29.20|><|29.20|>" in a
+    27.75 s window (tests/unit/worker/test_conditioning.py)."""
+    end = timestamp_begin + round(min(duration_s, 30.0) / TIME_PRECISION_S)
+    out = [min(t, end) if t >= timestamp_begin else t for t in tokens if t != eot]
+    if len(out) >= 2 and out[-1] >= timestamp_begin and out[-2] >= timestamp_begin:
+        out.pop()
+    elif out and out[-1] < timestamp_begin and any(t >= timestamp_begin for t in out):
+        out.append(end)
+    return tuple(out)
 
 
 def split_by_timestamps(

@@ -25,9 +25,8 @@ import torch
 from tokenizers import Tokenizer
 
 from tideserve.errors import EngineMismatchError
-from tideserve.protocol.types import Segment
 from tideserve.spec.models import Decoding, Target
-from tideserve.worker.backends.base import WindowResult, WindowTask
+from tideserve.worker.backends.base import PreviousText, WindowResult, WindowTask
 from tideserve.worker.backends.torch_whisper.decode import GreedyDecoder, SpecialTokens
 from tideserve.worker.backends.torch_whisper.features import LogMel
 from tideserve.worker.backends.torch_whisper.identify import Heard, LanguageIdentifier, language_tokens
@@ -74,18 +73,18 @@ def special_tokens(tok: Tokenizer) -> SpecialTokens:
 
 def prompt_tokens(tok: Tokenizer, special: SpecialTokens, multilingual: bool, language: str | None,
                   timestamps: bool, previous: str | None, task: str = "transcribe",
-                  context: Sequence[Segment] = ()) -> list[int]:
+                  context: Sequence[PreviousText] = ()) -> list[int]:
     """Whisper's decoder prompt: [<|startofprev|> previous… context…] <|startoftranscript|>
     [<|lang|> <|transcribe|> or <|translate|>] [<|notimestamps|>]. ``previous`` (the client's
     prompt) is encoded as plain text: a client's "<|endoftext|>" or "<|startoftranscript|>" becomes
     ordinary tokens, never control tokens (OpenAI Whisper's tokenizer refuses special tokens in
-    text by default; here they are neutralised instead of failing the request). ``context``: the
-    request's earlier segments when decoding conditions on previous text, as
-    ``whisper_text.previous_tokens`` writes them. Together they keep their last 223 tokens."""
+    text by default; here they are neutralised instead of failing the request). ``context``: what the
+    request's earlier decodes kept when decoding conditions on previous text, as
+    ``whisper_text.previous_tokens`` writes it. Together they keep their last 223 tokens."""
     out: list[int] = []
     tok.encode_special_tokens = True  # no other text this tokenizer encodes has special tokens
     ids = tok.encode(" " + previous.strip(), add_special_tokens=False).ids if previous and previous.strip() else []
-    ids += previous_tokens(context, special.timestamp_begin, lambda text: tok.encode(text, add_special_tokens=False).ids)
+    ids += previous_tokens(context, lambda text: tok.encode(" " + text, add_special_tokens=False).ids)
     if ids:
         out = [_token(tok, "<|startofprev|>"), *ids[-(MAX_LENGTH // 2 - 1):]]
     out.append(special.sot)
@@ -159,7 +158,7 @@ class TorchWhisperBackend:
         # (1.11 s vs 1.15 s), so scale-from-zero is served better lazily.
 
     def prompt(self, language: str | None, timestamps: bool, previous: str | None,
-               task: str = "transcribe", context: Sequence[Segment] = ()) -> list[int]:
+               task: str = "transcribe", context: Sequence[PreviousText] = ()) -> list[int]:
         """Whisper's decoder prompt (see ``prompt_tokens``)."""
         return prompt_tokens(self.tokenizer, self.special, self.multilingual, language, timestamps, previous, task,
                              context)
