@@ -40,7 +40,8 @@ def decode_windows(backend, decoding: Decoding, windows: list[tuple[np.ndarray, 
         loop.close()
     chains = {m[2]: m[3] for m in out if m[0] == "segment"}
     assert sorted(chains) == list(range(len(windows)))
-    assert all(r.encoded is None for chain in chains.values() for r in chain)  # a kept encoder output stays in the engine
+    # A kept encoder output and the tokens fed back to prompts stay in the engine.
+    assert all(r.encoded is None and not r.tokens for chain in chains.values() for r in chain)
     stats = EngineStats()
     for m in out:
         if m[0] == "stats":

@@ -497,10 +497,10 @@ class EngineLoop:
                 # One bad input fails only its own request: the batch's windows go back to the
                 # front of the queue, each to run in a batch of its own, scheduled as any batch
                 # (instances, lanes, cancellation); one that fails alone fails its request.
-                now = self.clock()
+                # They keep their time in the queue, so none waits for a batch to fill again.
                 for p in reversed(parts):
                     if p.rid in self.requests:
-                        p.alone, p.enqueued_s = True, now
+                        p.alone = True
                         self.queue.appendleft(p)
             else:
                 self._fail(parts[0].rid, exc)
@@ -638,9 +638,9 @@ class EngineLoop:
         if part.after_seek and chain and repeats_tail(chain[-1], accepted, rest_start):
             self.stats.repeated_rests += 1
             accepted = replace(accepted, text="", segments=[], loop_free_text=None, tokens=())
-        chain.append(accepted)
         if self.decoding.condition_on_previous_text:
             req.context = conditioning_context(req.context, accepted, part.attempts[-1].temperature)
+        chain.append(replace(accepted, tokens=()))  # the tokens stay in the engine: the front has no use for them
         seek = action.seek_s
         if seek is not None and part.parts_so_far < MAX_PARTS_PER_SEGMENT:
             start = round(seek * SAMPLE_RATE)

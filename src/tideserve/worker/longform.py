@@ -263,13 +263,17 @@ def conditioning_context(context: tuple[PreviousText, ...], accepted: WindowResu
                          ) -> tuple[PreviousText, ...]:
     """The request's context for its next decode when decoding conditions on previous text
     (``WindowTask.previous``): ``context`` and what ``accepted`` (the decode just accepted) kept,
-    its tokens, or its text when they are not known (a dropped repeated rest adds nothing).
-    Empty when ``last_temperature``, the temperature of the window's last attempt, is over 0.5:
-    openai/whisper ``transcribe``'s ``prompt_reset_on_temperature``, which faster-whisper also
-    applies when every temperature failed and an earlier attempt is kept. Keeps the last
-    ``PREVIOUS_DECODES`` pieces: the prompt takes at most 223 tokens, every piece at least one."""
+    its tokens, or its text when they are not known. A decode without text adds nothing and
+    resets nothing (a dropped repeated rest; silence, which ``transcribe`` skips before its reset
+    rule). Otherwise empty when ``last_temperature``, the temperature of the window's last
+    attempt, is over 0.5: openai/whisper ``transcribe``'s ``prompt_reset_on_temperature``, which
+    faster-whisper also applies when every temperature failed and an earlier attempt is kept.
+    Keeps the last ``PREVIOUS_DECODES`` pieces: the prompt takes at most 223 tokens, every piece
+    at least one."""
+    text = accepted.text.strip()
+    if accepted.silent or not text:
+        return context
     if last_temperature > PROMPT_RESET_ON_TEMPERATURE:
         return ()
-    text = accepted.text.strip()
-    new = (PreviousText(tokens=accepted.tokens),) if accepted.tokens else ((PreviousText(text=text),) if text else ())
-    return (context + new)[-PREVIOUS_DECODES:]
+    return (*context, PreviousText(tokens=accepted.tokens) if accepted.tokens else PreviousText(text=text)
+            )[-PREVIOUS_DECODES:]

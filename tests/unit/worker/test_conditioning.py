@@ -69,6 +69,9 @@ def test_the_context_keeps_decodes_in_order_and_resets_after_a_temperature_over_
     ctx = conditioning_context(ctx, WindowResult(text=" Two. ", language="en"), 0.2)  # tokens not known
     assert ctx[1:] == (PreviousText(text="Two."),)
     assert conditioning_context(ctx, WindowResult(text="", language="en"), 0.0) == ctx  # a dropped rest
+    # No text: nothing added, nothing reset (a lone timestamp; silence, which transcribe skips).
+    assert conditioning_context(ctx, WindowResult(text="", language="en", tokens=(50363,)), 0.0) == ctx
+    assert conditioning_context(ctx, WindowResult(text="", language="en", silent=True), 0.6) == ctx
     # Over 0.5: also when every temperature failed and the attempt kept is an earlier one (faster-whisper).
     assert conditioning_context(ctx, a, 0.6) == ()
     many = (PreviousText(text="x"),) * PREVIOUS_DECODES
