@@ -591,6 +591,16 @@ def test_conditioning_on_previous_text_decodes_a_files_windows_in_order_each_pro
     assert segments_of(out, 2) == {0: ["w4@0"]}
 
 
+def two_conditioned_windows(backend, out: list) -> None:
+    """Decode two 30 s windows of one request on ``backend``, conditioning on previous text, with
+    the temperatures 0.0 and 0.6; messages into ``out``."""
+    clock = Clock()
+    loop = EngineLoop(backend, Decoding(beam_size=1, condition_on_previous_text=True, temperatures=[0.0, 0.6]),
+                      max_batch_size=8, max_queue_delay_s=0.0, emit=out.append, clock=clock)
+    loop.submit(1, [(pcm(30, 1), 0.0), (pcm(30, 2), 30.0)], RequestOptions())
+    run_until_idle(loop, clock)
+
+
 def test_conditioning_resets_after_a_decode_over_temperature_half():
     class Hot(StaticBackend):
         def transcribe_batch(self, tasks):
@@ -601,11 +611,8 @@ def test_conditioning_resets_after_a_decode_over_temperature_half():
                                  compression_ratio=3.0 if int(t.samples[0]) == 100 and t.temperature == 0 else 1.0)
                     for t in tasks], ExecutionTimings(0.1, 0.2, 0.0)
 
-    be, out, clock = Hot(), [], Clock()
-    loop = EngineLoop(be, Decoding(beam_size=1, condition_on_previous_text=True, temperatures=[0.0, 0.6]),
-                      max_batch_size=8, max_queue_delay_s=0.0, emit=out.append, clock=clock)
-    loop.submit(1, [(pcm(30, 1), 0.0), (pcm(30, 2), 30.0)], RequestOptions())
-    run_until_idle(loop, clock)
+    be, out = Hot(), []
+    two_conditioned_windows(be, out)
     assert [(t.temperature, t.prompt, t.previous) for b in be.batches for t in b] == [(0.0, None, ()), (0.6, None, ()),
                                                                                     (0.0, None, ())]
     assert segments_of(out, 1) == {0: ["w1t0.6"], 1: ["w2t0"]}
@@ -623,11 +630,8 @@ def test_conditioning_resets_when_every_temperature_failed_and_an_earlier_attemp
                                  else -0.2, temperature=t.temperature, compression_ratio=1.0)
                     for t in tasks], ExecutionTimings(0.1, 0.2, 0.0)
 
-    be, out, clock = Failing(), [], Clock()
-    loop = EngineLoop(be, Decoding(beam_size=1, condition_on_previous_text=True, temperatures=[0.0, 0.6]),
-                      max_batch_size=8, max_queue_delay_s=0.0, emit=out.append, clock=clock)
-    loop.submit(1, [(pcm(30, 1), 0.0), (pcm(30, 2), 30.0)], RequestOptions())
-    run_until_idle(loop, clock)
+    be, out = Failing(), []
+    two_conditioned_windows(be, out)
     assert segments_of(out, 1) == {0: ["w1t0"], 1: ["w2t0"]}  # the t=0 attempt of window 1 is kept
     assert [(t.temperature, previous_text(t)) for b in be.batches for t in b] == [(0.0, ""), (0.6, ""), (0.0, "")]
 
