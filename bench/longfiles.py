@@ -23,18 +23,28 @@ def long_file(clips: Sequence[ClipLike], minutes: float, seed: int) -> tuple[np.
     """Clips in a seeded random order (never the same one twice in a row) with 0.4-1.6 s gaps of
     low noise (peak -60 to -54 dBFS), at least ``minutes`` long. Returns (float32 samples, the
     reference text: the clips' references in order)."""
+    samples, ref, _ = spaced_file(clips, minutes, seed)
+    return samples, ref
+
+
+def spaced_file(clips: Sequence[ClipLike], minutes: float, seed: int, gap_s: tuple[float, float] = (0.4, 1.6),
+                digital: bool = False) -> tuple[np.ndarray, str, list[tuple[float, float]]]:
+    """``long_file`` with gaps of ``gap_s`` seconds (uniform), of digital zeros when ``digital``;
+    also returns each clip's ``(start_s, end_s)`` in the file. With the defaults, the same file
+    as ``long_file`` for the same seed."""
     rng = np.random.default_rng(seed)
-    parts, refs, total, last = [], [], 0, -1
+    parts, refs, spans, total, last = [], [], [], 0, -1
     while total < minutes * 60 * SR:
         choices = [i for i in range(len(clips)) if i != last]
         last = choices[int(rng.integers(len(choices)))]
         c = clips[last]
-        gap = rng.normal(0, 1, int(rng.uniform(0.4, 1.6) * SR)).astype(np.float32)
-        gap *= 10 ** (-60 / 20) / max(1e-9, float(np.abs(gap).max())) * rng.uniform(1, 2)
+        gap = rng.normal(0, 1, int(rng.uniform(*gap_s) * SR)).astype(np.float32)
+        gap *= 10 ** (-60 / 20) / max(1e-9, float(np.abs(gap).max())) * rng.uniform(1, 2) * (0.0 if digital else 1.0)
         parts += [c.samples, gap]
         refs.append(c.reference)
+        spans.append((total / SR, (total + len(c.samples)) / SR))
         total += len(c.samples) + len(gap)
-    return np.concatenate(parts), " ".join(refs)
+    return np.concatenate(parts), " ".join(refs), spans
 
 
 def wav_pcm16(samples: np.ndarray, rate: int = SR) -> bytes:

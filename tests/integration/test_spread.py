@@ -126,9 +126,11 @@ def test_a_compressed_file_is_spread_when_the_client_sends_its_duration(two, lon
 
 
 def test_a_file_that_opens_with_silence_is_identified_in_the_part_that_holds_its_first_speech(two, en_clips):
-    """25 s of digital silence, then French: the first part is all silence (nothing to identify),
-    so the later part holding the French identifies it, and the answer is flagged as in one piece
-    (the adversarial pass: it came back unflagged, and in reject mode answered 200)."""
+    """25 s of digital silence, then French, spread: flagged as in one piece (the adversarial
+    pass: when the first part was all silence it came back unflagged, and in reject mode answered
+    200). The silence is now left out of the windows (``worker.windows.window_cuts``), so the
+    first part opens with the French; a part of silence alone is covered by the unit test
+    ``test_the_part_holding_the_files_first_sound_identifies_its_language``."""
     import numpy as np
 
     from audio import SR, _decode_wav_file, encode
@@ -137,7 +139,7 @@ def test_a_file_that_opens_with_silence_is_identified_in_the_part_that_holds_its
 
     french = _decode_wav_file(Path(next(iter(pytest_audioeval.__path__))) / "samples" / "audio" / "fr" / "pangrama.wav")
     gap = np.zeros(SR, np.float32)
-    samples = np.concatenate([np.zeros(25 * SR, np.float32), *([french, gap] * 6)])
+    samples = np.concatenate([np.zeros(25 * SR, np.float32), *([french, gap] * 14)])  # windows 24.6-50.7-77.6 s
     wav = encode(samples, "wav")
     workers = _workers(two)
     alone = _direct(two, workers[0], wav)

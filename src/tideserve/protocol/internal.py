@@ -13,7 +13,7 @@ from typing import Any
 
 from tideserve.errors import BadInputError
 from tideserve.protocol.text import language_code, require_text
-from tideserve.protocol.types import Segment, TranscriptionResult, Word
+from tideserve.protocol.types import Segment, TranscriptionRequest, TranscriptionResult, Word
 
 #: The shared secret a worker requires on every route but liveness (the gateway, the runtime's
 #: readiness checks and the Kubernetes readiness probe send it). A worker also takes it as
@@ -41,10 +41,31 @@ PART_AUDIO = "audio"
 PARTS_HEADER = "X-Tideserve-Parts"
 
 
-def part_options(prompt: str | None, language: str | None, timestamps: bool, task: str, words: bool) -> str:
-    """The ``PART_OPTIONS`` field: a part's options as compact JSON."""
-    return json.dumps({"prompt": prompt, "language": language, "timestamps": timestamps, "task": task,
-                       "words": words}, separators=(",", ":"))
+def part_options(prompt: str | None, language: str | None, timestamps: bool, task: str, words: bool,
+                 cuts: tuple[tuple[int, int], ...] = ()) -> str:
+    """The ``PART_OPTIONS`` field: a part's options as compact JSON; ``cuts``: the part's windows
+    as ``(start, end)`` sample indices from its start (empty: the helper cuts the part itself)."""
+    doc: dict[str, Any] = {"prompt": prompt, "language": language, "timestamps": timestamps, "task": task,
+                           "words": words}
+    if cuts:
+        doc["cuts"] = [list(c) for c in cuts]
+    return json.dumps(doc, separators=(",", ":"))
+
+
+def _cuts(value: Any) -> tuple[tuple[int, int], ...]:
+    """``cuts`` of ``part_options`` checked: pairs of whole sample indices, each non-empty, in
+    order, without overlap. Raises BadInputError naming what is wrong."""
+    if not isinstance(value, list) or not value or not all(
+            isinstance(c, list) and len(c) == 2 and all(type(x) is int for x in c) for c in value):
+        raise BadInputError(f"the '{PART_OPTIONS}' field: 'cuts' must be a non-empty list of [start, end] "
+                            "sample indices")
+    end = 0
+    for a, b in value:
+        if not end <= a < b:
+            raise BadInputError(f"the '{PART_OPTIONS}' field: 'cuts' must be non-empty windows in order without "
+                                f"overlap, from sample 0; [{a}, {b}] is not")
+        end = b
+    return tuple((a, b) for a, b in value)
 
 
 def parse_part_options(value: str) -> dict[str, Any]:
@@ -54,9 +75,9 @@ def parse_part_options(value: str) -> dict[str, Any]:
         doc = json.loads(value)
     except (ValueError, RecursionError):
         raise BadInputError(f"the '{PART_OPTIONS}' field must be JSON") from None
-    if not isinstance(doc, dict) or set(doc) != {"prompt", "language", "timestamps", "task", "words"}:
+    if not isinstance(doc, dict) or set(doc) - {"cuts"} != {"prompt", "language", "timestamps", "task", "words"}:
         raise BadInputError(f"the '{PART_OPTIONS}' field must be a JSON object with prompt, language, timestamps, "
-                            "task and words")
+                            "task and words (and optionally cuts)")
     for key, kinds in (("prompt", (str, type(None))), ("language", (str, type(None))), ("timestamps", (bool,)),
                        ("task", (str,)), ("words", (bool,))):
         if not isinstance(doc[key], kinds):
@@ -66,7 +87,16 @@ def parse_part_options(value: str) -> dict[str, Any]:
     doc["language"] = language_code(doc["language"], "language")
     if doc["task"] not in ("transcribe", "translate"):
         raise BadInputError(f"the '{PART_OPTIONS}' field: task must be transcribe or translate")
+    doc["cuts"] = _cuts(doc["cuts"]) if "cuts" in doc else None
     return doc
+
+
+def part_request(audio: bytes, options: str) -> tuple[TranscriptionRequest, tuple[tuple[int, int], ...] | None]:
+    """A part's request from its ``PART_AUDIO`` bytes and ``PART_OPTIONS`` field, and its windows
+    (None: not given). Raises BadInputError as ``parse_part_options``."""
+    doc = parse_part_options(options)
+    cuts = doc.pop("cuts")
+    return TranscriptionRequest(audio=audio, **doc), cuts
 
 
 def result_to_json(result: TranscriptionResult) -> dict[str, Any]:

@@ -48,7 +48,7 @@ from tideserve.protocol.internal import (
     SPREAD_HEADER,
     TOKEN_HEADER,
     joined,
-    parse_part_options,
+    part_request,
     part_options,
     result_from_json,
     result_to_json,
@@ -226,7 +226,7 @@ class WorkerService:
         # file's first sound (none when it is in the first part), as in one piece.
         english_only = self.languages == {"en"}
         opts = [part_options(req.prompt, req.language or ("en" if english_only and not p.identify else None),
-                             req.timestamps, req.task, req.words) for p in prepared.remote]
+                             req.timestamps, req.task, req.words, p.cuts) for p in prepared.remote]
         n = len(prepared.cuts)
         texts = [None if on_text is None else functools.partial(on_text, n + j) for j in range(len(prepared.remote))]
         parts = [asyncio.ensure_future(self._remote_part(url, part, o, usage, request_id))
@@ -296,8 +296,8 @@ class WorkerService:
 
     async def _local_part(self, part: RemotePart, options: str, usage: Usage | None) -> TranscriptionResult:
         """A later part of a spread file transcribed here (its helper failed)."""
-        sub = await self.prepare(prepare_audio, TranscriptionRequest(audio=part.wav, **parse_part_options(options)),
-                                 self.max_audio_s)
+        req, cuts = part_request(part.wav, options)
+        sub = await self.prepare(prepare_audio, req, self.max_audio_s, None, cuts)
         return await self.transcribe(sub, usage)
 
     async def _remote_part(self, url: str, part: RemotePart, options: str, usage: Usage | None,
@@ -592,8 +592,8 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
                 raise BadInputError(f"the '{PART_OPTIONS}' field must be UTF-8 JSON") from None
         if not isinstance(audio, web.FileField) or not isinstance(options, str):
             raise BadInputError(f"send the fields '{PART_OPTIONS}' (JSON) and '{PART_AUDIO}' (a WAV file)")
-        req = TranscriptionRequest(audio=audio.file.read(), **parse_part_options(options))
-        _, result = await run(request, prepare_audio, req, service.max_audio_s)
+        req, cuts = part_request(audio.file.read(), options)
+        _, result = await run(request, prepare_audio, req, service.max_audio_s, None, cuts)
         return web.json_response(result_to_json(result))
 
     # --- operations ----------------------------------------------------------------------

@@ -32,14 +32,14 @@ from collections.abc import Callable
 
 import numpy as np
 
-from tideserve.errors import CapacityError
+from tideserve.errors import BadInputError, CapacityError
 from tideserve.protocol import kserve, sagemaker
 from tideserve.protocol.types import TranscriptionRequest
 from tideserve.worker import handoff
 from tideserve.worker.cores import usable_cores
 from tideserve.worker.audio import SAMPLE_RATE, decode_pcm16, wav_file
 from tideserve.worker.longform import is_digital_silence
-from tideserve.worker.windows import split_windows, windows_of
+from tideserve.worker.windows import WINDOW_S, window_cuts, windows_of
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,9 @@ class RemotePart:
     #: This part holds the file's first window that is not digital silence: the language is
     #: identified there (``model.language_id``), as in one piece.
     identify: bool = False
+    #: The part's windows, ``(start, end)`` sample indices from the part's start: the file's own,
+    #: so that its helper decodes the windows of the file as one piece (it does not cut again).
+    cuts: tuple[tuple[int, int], ...] = ()
 
     @property
     def offset_s(self) -> float:
@@ -78,10 +81,15 @@ class Prepared:
     #: The later parts of a spread file, to be transcribed elsewhere (``spread``); ``pcm``,
     #: ``cuts`` and ``silent`` are then the first part's.
     remote: tuple[RemotePart, ...] = ()
+    #: The whole file's length in samples (the windows may leave out quiet at its end); None:
+    #: the end of the last window (of the last part when spread).
+    samples: int | None = None
 
     @property
     def duration_s(self) -> float:
         """The whole file's duration in seconds (spread or not)."""
+        if self.samples is not None:
+            return self.samples / SAMPLE_RATE
         if self.remote:
             return self.remote[-1].end / SAMPLE_RATE
         return (self.cuts[-1][1] if self.cuts else len(self.pcm)) / SAMPLE_RATE
@@ -94,16 +102,24 @@ class Prepared:
         return windows_of(self.pcm, self.cuts, self.silent)
 
 
-def prepare_audio(req: TranscriptionRequest, max_audio_s: float | None, extra: Any = None) -> Prepared:
-    """Decode ``req.audio`` and cut it into windows. Raises BadInputError / PayloadTooLargeError
-    (see ``worker.audio.decode_pcm16``)."""
+def prepare_audio(req: TranscriptionRequest, max_audio_s: float | None, extra: Any = None,
+                  cuts: tuple[tuple[int, int], ...] | None = None) -> Prepared:
+    """Decode ``req.audio`` and cut it into windows (``worker.windows.window_cuts``: long quiet
+    runs left out), or into ``cuts`` (``(start, end)`` sample indices, in order: a part of a
+    spread file comes with the windows its file was cut into). Raises BadInputError (also for
+    ``cuts`` past the audio or longer than 30 s) / PayloadTooLargeError (see
+    ``worker.audio.decode_pcm16``)."""
     pcm = decode_pcm16(req.audio, max_audio_s)
-    cuts, silent, start = [], [], 0
-    for w in split_windows(pcm, SAMPLE_RATE):
-        cuts.append((start, start + len(w.samples)))
-        silent.append(is_digital_silence(w.samples))
-        start += len(w.samples)
-    return Prepared(dataclasses.replace(req, audio=b""), pcm, tuple(cuts), extra, tuple(silent))
+    if cuts is None:
+        cuts = tuple(window_cuts(pcm, SAMPLE_RATE))
+    elif cuts and cuts[-1][1] > len(pcm):
+        raise BadInputError(f"the windows given end at sample {cuts[-1][1]}, past the audio's {len(pcm)} samples; "
+                            "send the audio they were cut from")
+    elif any(b - a > WINDOW_S * SAMPLE_RATE for a, b in cuts):
+        raise BadInputError(f"a window given is longer than Whisper's {WINDOW_S:g} s; cut the audio into windows of "
+                            f"at most {int(WINDOW_S * SAMPLE_RATE)} samples")
+    silent = tuple(is_digital_silence(pcm[a:b]) for a, b in cuts)
+    return Prepared(dataclasses.replace(req, audio=b""), pcm, tuple(cuts), extra, silent, samples=len(pcm))
 
 
 def prepare_invocation(body: bytes, content_type: str | None, max_audio_s: float | None) -> Prepared:
@@ -125,9 +141,9 @@ def spread(prepared: Prepared, parts: int, min_part_s: float) -> Prepared:
     stays in ``prepared`` (its ``pcm``, ``cuts``, ``silent``), the others go to ``remote`` as WAV
     files. A file under two parts' length, or of one window, is returned as it is.
 
-    The parts' boundaries are the window ends nearest to the even split, so each later part
-    starts where one of the file's windows starts: cut into windows again there (the same rule
-    from the same sample), it gets the same windows, and so the same text, as in one piece."""
+    The parts' boundaries are the window ends nearest to the even split; each later part goes
+    with its windows (``RemotePart.cuts``), so its helper decodes the same windows, and so
+    writes the same text, as in one piece."""
     n = len(prepared.cuts)
     k = min(parts, int(prepared.duration_s // min_part_s)) if min_part_s > 0 else parts
     if k < 2 or n < 2 or prepared.remote:
@@ -144,12 +160,16 @@ def spread(prepared: Prepared, parts: int, min_part_s: float) -> Prepared:
         return prepared
     first_end = last[0] + 1
     sound = next((k for k, s in enumerate(prepared.silent) if not s), 0)  # the first window not silent
-    remote = tuple(RemotePart(prepared.cuts[a + 1][0], prepared.cuts[b][1],
-                              wav_file(prepared.pcm[prepared.cuts[a + 1][0]: prepared.cuts[b][1]]),
-                              identify=a < sound <= b)
-                   for a, b in itertools.pairwise(last))
+    remote = tuple(_part(prepared, a + 1, b + 1, identify=a < sound <= b) for a, b in itertools.pairwise(last))
     return dataclasses.replace(prepared, pcm=prepared.pcm[: prepared.cuts[last[0]][1]], cuts=prepared.cuts[:first_end],
                                silent=prepared.silent[:first_end], remote=remote)
+
+
+def _part(prepared: Prepared, first: int, end: int, identify: bool) -> RemotePart:
+    """The part of ``prepared`` of its windows ``first`` to ``end`` (exclusive)."""
+    start, stop = prepared.cuts[first][0], prepared.cuts[end - 1][1]
+    return RemotePart(start, stop, wav_file(prepared.pcm[start:stop]), identify,
+                      tuple((a - start, b - start) for a, b in prepared.cuts[first:end]))
 
 
 def prepare_spread(parts: int, min_part_s: float, fn: Callable[..., Prepared], *args: Any) -> Prepared:

@@ -7,6 +7,17 @@ the quietest frame there, or under ``QUIET_FLOOR_DBFS``. The longest pause is wh
 ends; the quietest single frame (the rule before) was often a short pause between two words of
 one phrase, and a cut there lost words (bench/accuracy.py; README "Accuracy"). The windows of
 one file are then decoded in parallel.
+
+Long quiet stretches are left out first (``window_cuts``): Whisper placed speech that followed
+many seconds of silence in its window at the wrong time (a clip at 60-63 s after a minute of
+silence came back at 52-59 s) and wrote text into long room noise ("." after "."). Each quiet run
+of 2 s or more is left out but for 0.4 s next to the sound on either side (faster-whisper's VAD
+defaults), and no window holds one: the sound between two such runs is cut into windows of its
+own, whose times are the file's. A level rule finds the quiet (``sound_spans``), so the cut needs
+no model. Tried and not taken: the kept audio end to end (as faster-whisper's ``transcribe``
+does with ``vad_filter``), times mapped back: fewer decodes and the speech on both sides of a
+pause in one window, but Whisper then wrote one segment over speech on both sides of a long
+pause (bench/quiet_spans_ab.py; README "Accuracy").
 """
 
 from __future__ import annotations
@@ -46,6 +57,58 @@ def split_windows(
         start = cut
     out.append(Window(samples[start:], start / sample_rate))
     return out
+
+
+def window_cuts(samples: np.ndarray, sample_rate: int = 16_000) -> list[tuple[int, int]]:
+    """The windows to decode of ``samples`` (shape (n,), int16 PCM or float in [-1, 1]) as
+    ``(start, end)`` sample indices, in order, without overlap: each of its ``sound_spans`` cut
+    as ``split_windows`` cuts a file, so no window holds a long quiet run (what is left out
+    between them is answered with nothing). Audio without sound (digital silence) is cut whole,
+    so that a request always has windows (the engine answers them "")."""
+    out: list[tuple[int, int]] = []
+    for a, b in sound_spans(samples, sample_rate) or [(0, len(samples))]:
+        for w in split_windows(samples[a:b], sample_rate):
+            start = a + round(w.offset_s * sample_rate)
+            out.append((start, start + len(w.samples)))
+    return out
+
+
+#: Quiet runs at least this long are left out of the windows: faster-whisper's VAD default
+#: (``VadOptions.min_silence_duration_ms`` 2000, used by ``transcribe(vad_filter=True)``)...
+SKIP_QUIET_S = 2.0
+#: ...all but this much of them next to the sound on either side (``VadOptions.speech_pad_ms`` 400).
+QUIET_PAD_S = 0.4
+
+
+def sound_spans(samples: np.ndarray, sample_rate: int = 16_000) -> list[tuple[int, int]]:
+    """The parts of ``samples`` (shape (n,), int16 PCM or float in [-1, 1]) to decode, as
+    ``(start, end)`` sample indices in order: all of it but each quiet run of at least
+    ``SKIP_QUIET_S``, of which ``QUIET_PAD_S`` stays at either end (next to the sound; none is kept
+    at the start or end of the audio). A 100 ms frame is quiet at or under ``quiet_limit_db`` of
+    the whole audio's frames (digital zeros always), so speech within ``SPEECH_RANGE_DB`` of the
+    loudest frame never is. Empty when every frame is quiet (digital silence); the whole audio
+    when it is shorter than one frame. Deterministic: the same samples give the same spans."""
+    frame = max(1, sample_rate // 10)
+    rms = frame_rms(samples, frame)
+    n = len(samples)
+    if len(rms) == 0:
+        return [(0, n)]
+    quiet = rms <= 10.0 ** (quiet_limit_db(_db(rms)) / 20.0)
+    skip, pad = round(SKIP_QUIET_S * sample_rate), round(QUIET_PAD_S * sample_rate)
+    spans: list[tuple[int, int]] = []
+    start = 0  # where the next span begins
+    for first, length in _runs(quiet):
+        a = first * frame
+        b = n if first + length == len(rms) else (first + length) * frame  # the partial last frame goes with the last
+        if b - a < skip:
+            continue
+        lo, hi = (a if a == 0 else a + pad), (b if b == n else b - pad)
+        if lo > start:
+            spans.append((start, lo))
+        start = hi
+    if start < n:
+        spans.append((start, n))
+    return spans
 
 
 def frame_rms(samples: np.ndarray, frame: int) -> np.ndarray:
@@ -96,9 +159,16 @@ def sound_s(samples: np.ndarray, reference: np.ndarray, sample_rate: int = 16_00
     ref = frame_rms(reference, max(1, sample_rate // 10))
     if len(ref) == 0:
         return len(frames) * hop / sample_rate
-    ref_db = _db(ref)
-    limit_db = min(quiet_level_db(ref_db), float(ref_db.max()) - SPEECH_RANGE_DB)
-    return int(np.count_nonzero(frames > 10.0 ** (limit_db / 20.0))) * hop / sample_rate  # digital zeros: quiet
+    limit = 10.0 ** (quiet_limit_db(_db(ref)) / 20.0)
+    return int(np.count_nonzero(frames > limit)) * hop / sample_rate  # digital zeros: quiet
+
+
+def quiet_limit_db(level_db: np.ndarray) -> float:
+    """The level, dBFS, at or under which a frame is quiet, of 100 ms frame levels ``level_db``
+    (non-empty): the pause rule's quiet level (``quiet_level_db``), but never above
+    ``SPEECH_RANGE_DB`` under the loudest frame, so that soft speech is never quiet, even where
+    the quietest frame is soft speech (no pause). A frame of digital zeros is always quiet."""
+    return min(quiet_level_db(level_db), float(level_db.max()) - SPEECH_RANGE_DB)
 
 
 #: A frame is quiet within this many dB of the quietest frame of the search region...
@@ -111,22 +181,16 @@ QUIET_FLOOR_DBFS = -50.0
 SPEECH_RANGE_DB = 30.0
 
 
+def _runs(flags: np.ndarray) -> list[tuple[int, int]]:
+    """``(first index, length)`` of each run of True in ``flags``, in order."""
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], flags.astype(np.int8), [0]])))
+    return [(int(a), int(b - a)) for a, b in zip(edges[::2], edges[1::2], strict=True)]
+
+
 def _longest_run(flags: np.ndarray) -> tuple[int, int]:
     """``(first index, length)`` of the longest run of True in ``flags`` (ties: the latest run,
     which gives the longer window). ``flags`` holds at least one True."""
-    best = (0, 0)
-    i, n = 0, len(flags)
-    while i < n:
-        if flags[i]:
-            j = i
-            while j < n and flags[j]:
-                j += 1
-            if j - i >= best[1]:
-                best = (i, j - i)
-            i = j
-        else:
-            i += 1
-    return best
+    return max(reversed(_runs(flags)), key=lambda run: run[1], default=(0, 0))
 
 
 def windows_of(pcm: np.ndarray, cuts: Sequence[tuple[int, int]], silent: Sequence[bool | None] = ()

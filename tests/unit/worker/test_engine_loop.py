@@ -328,23 +328,30 @@ def test_prep_judges_digital_silence_per_window_and_the_engine_trusts_it() -> No
     from tideserve.protocol.types import TranscriptionRequest
     from tideserve.worker.prep import prepare_audio
 
-    x = np.concatenate([pcm(29.0, 40), np.zeros(int(1.5 * SR), np.int16), np.zeros(10 * SR, np.int16)])
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(SR)
-        w.writeframes(x.tobytes())
-    p = prepare_audio(TranscriptionRequest(audio=buf.getvalue()), None)
-    assert len(p.cuts) == 2 and p.silent == (False, True)
-    assert [f for _, _, f in p.segments()] == [False, True]
+    def prepared(x: np.ndarray):
+        buf = io.BytesIO()
+        with wave.open(buf, "wb") as w:
+            w.setnchannels(1)
+            w.setsampwidth(2)
+            w.setframerate(SR)
+            w.writeframes(x.tobytes())
+        return prepare_audio(TranscriptionRequest(audio=buf.getvalue()), None)
+
+    # Silence after sound is left out of the windows (longer than 2 s; 0.4 s of it kept)...
+    sound = prepared(np.concatenate([pcm(29.0, 40), np.zeros(int(11.5 * SR), np.int16)]))
+    assert sound.cuts == ((0, int(29.4 * SR)),) and sound.silent == (False,) and sound.duration_s == 40.5
+    # ...and audio of nothing but silence is cut whole, each window judged silent here.
+    silence = prepared(np.zeros(40 * SR, np.int16))
+    assert len(silence.cuts) == 2 and silence.silent == (True, True)
+    assert [f for _, _, f in silence.segments()] == [True, True]
     clock, out = Clock(), []
     be = SlotBackend(4, steps_of=lambda t: 2)
     loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=4, max_queue_delay_s=0.0, emit=out.append, clock=clock)
-    loop.submit(1, p.segments(), RequestOptions())
+    loop.submit(1, sound.segments(), RequestOptions())
+    loop.submit(2, silence.segments(), RequestOptions())
     run_until_idle(loop, clock)
-    assert segments_of(out, 1) == {0: ["w40@0"], 1: [""]}
-    assert len([t for a in be.admitted for t in a]) == 1
+    assert segments_of(out, 1) == {0: ["w40@0"]} and segments_of(out, 2) == {0: [""], 1: [""]}
+    assert len([t for a in be.admitted for t in a]) == 1  # the silent windows never reach the model
 
 
 def _handed(loop: EngineLoop, rid: int, marks: list[int]) -> None:

@@ -12,8 +12,8 @@ import pytest
 from tideserve.errors import BadInputError
 from tideserve.protocol.internal import joined, parse_part_options, part_options, result_from_json, result_to_json
 from tideserve.protocol.types import Segment, TranscriptionRequest, TranscriptionResult, Word
-from tideserve.worker.audio import SAMPLE_RATE, pcm16_wav
-from tideserve.worker.prep import Prepared, spread
+from tideserve.worker.audio import SAMPLE_RATE, pcm16_wav, wav_file
+from tideserve.worker.prep import Prepared, prepare_audio, spread
 
 SR = SAMPLE_RATE
 
@@ -79,9 +79,18 @@ def test_results_round_trip_through_json_and_join_in_file_time():
 def test_part_options_round_trip_and_bad_ones_are_refused_as_every_api_refuses_them():
     o = parse_part_options(part_options("a prompt 日本語" * 300, "EN", True, "transcribe", False))
     assert o == {"prompt": "a prompt 日本語" * 300, "language": "en", "timestamps": True, "task": "transcribe",
-                 "words": False}
+                 "words": False, "cuts": None}
+    with_cuts = part_options(None, None, True, "transcribe", False, ((0, 16_000), (48_000, 96_000)))
+    assert parse_part_options(with_cuts)["cuts"] == ((0, 16_000), (48_000, 96_000))
     good = part_options(None, None, True, "transcribe", False)
     for bad, says in (("", "must be JSON"), ("[" * 5000, "must be JSON"), ("[]", "JSON object"),
+                      (good[:-1] + ',"cuts":[]}', "'cuts' must be a non-empty list"),
+                      (good[:-1] + ',"cuts":[[0, 1.5]]}', "'cuts' must be a non-empty list"),
+                      (good[:-1] + ',"cuts":[[0, true]]}', "'cuts' must be a non-empty list"),
+                      (good[:-1] + ',"cuts":[[0, 10], [5, 20]]}', r"in order without overlap, from sample 0; \[5, 20\]"),
+                      (good[:-1] + ',"cuts":[[-1, 10]]}', r"\[-1, 10\] is not"),
+                      (good[:-1] + ',"cuts":[[10, 10]]}', r"\[10, 10\] is not"),
+                      (good[:-1] + ',"extra":1}', "JSON object"),
                       ('{"prompt": null}', "JSON object"), (good.replace("true", '"yes"'), "'timestamps'"),
                       (good.replace("null,", '"\\ud800",', 1), "lone UTF-16 surrogate"),
                       (good.replace('"transcribe"', '"bogus"'), "task must be"),
@@ -105,3 +114,27 @@ def test_the_identification_comes_from_the_first_part_that_has_one():
     en = TranscriptionResult("hello", "en", 30.0, [], detected_language="en", detected_language_probability=0.8)
     out = joined(first, [(90.0, en), (60.0, fr)], 120.0)
     assert (out.detected_language, out.language_mismatch, out.text) == ("fr", True, "bonjour hello")
+
+
+def test_a_part_goes_with_its_files_windows_and_the_file_keeps_its_length():
+    """Windows leave out long quiet stretches (``worker.windows.window_cuts``), so a part's
+    helper must not cut its audio again: the part carries the file's windows, from its start."""
+    gaps = ((0, 30 * SR), (40 * SR, 70 * SR), (90 * SR, 100 * SR), (100 * SR, 120 * SR))  # quiet left out between
+    pcm = (np.arange(130 * SR) % 30_000).astype(np.int16)
+    p = Prepared(TranscriptionRequest(audio=b""), pcm, gaps, silent=(False,) * 4, samples=len(pcm))
+    out = spread(p, parts=2, min_part_s=30)
+    (part,) = out.remote
+    assert (part.start, part.end) == (90 * SR, 120 * SR) and out.cuts == gaps[:2]
+    assert part.cuts == ((0, 10 * SR), (10 * SR, 30 * SR))
+    assert np.array_equal(pcm16_wav(part.wav), pcm[90 * SR: 120 * SR])
+    assert out.duration_s == 130.0  # the quiet end left out of the windows still counts
+
+
+def test_windows_given_with_a_part_are_checked_against_its_audio():
+    wav = wav_file(np.ones(SR * 40, np.int16))
+    ok = prepare_audio(TranscriptionRequest(audio=wav), None, cuts=((0, SR), (5 * SR, 35 * SR)))
+    assert ok.cuts == ((0, SR), (5 * SR, 35 * SR)) and ok.duration_s == 40.0
+    with pytest.raises(BadInputError, match="past the audio's 640000 samples"):
+        prepare_audio(TranscriptionRequest(audio=wav), None, cuts=((0, 41 * SR),))
+    with pytest.raises(BadInputError, match="longer than Whisper's 30 s"):
+        prepare_audio(TranscriptionRequest(audio=wav), None, cuts=((0, 31 * SR),))

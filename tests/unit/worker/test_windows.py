@@ -64,3 +64,47 @@ def test_sound_counts_the_frames_above_the_quiet_level_in_seconds():
     assert sound_s(room, no_pause) == 0.0
     assert sound_s(np.zeros(0, np.float32), window) == 0.0
     assert sound_s(speech[:SR], speech[:100]) == 1.0  # a reference under 100 ms: all sound
+
+
+def _speech(rng: np.random.Generator, seconds: float, dbfs: float = -20.0) -> np.ndarray:
+    return rng.normal(0, 10 ** (dbfs / 20), int(seconds * SR)).astype(np.float32)
+
+
+def test_long_quiet_stretches_are_left_out_of_the_windows_but_the_quiet_next_to_sound():
+    """Whisper placed a clip after a minute of silence 8 s early and wrote "." into long room
+    noise; quiet runs of 2 s or more are left out, 0.4 s of them kept next to the sound
+    (faster-whisper's VAD defaults), and no window holds one."""
+    from tideserve.worker.windows import sound_spans, window_cuts
+
+    rng = np.random.default_rng(3)
+    room = lambda s: _speech(rng, s, -62.0)  # noqa: E731  room noise
+    x = np.concatenate([_speech(rng, 5), np.zeros(60 * SR, np.float32), _speech(rng, 3), room(1.9),
+                        _speech(rng, 2), room(10)])
+    # speech 0-5 s, zeros 5-65, speech 65-68, room 68-69.9 (under 2 s: kept), speech 69.9-71.9, room to 81.9
+    spans = [(a / SR, b / SR) for a, b in sound_spans(x)]
+    assert spans == [(0.0, 5.4), (64.6, 72.3)]
+    assert [(a / SR, b / SR) for a, b in window_cuts(x)] == spans  # each under 30 s: one window each
+    # Quiet at the very start is left out whole: no pad before the file's start is needed.
+    y = np.concatenate([np.zeros(45 * SR, np.float32), _speech(rng, 3)])
+    assert [(a / SR, b / SR) for a, b in sound_spans(y)] == [(44.6, 48.0)]
+    # A span longer than 30 s is cut as a file is, from its own start.
+    z = np.concatenate([np.zeros(10 * SR, np.float32), _speech(rng, 50)])
+    cuts = window_cuts(z)
+    assert cuts[0][0] == round(9.6 * SR) and cuts[-1][1] == len(z) and len(cuts) == 2
+    assert cuts[0][1] - cuts[0][0] <= 30 * SR and cuts[0][1] == cuts[1][0]
+
+
+def test_soft_speech_is_never_a_quiet_stretch_and_silence_still_gets_windows():
+    from tideserve.worker.windows import sound_spans, window_cuts
+
+    rng = np.random.default_rng(4)
+    # Speech 25 dB under the loudest frame, 3 s long, between loud speech: not quiet (30 dB range).
+    x = np.concatenate([_speech(rng, 4, -15.0), _speech(rng, 3, -40.0), _speech(rng, 4, -15.0)])
+    assert sound_spans(x) == [(0, len(x))]
+    # Steady noise with nothing louder is sound (no reference to call it quiet against).
+    assert sound_spans(_speech(rng, 10, -60.0)) == [(0, 10 * SR)]
+    silence = np.zeros(70 * SR, np.int16)
+    assert sound_spans(silence) == []
+    cuts = window_cuts(silence)  # answered "" by the engine (digital silence), but a request has windows
+    assert cuts[0][0] == 0 and cuts[-1][1] == len(silence) and len(cuts) == 3
+    assert sound_spans(np.ones(100, np.int16)) == [(0, 100)]  # shorter than one frame: all of it
