@@ -33,8 +33,12 @@ CONDITIONED = Decoding(beam_size=5, without_timestamps=False, condition_on_previ
 def test_previous_decodes_are_fed_back_as_their_tokens_or_their_text() -> None:
     previous = (PreviousText(tokens=(1000, 10, 11, 1220, 1220, 12, 1314)), PreviousText(text=" plain "),
                 PreviousText(tokens=(1100, 13, 1200)))
-    assert previous_tokens(previous, encode=lambda text: [ord(c) for c in " " + text]) == [
+    encode = lambda text: [ord(c) for c in " " + text]  # noqa: E731
+    assert previous_tokens(None, previous, encode) == [
         1000, 10, 11, 1220, 1220, 12, 1314, *(ord(c) for c in " plain"), 1100, 13, 1200]
+    # The client's prompt comes first, stripped; an empty one adds nothing.
+    assert previous_tokens(" Hi ", previous[1:2], encode) == [*(ord(c) for c in " Hi"), *(ord(c) for c in " plain")]
+    assert previous_tokens("  ", (), encode) == []
 
 
 def test_a_decode_keeps_its_tokens_up_to_the_seek_point_timestamps_included() -> None:

@@ -229,7 +229,7 @@ class FasterWhisperBackend:
         groups: dict[tuple[int, int, float], list[int]] = {}
         for i, (task, lang) in enumerate(zip(tasks, languages, strict=True)):
             tok = self._tokenizer(lang, task.task)
-            previous = prompt_ids(tok, task.prompt) + previous_tokens(task.previous, functools.partial(prompt_ids, tok))
+            previous = previous_tokens(task.prompt, task.previous, functools.partial(prompt_ids, tok))
             with_timestamps = task.timestamps or not self._decoding.without_timestamps
             prompt = model.get_prompt(tok, previous, without_timestamps=not with_timestamps)
             sot = prompt.index(tok.sot)

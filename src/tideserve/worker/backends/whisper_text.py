@@ -21,19 +21,20 @@ MIN_TAIL_S = 0.5  # an untranscribed tail shorter than this is not decoded again
 SAMPLE_RATE = 16_000
 
 
-def previous_tokens(previous: Sequence[PreviousText], encode: Callable[[str], list[int]]) -> list[int]:
-    """The token ids conditioning on previous text puts after ``<|startofprev|>`` (the caller
-    keeps the last ``MAX_LENGTH // 2 - 1`` of them, after the client's prompt): the tokens each
-    earlier decode kept, timestamp tokens included, as openai/whisper and faster-whisper
-    ``transcribe`` feed them back; a piece without tokens is ``encode(text)`` (``encode`` puts the
-    leading space, as for a client's prompt).
+def previous_tokens(prompt: str | None, previous: Sequence[PreviousText], encode: Callable[[str], list[int]]
+                    ) -> list[int]:
+    """The token ids after ``<|startofprev|>`` (the caller keeps the last ``MAX_LENGTH // 2 - 1``
+    of them): the client's ``prompt`` (``encode(prompt)``; none when empty), then, when decoding
+    conditions on previous text, the tokens each earlier decode kept, timestamp tokens included,
+    as openai/whisper and faster-whisper ``transcribe`` feed them back; a piece without tokens is
+    ``encode(text)``. ``encode`` takes stripped text and puts the leading space.
 
     Why the timestamps: prompted with the text alone, tiny.en (beam 5) wrote the 26.7 s second
     window of bench/accuracy.py's 1-minute file as one segment holding three of its eight
     sentences (29 of 54 words); with them it wrote all eight, each a segment
     (tests/unit/worker/test_conditioning.py; README "Accuracy", conditioning)."""
     out: list[int] = []
-    for piece in previous:
+    for piece in (PreviousText(text=prompt or ""), *previous):
         if piece.tokens:
             out += piece.tokens
         elif piece.text.strip():

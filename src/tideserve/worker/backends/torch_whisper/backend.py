@@ -83,8 +83,7 @@ def prompt_tokens(tok: Tokenizer, special: SpecialTokens, multilingual: bool, la
     ``whisper_text.previous_tokens`` writes it. Together they keep their last 223 tokens."""
     out: list[int] = []
     tok.encode_special_tokens = True  # no other text this tokenizer encodes has special tokens
-    ids = tok.encode(" " + previous.strip(), add_special_tokens=False).ids if previous and previous.strip() else []
-    ids += previous_tokens(context, lambda text: tok.encode(" " + text, add_special_tokens=False).ids)
+    ids = previous_tokens(previous, context, lambda text: tok.encode(" " + text, add_special_tokens=False).ids)
     if ids:
         out = [_token(tok, "<|startofprev|>"), *ids[-(MAX_LENGTH // 2 - 1):]]
     out.append(special.sot)
