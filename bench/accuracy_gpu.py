@@ -4,6 +4,7 @@ machine (issue 13's "torch on the H200" row), in three steps:
     python bench/accuracy_gpu.py prepare .devdata/acc          # here: packed tiny.en (int8, see
                                                                 # bench/gpu_parity.py) and the clips
     python3 bench/accuracy_gpu.py run .devdata/acc $OUT/acc_gpu.json --minutes 1,5,20   # there
+        [--spaced 3:41,3:42,3:43,3:44,5:45,5:46]   # and bench/quiet_spans_ab.py's files with long gaps
     python bench/accuracy_gpu.py score acc_gpu.json             # here: WER and segment checks
 
 The GPU machine has no av, jiwer or faster-whisper: it rebuilds the long files from the clips and
@@ -27,6 +28,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "src"))
 
 
+#: The gaps of bench/quiet_spans_ab.py's spaced files, seconds.
+SPACED_GAP_S = (2.0, 40.0)
+
+
 def prepare(out: Path) -> None:
     import tempfile
 
@@ -44,10 +49,10 @@ def prepare(out: Path) -> None:
     (out / "clips.json").write_text(json.dumps({c.name: c.reference for c in clips}))
 
 
-def run(packed: Path, result: Path, minutes: list[float], target: str) -> None:
+def run(packed: Path, result: Path, minutes: list[float], target: str, spaced: list[tuple[float, int]] = ()) -> None:
     from gpu_parity import unpack
     from inproc import Tideserve
-    from longfiles import long_file
+    from longfiles import long_file, spaced_file
 
     from tideserve.spec.models import Decoding
 
@@ -58,6 +63,10 @@ def run(packed: Path, result: Path, minutes: list[float], target: str) -> None:
     for i, m in enumerate(minutes):
         s, ref = long_file(clips, m, seed=13 + i)  # the seeds bench/accuracy.py uses
         files.append((f"long-{m:g}min", s, ref))
+    spans: dict[str, list] = {}
+    for m, seed in spaced:  # bench/quiet_spans_ab.py's files with long gaps
+        s, ref, spans[f"spaced-{m:g}min-{seed}"] = spaced_file(clips, m, seed, SPACED_GAP_S, digital=seed % 2 == 0)
+        files.append((f"spaced-{m:g}min-{seed}", s, ref))
     model = unpack(packed, Path("/tmp/acc-gpu-model"))
     t = Tideserve("torch", target, Decoding(beam_size=1, without_timestamps=False), 64, model_dir=model)
     rows = []
@@ -67,7 +76,7 @@ def run(packed: Path, result: Path, minutes: list[float], target: str) -> None:
         segs = t(samples)
         sec = time.perf_counter() - t0
         rows.append({"file": name, "audio_s": len(samples) / 16_000, "system": f"tideserve-torch-{target}",
-                     "beam": 1, "seconds": sec, "reference": ref, "segments": segs})
+                     "beam": 1, "seconds": sec, "reference": ref, "segments": segs, "clips": spans.get(name)})
         print(name, f"{sec:.2f} s", flush=True)
     result.write_text(json.dumps(rows))
 
@@ -77,13 +86,16 @@ def score(result: Path) -> None:
     import audio
     from accuracy import check_segments
 
+    from quiet_spans_ab import placement
+
     for r in json.loads(result.read_text()):
         segs = [tuple(s) for s in r["segments"]]
         text = " ".join(s[2].strip() for s in segs)
         print(json.dumps({"file": r["file"], "system": r["system"], "beam": r["beam"],
                           "wer": round(audio.wer(r["reference"], text), 4),
                           "s_per_audio_min": round(r["seconds"] / r["audio_s"] * 60, 3),
-                          **check_segments(segs, r["audio_s"])}))
+                          **check_segments(segs, r["audio_s"]),
+                          **(placement(segs, [tuple(c) for c in r["clips"]]) if r.get("clips") else {})}))
 
 
 def main() -> int:
@@ -94,7 +106,9 @@ def main() -> int:
     elif cmd == "run":
         minutes = [float(x) for x in sys.argv[sys.argv.index("--minutes") + 1].split(",")] if "--minutes" in sys.argv else [1, 5, 20]
         target = sys.argv[sys.argv.index("--target") + 1] if "--target" in sys.argv else "cuda-sm90-bf16"
-        run(path, Path(sys.argv[3]), minutes, target)
+        spaced = [(float(p.split(":")[0]), int(p.split(":")[1]))
+                  for p in sys.argv[sys.argv.index("--spaced") + 1].split(",")] if "--spaced" in sys.argv else []
+        run(path, Path(sys.argv[3]), minutes, target, spaced)
     elif cmd == "score":
         score(path)
     else:

@@ -49,7 +49,7 @@ def placement(segs: list[tuple[float, float, str]], clips: list[tuple[float, flo
     merged = sum(sum(a < ce and b > cs for cs, ce in clips) > 1 for a, b in worded)
     dist = [abs(min(a for a, b in worded if a < ce and b > cs) - cs) for cs, ce in clips
             if any(a < ce and b > cs for a, b in worded)]
-    return {"wordless": len(segs) - len(worded), "outside": outside, "merged": merged,
+    return {"wordless": len(segs) - len(worded), "in_gap": outside, "merged": merged,
             "start_err_s": round(sum(dist) / max(1, len(dist)), 2)}
 
 
@@ -78,7 +78,7 @@ def main() -> int:
     rule = prep.window_cuts
     gap = tuple(float(x) for x in a.gap.split(","))
     files = [("spaced", p) for p in a.spaced.split(",") if p] + [("long", p) for p in a.long.split(",") if p]
-    total = {side: {"wer": 0.0, "wordless": 0, "outside": 0, "merged": 0, "s": 0.0} for side in ("before", "after")}
+    total = {side: {"wer": 0.0, "wordless": 0, "in_gap": 0, "merged": 0, "s": 0.0} for side in ("before", "after")}
     for kind, pair in files:
         minutes, seed = float(pair.split(":")[0]), int(pair.split(":")[1])
         if kind == "spaced":
@@ -94,7 +94,7 @@ def main() -> int:
             w = A.audio.wer(ref, " ".join(x[2].strip() for x in segs))
             row[side] = {"wer": round(w, 4), **placement(segs, spans), "decodes": t.last_stats.windows,
                          "s": round(dt, 1)}
-            for k, v in (("wer", w), ("wordless", row[side]["wordless"]), ("outside", row[side]["outside"]),
+            for k, v in (("wer", w), ("wordless", row[side]["wordless"]), ("in_gap", row[side]["in_gap"]),
                          ("merged", row[side]["merged"]), ("s", dt)):
                 total[side][k] += v
         prep.window_cuts = rule
