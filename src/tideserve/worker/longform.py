@@ -32,7 +32,9 @@ faster-whisper's ``generate_with_fallback``:
   split before and still loops when it may not be split again (too short, or split twice) loses
   the segments that loop by themselves: a loop that survived two cuts of the audio is taken as one
   the audio does not hold (found by adversarial testing: 60 s of a pure tone came back as 9
-  segments of "Beep beep beep ..." where faster-whisper's ``transcribe`` returns nothing).
+  segments of "Beep beep beep ..." where faster-whisper's ``transcribe`` returns nothing). So
+  does a window too short to split whose looping segment writes more than
+  ``MAX_LOOP_CHARS_PER_S`` characters per second of its audio (faster than anyone speaks).
 
 - tideserve's addition, the repeated rest: a rest decoded after a seek whose whole text is the
   end of the last segment the decode before it completed (letters and digits only, case
@@ -201,9 +203,17 @@ def follow_up(attempts: Sequence[WindowResult], d: Decoding, can_split: bool = F
     if loops(kept, d):
         if can_split:
             return Split()
-        if was_split:
+        if was_split or kept.loop_chars_per_s > MAX_LOOP_CHARS_PER_S:
             kept = without_loops(kept, d)
     return Accept(kept, kept.unfinished_from_s)
+
+
+#: A segment that loops by itself and writes more characters per second of its audio than this
+#: is dropped even where its window cannot be split (too short): no one speaks that fast. Twice a
+#: fast speaking rate: 200 words a minute of about 6 characters each (a space included) is 20
+#: per second. Found: 60 s of room noise at -40 dBFS came back with "I'm going to do a little
+#: bit of a little bit of ..." (about 700 characters) over its last 8 s window (87 a second).
+MAX_LOOP_CHARS_PER_S = 40.0
 
 
 def without_loops(r: WindowResult, d: Decoding) -> WindowResult:

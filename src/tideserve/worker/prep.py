@@ -118,6 +118,11 @@ def prepare_audio(req: TranscriptionRequest, max_audio_s: float | None, extra: A
     elif any(b - a > WINDOW_S * SAMPLE_RATE for a, b in cuts):
         raise BadInputError(f"a window given is longer than Whisper's {WINDOW_S:g} s; cut the audio into windows of "
                             f"at most {int(WINDOW_S * SAMPLE_RATE)} samples")
+    elif len(cuts) > 1 + len(pcm) // SAMPLE_RATE:
+        # window_cuts never gives more: its windows are 22 s or longer but the last of a stretch
+        # of sound, and the stretches are 1.2 s apart or more (SKIP_QUIET_S less two QUIET_PAD_S).
+        raise BadInputError(f"{len(cuts)} windows given for {len(pcm) / SAMPLE_RATE:.1f} s of audio; at most one per "
+                            "second of audio (and one more), as the file was cut")
     silent = tuple(is_digital_silence(pcm[a:b]) for a, b in cuts)
     return Prepared(dataclasses.replace(req, audio=b""), pcm, tuple(cuts), extra, silent, samples=len(pcm))
 

@@ -84,16 +84,25 @@ def sound_spans(samples: np.ndarray, sample_rate: int = 16_000) -> list[tuple[in
     """The parts of ``samples`` (shape (n,), int16 PCM or float in [-1, 1]) to decode, as
     ``(start, end)`` sample indices in order: all of it but each quiet run of at least
     ``SKIP_QUIET_S``, of which ``QUIET_PAD_S`` stays at either end (next to the sound; none is kept
-    at the start or end of the audio). A 100 ms frame is quiet at or under ``quiet_limit_db`` of
-    the whole audio's frames (digital zeros always), so speech within ``SPEECH_RANGE_DB`` of the
-    loudest frame never is. Empty when every frame is quiet (digital silence); the whole audio
-    when it is shorter than one frame. Deterministic: the same samples give the same spans."""
+    at the start or end of the audio). A 100 ms frame is quiet within ``QUIET_ABOVE_MIN_DB`` of
+    the audio's quietest second, and never within ``SPEECH_RANGE_DB`` of its loudest second
+    (``sustained_db``; digital zeros are always quiet). Both are relative to the audio itself:
+    speech is left out only at its own noise floor. Empty when every frame is quiet (digital
+    silence); the whole audio when it is shorter than one frame. Deterministic.
+
+    Found by adversarial testing, each a sentence left out as quiet: with the pause rule's level
+    (``quiet_level_db``: the quietest *frame* + 10 dB, or -50 dBFS) and a guard of 30 dB under the
+    loudest *frame*, one 1 ms click put the guard above -50 dBFS in a file of speech at -45 dBFS
+    peak; with the loudest second as the guard, 0.7 s of a tone at -10 dBFS, or speech at -15
+    dBFS, did the same to speech at -55 to -60 dBFS peak between digital silence: the -50 dBFS
+    floor, not the file's own quiet, had called it quiet."""
     frame = max(1, sample_rate // 10)
     rms = frame_rms(samples, frame)
     n = len(samples)
     if len(rms) == 0:
         return [(0, n)]
-    quiet = rms <= 10.0 ** (quiet_limit_db(_db(rms)) / 20.0)
+    quietest, loudest = sustained_db(_db(rms))
+    quiet = rms <= 10.0 ** (min(quietest + QUIET_ABOVE_MIN_DB, loudest - SPEECH_RANGE_DB) / 20.0)
     skip, pad = round(SKIP_QUIET_S * sample_rate), round(QUIET_PAD_S * sample_rate)
     spans: list[tuple[int, int]] = []
     start = 0  # where the next span begins
@@ -159,16 +168,23 @@ def sound_s(samples: np.ndarray, reference: np.ndarray, sample_rate: int = 16_00
     ref = frame_rms(reference, max(1, sample_rate // 10))
     if len(ref) == 0:
         return len(frames) * hop / sample_rate
-    limit = 10.0 ** (quiet_limit_db(_db(ref)) / 20.0)
-    return int(np.count_nonzero(frames > limit)) * hop / sample_rate  # digital zeros: quiet
+    ref_db = _db(ref)
+    limit_db = min(quiet_level_db(ref_db), float(ref_db.max()) - SPEECH_RANGE_DB)
+    return int(np.count_nonzero(frames > 10.0 ** (limit_db / 20.0))) * hop / sample_rate  # digital zeros: quiet
 
 
-def quiet_limit_db(level_db: np.ndarray) -> float:
-    """The level, dBFS, at or under which a frame is quiet, of 100 ms frame levels ``level_db``
-    (non-empty): the pause rule's quiet level (``quiet_level_db``), but never above
-    ``SPEECH_RANGE_DB`` under the loudest frame, so that soft speech is never quiet, even where
-    the quietest frame is soft speech (no pause). A frame of digital zeros is always quiet."""
-    return min(quiet_level_db(level_db), float(level_db.max()) - SPEECH_RANGE_DB)
+#: Frames of 100 ms in the running median of ``sustained_db``: a second.
+SUSTAIN_FRAMES = 10
+
+
+def sustained_db(level_db: np.ndarray) -> tuple[float, float]:
+    """The quietest and the loudest level, dBFS, each held for about a second, of 100 ms frame
+    levels ``level_db`` (non-empty): the lowest and highest running median over
+    ``SUSTAIN_FRAMES`` frames (over all of them when there are fewer). A click, a burst or a
+    short dip does not move them, where the loudest or quietest single frame would be its."""
+    k = min(SUSTAIN_FRAMES, len(level_db))
+    medians = np.median(np.lib.stride_tricks.sliding_window_view(level_db, k), axis=1)
+    return float(medians.min()), float(medians.max())
 
 
 #: A frame is quiet within this many dB of the quietest frame of the search region...

@@ -166,6 +166,39 @@ def test_a_part_of_a_split_that_still_loops_loses_its_looping_segments() -> None
     assert res.looping_segment and res.loop_free_text == "w7 w8"
 
 
+def test_a_loop_faster_than_speech_is_dropped_where_its_window_cannot_be_split() -> None:
+    """Found: 60 s of room noise at -40 dBFS came back with "I'm going to do a little bit of a
+    little bit of ..." (about 700 characters) over its last window, 8 s (too short to split)."""
+    d = Decoding()
+    loop = Segment(52.0, 60.0, "a little bit of " * 44, compression_ratio=40.0)
+    r = WindowResult(text=loop.text, language="en", segments=[loop], avg_logprob=-0.3, compression_ratio=40.0,
+                     looping_segment=True, loop_free_text="", loop_chars_per_s=88.0)
+    kept = follow_up([r], d, can_split=False, was_split=False)
+    assert isinstance(kept, Accept) and kept.result.text == "" and kept.result.segments == []
+    # Speech that really repeats, at a speaking rate, stays ("no, no, no, ..." for 8 s).
+    slow = replace(r, loop_chars_per_s=12.0)
+    assert follow_up([slow], d, can_split=False, was_split=False) == Accept(slow, None)
+    # From the decoded tokens: characters per second of the looping segment's own time.
+    task = WindowTask(np.zeros(16_000 * 8, dtype=np.int16), offset_s=52.0)
+    words = {1: "a little bit of"}
+    res = window_result(task, [TB, *[1] * 40, TB + 400], "en", -0.2, 0.01, EOT, TB,
+                        lambda ids: " ".join(words[i] for i in ids), compression_ratio_threshold=2.4)
+    assert res.looping_segment and res.loop_chars_per_s == pytest.approx(len(" ".join(["a little bit of"] * 40)) / 8.0)
+
+
+def test_text_written_after_the_windows_audio_ends_is_dropped() -> None:
+    """Found: room noise at -40 dBFS came back with ". ." segments from 15.47 s on, each ending
+    at 12.97 s, where the window's audio ended: their start was read from timestamps in the
+    window's padding (the zeros after its audio), their end clamped to the audio."""
+    task = WindowTask(np.zeros(round(16_000 * 12.96), dtype=np.int16), offset_s=0.0, timestamps=True)
+    tokens = [ts(0), 1, ts(3), ts(3), 2, ts(12.5), ts(12.5), 3, ts(13.4), ts(15.4), 4, ts(18.0), ts(18.0), 5]
+    r = window_result(task, tokens, "en", -0.2, 0.01, EOT, TB, decode)
+    assert [(s.start_s, s.end_s, s.text) for s in r.segments] == [(0.0, 3.0, "w1"), (3.0, 12.5, "w2"),
+                                                                  (12.5, 12.96, "w3")]
+    assert r.text == "w1 w2 w3" and r.unfinished_from_s is None  # the window is done: nothing to seek to
+    assert all(s.start_s <= s.end_s <= task.duration_s for s in r.segments)
+
+
 def test_a_rest_holds_speech_from_13_frames_of_sound_and_a_seek_must_be_in_the_window() -> None:
     from tideserve.worker.longform import tail_holds_speech
 

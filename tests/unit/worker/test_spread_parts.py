@@ -138,3 +138,10 @@ def test_windows_given_with_a_part_are_checked_against_its_audio():
         prepare_audio(TranscriptionRequest(audio=wav), None, cuts=((0, 41 * SR),))
     with pytest.raises(BadInputError, match="longer than Whisper's 30 s"):
         prepare_audio(TranscriptionRequest(audio=wav), None, cuts=((0, 31 * SR),))
+    # Found by adversarial testing: 1,000 one-sample windows of 2 s of audio kept a replica
+    # decoding for minutes (each window a whole encoder pass). window_cuts gives at most one
+    # window per second of audio, and one more.
+    many = tuple((i, i + 1) for i in range(42))
+    with pytest.raises(BadInputError, match=r"42 windows given for 40\.0 s of audio"):
+        prepare_audio(TranscriptionRequest(audio=wav), None, cuts=many)
+    assert len(prepare_audio(TranscriptionRequest(audio=wav), None, cuts=many[:41]).cuts) == 41

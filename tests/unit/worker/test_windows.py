@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from tideserve.worker.windows import split_windows
 
@@ -80,10 +81,14 @@ def test_long_quiet_stretches_are_left_out_of_the_windows_but_the_quiet_next_to_
     room = lambda s: _speech(rng, s, -62.0)  # noqa: E731  room noise
     x = np.concatenate([_speech(rng, 5), np.zeros(60 * SR, np.float32), _speech(rng, 3), room(1.9),
                         _speech(rng, 2), room(10)])
-    # speech 0-5 s, zeros 5-65, speech 65-68, room 68-69.9 (under 2 s: kept), speech 69.9-71.9, room to 81.9
+    # speech 0-5 s, zeros 5-65, speech 65-68, room 68-69.9 (under 2 s), speech 69.9-71.9, room to 81.9.
+    # Quiet is relative to the file's quietest second, here digital zeros: the room noise is not.
     spans = [(a / SR, b / SR) for a, b in sound_spans(x)]
-    assert spans == [(0.0, 5.4), (64.6, 72.3)]
+    assert spans == [(0.0, 5.4), (64.6, 81.9)]
     assert [(a / SR, b / SR) for a, b in window_cuts(x)] == spans  # each under 30 s: one window each
+    # Without digital zeros, the room noise is the quiet: 2 s or more of it is left out.
+    r = np.concatenate([_speech(rng, 5), room(10), _speech(rng, 3), room(1.9), _speech(rng, 2), room(10)])
+    assert [(a / SR, b / SR) for a, b in sound_spans(r)] == [(0.0, 5.4), (14.6, 22.3)]
     # Quiet at the very start is left out whole: no pad before the file's start is needed.
     y = np.concatenate([np.zeros(45 * SR, np.float32), _speech(rng, 3)])
     assert [(a / SR, b / SR) for a, b in sound_spans(y)] == [(44.6, 48.0)]
@@ -108,3 +113,32 @@ def test_soft_speech_is_never_a_quiet_stretch_and_silence_still_gets_windows():
     cuts = window_cuts(silence)  # answered "" by the engine (digital silence), but a request has windows
     assert cuts[0][0] == 0 and cuts[-1][1] == len(silence) and len(cuts) == 3
     assert sound_spans(np.ones(100, np.int16)) == [(0, 100)]  # shorter than one frame: all of it
+
+
+@pytest.mark.parametrize(("loud", "soft_dbfs"), [("a 1 ms click at 0.9 of full scale", -45),
+                                                 ("0.2 s of noise at -3 dBFS", -45),
+                                                 ("1 s of a tone at -10 dBFS", -60),
+                                                 ("3 s of speech at -15 dBFS", -55)])
+def test_soft_speech_is_kept_in_a_file_with_something_loud(en_clips, loud, soft_dbfs):
+    """Found by adversarial testing (two passes): with one click in the file, a sentence at -45
+    dBFS peak was left out whole as quiet (the text came back as dots); with 0.7 s or more of a
+    tone, or loud speech, one at -55 to -60 dBFS peak between digital silence was too (all 11
+    words lost at -60)."""
+    from tideserve.worker.windows import sound_spans
+
+    rng = np.random.default_rng(6)
+    fox = next(c for c in en_clips if c.name == "quick_brown_fox").samples
+    soft = fox / np.abs(fox).max() * 10 ** (soft_dbfs / 20)
+    lead = np.zeros(5 * SR, np.float32)
+    if loud.startswith("a 1 ms click"):
+        lead[2 * SR: 2 * SR + 16] = 0.9
+    elif loud.startswith("0.2 s of noise"):
+        lead[2 * SR: 2 * SR + SR // 5] = rng.normal(0, 10 ** (-3 / 20) / 3, SR // 5)
+    elif loud.startswith("1 s of a tone"):
+        lead[SR: 2 * SR] = 10 ** (-10 / 20) * np.sin(2 * np.pi * 880 * np.arange(SR) / SR)
+    else:
+        lead[SR: 4 * SR] = np.resize(fox / np.abs(fox).max() * 10 ** (-15 / 20), 3 * SR)
+    x = np.concatenate([lead, soft, np.zeros(5 * SR, np.float32)])
+    spans = [(a / SR, b / SR) for a, b in sound_spans(x)]
+    speech = (5.0, 5.0 + len(fox) / SR)
+    assert any(a <= speech[0] and b >= speech[1] - 0.3 for a, b in spans), spans  # the whole sentence kept
