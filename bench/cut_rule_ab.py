@@ -23,8 +23,7 @@ sys.path.insert(0, str(ROOT / "src"))
 import accuracy as A  # noqa: E402
 
 import tideserve.worker.backends.whisper_text as wt  # noqa: E402
-import tideserve.worker.prep as prep  # noqa: E402
-import tideserve.worker.windows as now  # noqa: E402
+import tideserve.worker.windows as windows  # noqa: E402
 from tideserve.spec.models import Decoding  # noqa: E402
 
 BEFORE = "0dbcf11"
@@ -47,13 +46,15 @@ def main() -> int:
     guard = wt.loop_point
     clips = A.audio.load_en_clips()
     t = A.Tideserve("faster-whisper", "cpu-x86_64-int8", Decoding(beam_size=5, without_timestamps=False), 8)
-    variants = {"before": (before, None), "before+guard": (before, guard), "now": (now, None), "now+guard": (now, guard)}
+    now = windows.split_windows
+    variants = {"before": (before.split_windows, None), "before+guard": (before.split_windows, guard),
+                "now": (now, None), "now+guard": (now, guard)}
     total = dict.fromkeys(variants, 0.0)
     for minutes, seed in [(1, 13), (1, 21), (1, 22), (1, 23), (5, 14), (5, 24)]:
         samples, ref = A.long_file(clips, minutes, seed)
         row: dict = {"minutes": minutes, "seed": seed}
-        for name, (mod, loop) in variants.items():
-            prep.split_windows = mod.split_windows
+        for name, (cut, loop) in variants.items():
+            windows.split_windows = cut  # the cut window_cuts makes
             wt.loop_point = loop or (lambda *a: None)
             w = A.audio.wer(ref, " ".join(x[2].strip() for x in t(samples)))
             row[name] = round(w, 4)

@@ -71,6 +71,8 @@ def main() -> int:
     ap.add_argument("--pad", type=float, help="quiet kept either side of sound, s (default: worker.windows.QUIET_PAD_S)")
     a = ap.parse_args()
     if a.pad is not None:
+        if not 0 <= a.pad <= windows.SKIP_QUIET_S / 2:
+            ap.error(f"--pad must be 0-{windows.SKIP_QUIET_S / 2:g} s (half the shortest quiet run left out)")
         windows.QUIET_PAD_S = a.pad
     clips = A.audio.load_en_clips()
     t = A.Tideserve("faster-whisper", "cpu-x86_64-int8", Decoding(beam_size=a.beam, without_timestamps=False), 8)

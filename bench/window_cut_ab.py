@@ -29,7 +29,7 @@ import accuracy as A  # noqa: E402
 from longform_rule_ab import FILES  # noqa: E402
 
 from tideserve.spec.models import Decoding  # noqa: E402
-from tideserve.worker import prep  # noqa: E402
+from tideserve.worker import windows  # noqa: E402
 from tideserve.worker.windows import WINDOW_S, Window, pause_middle, split_windows  # noqa: E402
 
 
@@ -75,13 +75,13 @@ def main() -> int:
             samples, ref = A.long_file(clips, minutes, seed)
             row: dict = {"system": name, "minutes": minutes, "seed": seed}
             for side in ("today", "balanced") if seed % 2 else ("balanced", "today"):
-                prep.split_windows = split_windows if side == "today" else balanced_windows
+                windows.split_windows = split_windows if side == "today" else balanced_windows  # window_cuts' cut
                 segs = t(samples)
                 w = A.audio.wer(ref, " ".join(x[2].strip() for x in segs))
                 row[side] = round(w, 4)
                 row[f"{side}_windows"] = len((split_windows if side == "today" else balanced_windows)(samples))
                 totals[name][side] += w
-            prep.split_windows = split_windows
+            windows.split_windows = split_windows
             print(json.dumps(row), flush=True)
     print("total", json.dumps({k: {s: round(v, 4) for s, v in x.items()} for k, x in totals.items()}))
     return 0

@@ -33,8 +33,9 @@ faster-whisper's ``generate_with_fallback``:
   the segments that loop by themselves: a loop that survived two cuts of the audio is taken as one
   the audio does not hold (found by adversarial testing: 60 s of a pure tone came back as 9
   segments of "Beep beep beep ..." where faster-whisper's ``transcribe`` returns nothing). So
-  does a window too short to split whose looping segment writes more than
-  ``MAX_LOOP_CHARS_PER_S`` characters per second of its audio (faster than anyone speaks).
+  does, in a window too short to split, a looping segment that writes more than
+  ``whisper_text.MAX_LOOP_CHARS_PER_S`` characters per second of its audio (faster than anyone
+  speaks); a looping segment at a speaking rate beside it stays.
 
 - tideserve's addition, the repeated rest: a rest decoded after a seek whose whole text is the
   end of the last segment the decode before it completed (letters and digits only, case
@@ -80,8 +81,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from tideserve.spec.models import Decoding
+from tideserve.protocol.types import Segment
 from tideserve.worker.backends.base import PreviousText, WindowResult
-from tideserve.worker.windows import sound_s
+from tideserve.worker.backends.whisper_text import too_fast
+from tideserve.worker.windows import MIN_SPEECH_S, sound_s
 
 
 @dataclass(frozen=True)
@@ -129,10 +132,8 @@ def best_attempt(attempts: Sequence[WindowResult], d: Decoding) -> WindowResult:
     return max(fitting, key=lambda a: a.avg_logprob) if fitting else attempts[-1]
 
 
-#: Sound (seconds above the quiet level) a window's rest must hold to be decoded after a seek:
-#: Silero VAD's default shortest speech (``min_speech_duration_ms`` 250, snakers4/silero-vad
-#: ``get_speech_timestamps``). Counted in whole 20 ms frames, so 13 frames (0.26 s) are needed.
-MIN_SPEECH_S = 0.25
+# MIN_SPEECH_S (worker.windows): sound (seconds above the quiet level) a window's rest must hold
+# to be decoded after a seek. Counted here in whole 20 ms frames, so 13 frames (0.26 s) are needed.
 
 
 def tail_holds_speech(samples: np.ndarray, seek_s: float, sample_rate: int = 16_000,
@@ -203,25 +204,27 @@ def follow_up(attempts: Sequence[WindowResult], d: Decoding, can_split: bool = F
     if loops(kept, d):
         if can_split:
             return Split()
-        if was_split or kept.loop_chars_per_s > MAX_LOOP_CHARS_PER_S:
+        if was_split:
             kept = without_loops(kept, d)
+        elif kept.fast_loop_free_text is not None:
+            kept = without_loops(kept, d, too_fast_only=True)
     return Accept(kept, kept.unfinished_from_s)
 
 
-#: A segment that loops by itself and writes more characters per second of its audio than this
-#: is dropped even where its window cannot be split (too short): no one speaks that fast. Twice a
-#: fast speaking rate: 200 words a minute of about 6 characters each (a space included) is 20
-#: per second. Found: 60 s of room noise at -40 dBFS came back with "I'm going to do a little
-#: bit of a little bit of ..." (about 700 characters) over its last 8 s window (87 a second).
-MAX_LOOP_CHARS_PER_S = 40.0
-
-
-def without_loops(r: WindowResult, d: Decoding) -> WindowResult:
+def without_loops(r: WindowResult, d: Decoding, too_fast_only: bool = False) -> WindowResult:
     """``r`` without its segments over the compression threshold by themselves (see the module
-    doc): its text is the other segments' (``loop_free_text``)."""
+    doc), or only those of them written faster than anyone speaks (``too_fast_only``;
+    ``whisper_text.too_fast``): its text is the other segments' (``loop_free_text`` /
+    ``fast_loop_free_text``)."""
     limit = d.compression_ratio_threshold
-    return replace(r, text=r.loop_free_text or "", looping_segment=False, last_segment_text="", tokens=(), segments=[
-        s for s in r.segments if limit is None or s.compression_ratio is None or s.compression_ratio <= limit])
+
+    def drop(s: Segment) -> bool:
+        loops = limit is not None and s.compression_ratio is not None and s.compression_ratio > limit
+        return loops and (not too_fast_only or too_fast(s.text, s.start_s, s.end_s))
+
+    text = r.fast_loop_free_text if too_fast_only else r.loop_free_text
+    return replace(r, text=text or "", looping_segment=False, last_segment_text="", tokens=(),
+                   fast_loop_free_text=None, segments=[s for s in r.segments if not drop(s)])
 
 
 _NOT_ALNUM = re.compile(r"[\W_]+")

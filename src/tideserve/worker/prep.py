@@ -142,19 +142,20 @@ def prepare_infer(body: bytes, header_length: str | None, max_audio_s: float | N
 
 def spread(prepared: Prepared, parts: int, min_part_s: float) -> Prepared:
     """``prepared`` cut into at most ``parts`` parts of whole windows (so at pauses, where the
-    windows were cut), each about the same duration and at least ``min_part_s`` long: the first
-    stays in ``prepared`` (its ``pcm``, ``cuts``, ``silent``), the others go to ``remote`` as WAV
-    files. A file under two parts' length, or of one window, is returned as it is.
+    windows were cut), each about the same audio to decode and at least ``min_part_s`` of it
+    (the windows' lengths; quiet left out of them does not count): the first stays in
+    ``prepared`` (its ``pcm``, ``cuts``, ``silent``), the others go to ``remote`` as WAV files. A
+    file under two parts' length, or of one window, is returned as it is.
 
     The parts' boundaries are the window ends nearest to the even split; each later part goes
     with its windows (``RemotePart.cuts``), so its helper decodes the same windows, and so
     writes the same text, as in one piece."""
     n = len(prepared.cuts)
-    k = min(parts, int(prepared.duration_s // min_part_s)) if min_part_s > 0 else parts
+    ends = list(itertools.accumulate(b - a for a, b in prepared.cuts))  # audio to decode up to each window's end
+    total = ends[-1] if ends else 0
+    k = min(parts, int(total / SAMPLE_RATE // min_part_s)) if min_part_s > 0 else parts
     if k < 2 or n < 2 or prepared.remote:
         return prepared
-    total = prepared.cuts[-1][1]
-    ends = [e for _, e in prepared.cuts]
     last: list[int] = []  # index of each part's last window
     for i in range(1, k):
         j = min(range(n - 1), key=lambda w: abs(ends[w] - i * total / k))

@@ -64,7 +64,8 @@ def window_cuts(samples: np.ndarray, sample_rate: int = 16_000) -> list[tuple[in
     ``(start, end)`` sample indices, in order, without overlap: each of its ``sound_spans`` cut
     as ``split_windows`` cuts a file, so no window holds a long quiet run (what is left out
     between them is answered with nothing). Audio without sound (digital silence) is cut whole,
-    so that a request always has windows (the engine answers them "")."""
+    so that a request always has windows (the engine answers them ""), and so is audio whose
+    only sound is shorter than ``MIN_SPEECH_S`` (decoded as before this rule)."""
     out: list[tuple[int, int]] = []
     for a, b in sound_spans(samples, sample_rate) or [(0, len(samples))]:
         for w in split_windows(samples[a:b], sample_rate):
@@ -73,6 +74,10 @@ def window_cuts(samples: np.ndarray, sample_rate: int = 16_000) -> list[tuple[in
     return out
 
 
+#: The shortest speech, seconds of sound: Silero VAD's default (``min_speech_duration_ms`` 250,
+#: snakers4/silero-vad ``get_speech_timestamps``). Less between two long quiet runs is left out
+#: with them (``sound_spans``); a rest after a seek must hold this much (``longform``).
+MIN_SPEECH_S = 0.25
 #: Quiet runs at least this long are left out of the windows: faster-whisper's VAD default
 #: (``VadOptions.min_silence_duration_ms`` 2000, used by ``transcribe(vad_filter=True)``)...
 SKIP_QUIET_S = 2.0
@@ -87,8 +92,10 @@ def sound_spans(samples: np.ndarray, sample_rate: int = 16_000) -> list[tuple[in
     at the start or end of the audio). A 100 ms frame is quiet within ``QUIET_ABOVE_MIN_DB`` of
     the audio's quietest second, and never within ``SPEECH_RANGE_DB`` of its loudest second
     (``sustained_db``; digital zeros are always quiet). Both are relative to the audio itself:
-    speech is left out only at its own noise floor. Empty when every frame is quiet (digital
-    silence); the whole audio when it is shorter than one frame. Deterministic.
+    speech is left out only at its own noise floor. A span with less than ``MIN_SPEECH_S`` of
+    sound (whole frames) is left out too. Empty when every frame is quiet (digital silence) or
+    no span holds that much sound; the whole audio when it is shorter than one frame.
+    Deterministic.
 
     Found by adversarial testing, each a sentence left out as quiet: with the pause rule's level
     (``quiet_level_db``: the quietest *frame* + 10 dB, or -50 dBFS) and a guard of 30 dB under the
@@ -117,7 +124,10 @@ def sound_spans(samples: np.ndarray, sample_rate: int = 16_000) -> list[tuple[in
         start = hi
     if start < n:
         spans.append((start, n))
-    return spans
+    # A click or a knock between long quiet runs is left out with them: decoded alone it came back
+    # as "." and was the first window with sound, where the language is identified.
+    return [(a, b) for a, b in spans if np.count_nonzero(~quiet[a // frame: -(-b // frame)]) * frame
+            >= MIN_SPEECH_S * sample_rate]
 
 
 def frame_rms(samples: np.ndarray, frame: int) -> np.ndarray:

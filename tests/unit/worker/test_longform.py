@@ -170,20 +170,24 @@ def test_a_loop_faster_than_speech_is_dropped_where_its_window_cannot_be_split()
     """Found: 60 s of room noise at -40 dBFS came back with "I'm going to do a little bit of a
     little bit of ..." (about 700 characters) over its last window, 8 s (too short to split)."""
     d = Decoding()
-    loop = Segment(52.0, 60.0, "a little bit of " * 44, compression_ratio=40.0)
-    r = WindowResult(text=loop.text, language="en", segments=[loop], avg_logprob=-0.3, compression_ratio=40.0,
-                     looping_segment=True, loop_free_text="", loop_chars_per_s=88.0)
+    loop = Segment(52.0, 57.0, "a little bit of " * 44, compression_ratio=40.0)  # 704 characters in 5 s
+    no = Segment(57.0, 60.0, "no, no, no, no, no, no, no, no, no,", compression_ratio=3.0)  # 12 a second
+    r = WindowResult(text=f"{loop.text} {no.text}", language="en", segments=[loop, no], avg_logprob=-0.3,
+                     compression_ratio=40.0, looping_segment=True, loop_free_text="", fast_loop_free_text=no.text)
     kept = follow_up([r], d, can_split=False, was_split=False)
-    assert isinstance(kept, Accept) and kept.result.text == "" and kept.result.segments == []
-    # Speech that really repeats, at a speaking rate, stays ("no, no, no, ..." for 8 s).
-    slow = replace(r, loop_chars_per_s=12.0)
+    # The loop goes; speech that really repeats, at a speaking rate, stays beside it (review).
+    assert isinstance(kept, Accept) and kept.result.text == no.text and kept.result.segments == [no]
+    slow = replace(r, text=no.text, segments=[no], fast_loop_free_text=None)
     assert follow_up([slow], d, can_split=False, was_split=False) == Accept(slow, None)
-    # From the decoded tokens: characters per second of the looping segment's own time.
+    # From the decoded tokens: characters per second of each looping segment's own time.
     task = WindowTask(np.zeros(16_000 * 8, dtype=np.int16), offset_s=52.0)
-    words = {1: "a little bit of"}
-    res = window_result(task, [TB, *[1] * 40, TB + 400], "en", -0.2, 0.01, EOT, TB,
-                        lambda ids: " ".join(words[i] for i in ids), compression_ratio_threshold=2.4)
-    assert res.looping_segment and res.loop_chars_per_s == pytest.approx(len(" ".join(["a little bit of"] * 40)) / 8.0)
+    words = {1: "a little bit of", 2: "no,"}
+    dec = lambda ids: " ".join(words[i] for i in ids)  # noqa: E731
+    res = window_result(task, [TB, *[1] * 40, TB + 250, TB + 250, *[2] * 9, TB + 400], "en", -0.2, 0.01, EOT, TB,
+                        dec, compression_ratio_threshold=2.4)
+    assert res.looping_segment and res.fast_loop_free_text == "no, " * 8 + "no,"
+    assert window_result(task, [TB, *[2] * 9, TB + 400], "en", -0.2, 0.01, EOT, TB, dec,
+                         compression_ratio_threshold=2.4).fast_loop_free_text is None
 
 
 def test_text_written_after_the_windows_audio_ends_is_dropped() -> None:

@@ -119,15 +119,18 @@ def test_the_identification_comes_from_the_first_part_that_has_one():
 def test_a_part_goes_with_its_files_windows_and_the_file_keeps_its_length():
     """Windows leave out long quiet stretches (``worker.windows.window_cuts``), so a part's
     helper must not cut its audio again: the part carries the file's windows, from its start."""
-    gaps = ((0, 30 * SR), (40 * SR, 70 * SR), (90 * SR, 100 * SR), (100 * SR, 120 * SR))  # quiet left out between
-    pcm = (np.arange(130 * SR) % 30_000).astype(np.int16)
-    p = Prepared(TranscriptionRequest(audio=b""), pcm, gaps, silent=(False,) * 4, samples=len(pcm))
+    gaps = ((0, 10 * SR), *(((60 + 10 * i) * SR, (70 + 10 * i) * SR) for i in range(5)))  # 50 s left out after 10 s
+    pcm = (np.arange(120 * SR) % 30_000).astype(np.int16)
+    p = Prepared(TranscriptionRequest(audio=b""), pcm, gaps, silent=(False,) * 6, samples=len(pcm))
     out = spread(p, parts=2, min_part_s=30)
+    # 60 s to decode: the even split is after 30 s of windows (the third window's end, at 80 s),
+    # not at the file's middle (55 s: after the second, 20 s against 40 s).
     (part,) = out.remote
-    assert (part.start, part.end) == (90 * SR, 120 * SR) and out.cuts == gaps[:2]
-    assert part.cuts == ((0, 10 * SR), (10 * SR, 30 * SR))
-    assert np.array_equal(pcm16_wav(part.wav), pcm[90 * SR: 120 * SR])
-    assert out.duration_s == 130.0  # the quiet end left out of the windows still counts
+    assert (part.start, part.end) == (80 * SR, 110 * SR) and out.cuts == gaps[:3]
+    assert part.cuts == ((0, 10 * SR), (10 * SR, 20 * SR), (20 * SR, 30 * SR))
+    assert np.array_equal(pcm16_wav(part.wav), pcm[80 * SR: 110 * SR])
+    assert out.duration_s == 120.0  # the quiet end left out of the windows still counts
+    assert spread(p, parts=2, min_part_s=31) is p  # 60 s to decode: under two parts of 31 s
 
 
 def test_windows_given_with_a_part_are_checked_against_its_audio():

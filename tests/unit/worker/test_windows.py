@@ -115,11 +115,13 @@ def test_soft_speech_is_never_a_quiet_stretch_and_silence_still_gets_windows():
     assert sound_spans(np.ones(100, np.int16)) == [(0, 100)]  # shorter than one frame: all of it
 
 
-@pytest.mark.parametrize(("loud", "soft_dbfs"), [("a 1 ms click at 0.9 of full scale", -45),
-                                                 ("0.2 s of noise at -3 dBFS", -45),
-                                                 ("1 s of a tone at -10 dBFS", -60),
-                                                 ("3 s of speech at -15 dBFS", -55)])
-def test_soft_speech_is_kept_in_a_file_with_something_loud(en_clips, loud, soft_dbfs):
+@pytest.mark.parametrize(("loud", "soft_dbfs", "floor_dbfs"), [
+    ("a 1 ms click at 0.9 of full scale", -45, None), ("0.2 s of noise at -3 dBFS", -45, None),
+    ("1 s of a tone at -10 dBFS", -60, None), ("3 s of speech at -15 dBFS", -55, None),
+    # Over room noise 15 dB under the soft speech's peak: the quietest second + 10 dB would take
+    # the soft speech's quieter frames; 30 dB under its loudest second (not the click's) holds them.
+    ("a 1 ms click at 0.9 of full scale", -45, -60)])
+def test_soft_speech_is_kept_in_a_file_with_something_loud(en_clips, loud, soft_dbfs, floor_dbfs):
     """Found by adversarial testing (two passes): with one click in the file, a sentence at -45
     dBFS peak was left out whole as quiet (the text came back as dots); with 0.7 s or more of a
     tone, or loud speech, one at -55 to -60 dBFS peak between digital silence was too (all 11
@@ -139,6 +141,25 @@ def test_soft_speech_is_kept_in_a_file_with_something_loud(en_clips, loud, soft_
     else:
         lead[SR: 4 * SR] = np.resize(fox / np.abs(fox).max() * 10 ** (-15 / 20), 3 * SR)
     x = np.concatenate([lead, soft, np.zeros(5 * SR, np.float32)])
+    if floor_dbfs is not None:
+        x += rng.normal(0, 10 ** (floor_dbfs / 20), len(x)).astype(np.float32)
     spans = [(a / SR, b / SR) for a, b in sound_spans(x)]
-    speech = (5.0, 5.0 + len(fox) / SR)
-    assert any(a <= speech[0] and b >= speech[1] - 0.3 for a, b in spans), spans  # the whole sentence kept
+    speech = (5.0 + 0.05, 5.0 + 2.56)  # the clip's sound (it opens and ends with its own quiet)
+    assert any(a <= speech[0] and b >= speech[1] for a, b in spans), spans  # the whole sentence kept
+
+
+def test_a_click_between_long_quiet_runs_is_left_out_with_them():
+    """Review: a click alone between two long quiet runs became a window of its own, the first
+    with sound, where the language is identified (and decoded alone it came back as ".")."""
+    from tideserve.worker.windows import sound_spans, window_cuts
+
+    rng = np.random.default_rng(7)
+    x = np.zeros(20 * SR, np.float32)
+    x[2 * SR: 2 * SR + 16] = 0.9
+    speech = _speech(rng, 3)
+    assert [(a / SR, b / SR) for a, b in sound_spans(np.concatenate([x, speech]))] == [(19.6, 23.0)]
+    # Its only sound shorter than MIN_SPEECH_S: the audio is cut whole, as before the rule.
+    assert sound_spans(x) == [] and window_cuts(x) == [(0, 20 * SR)]
+    # Three frames of sound (0.3 s) are speech enough.
+    x[2 * SR: 2 * SR + 3 * SR // 10] = _speech(rng, 0.3)
+    assert [(a / SR, b / SR) for a, b in sound_spans(x)] == [(1.6, 2.7)]

@@ -97,9 +97,9 @@ class WindowResult:
     looping_segment: bool = False
     #: With ``looping_segment``: the text without the segments that loop by themselves.
     loop_free_text: str | None = None
-    #: The most characters per second of audio written by a segment that loops by itself (0.0
-    #: without one; ``longform.MAX_LOOP_CHARS_PER_S``).
-    loop_chars_per_s: float = 0.0
+    #: With a segment that loops by itself faster than anyone speaks
+    #: (``whisper_text.too_fast``): the text without those segments; None without one.
+    fast_loop_free_text: str | None = None
     #: The probability of ``language`` when the model detected it (None when it was given).
     language_probability: float | None = None
     temperature: float = 0.0

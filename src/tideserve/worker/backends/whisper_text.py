@@ -147,8 +147,9 @@ def window_result(task: WindowTask, tokens: Sequence[int], language: str, avg_lo
     text = full_text if unfinished is None else decode([t for t in tokens if t < eot]).strip()
     segments = []
     looping = False
-    loop_rate = 0.0  # characters per second of the fastest segment that loops by itself
+    fast = False  # a segment loops by itself faster than anyone speaks
     loop_free: list[str] = []  # the texts of the segments that do not loop by themselves
+    fast_free: list[str] = []  # ... that do not loop faster than anyone speaks
     timestamped = any(t >= timestamp_begin for t in tokens)
     spans = split_by_timestamps(tokens, timestamp_begin, duration)
     if task.timestamps or (timestamped and compression_ratio_threshold is not None and cr > compression_ratio_threshold):
@@ -157,10 +158,12 @@ def window_result(task: WindowTask, tokens: Sequence[int], language: str, avg_lo
             seg_cr = compression_ratio(seg_text)
             seg_loops = timestamped and compression_ratio_threshold is not None and seg_cr > compression_ratio_threshold
             looping |= seg_loops
-            if seg_loops:
-                loop_rate = max(loop_rate, len(seg_text) / max(end - start, TIME_PRECISION_S))
+            seg_fast = seg_loops and too_fast(seg_text, start, end)
+            fast |= seg_fast
             if seg_text and not seg_loops:
                 loop_free.append(seg_text)
+            if seg_text and not seg_fast:
+                fast_free.append(seg_text)
             if seg_text and task.timestamps:
                 segments.append(Segment(
                     start_s=task.offset_s + start, end_s=task.offset_s + end, text=seg_text,
@@ -179,7 +182,7 @@ def window_result(task: WindowTask, tokens: Sequence[int], language: str, avg_lo
                         tokens=_fed_back(tokens, eot, timestamp_begin, duration),
                         avg_logprob=avg, no_speech_prob=nsp, compression_ratio=cr, temperature=temp,
                         looping_segment=looping, loop_free_text=" ".join(loop_free) if looping else None,
-                        loop_chars_per_s=loop_rate)
+                        fast_loop_free_text=" ".join(fast_free) if fast else None)
 
 
 def _fed_back(tokens: Sequence[int], eot: int, timestamp_begin: int, duration_s: float) -> tuple[int, ...]:
@@ -199,6 +202,20 @@ def _fed_back(tokens: Sequence[int], eot: int, timestamp_begin: int, duration_s:
     elif out and out[-1] < timestamp_begin and any(t >= timestamp_begin for t in out):
         out.append(end)
     return tuple(out)
+
+
+#: Characters per second of its audio over which a segment that loops by itself is taken for
+#: one the audio does not hold (``too_fast``; ``longform.follow_up``). Twice a fast speaking
+#: rate: 200 words a minute of about 6 characters each (a space included) is 20 a second. Found:
+#: 60 s of room noise at -40 dBFS came back with "I'm going to do a little bit of a little bit of
+#: ..." (about 700 characters) over its last 8 s window (87 a second).
+MAX_LOOP_CHARS_PER_S = 40.0
+
+
+def too_fast(text: str, start_s: float, end_s: float) -> bool:
+    """True when ``text`` written over ``start_s``-``end_s`` (seconds) is more than
+    ``MAX_LOOP_CHARS_PER_S`` characters per second (a zero-length span counts as 20 ms)."""
+    return len(text) / max(end_s - start_s, TIME_PRECISION_S) > MAX_LOOP_CHARS_PER_S
 
 
 def within_audio(tokens: list[int], timestamp_begin: int, duration_s: float) -> list[int]:
