@@ -8,11 +8,15 @@ alternates with the seed); files from bench/accuracy.py's generator. Rules
 - ``repeated-rest``: a rest whose text only repeats the end of the text before it is dropped
   (``repeats_tail``; before: kept);
 - ``resumed-rest``: a rest after a seek is decoded over its window's kept encoder output from the
-  seek point (the faster-whisper backend's ``resumes``; before: encoded again from its own audio).
+  seek point (the faster-whisper backend's ``resumes``; before: encoded again from its own audio);
+- ``rest-quiet-level``: a rest's speech is measured against the window's ``windows.quiet_level``
+  (the quietest and loudest second; before: ``frame_guard_sound_s``, the level ``sound_s`` took
+  until 2026-12-05: the quietest frame + 10 dB or -50 dBFS, under the loudest frame - 30 dB).
 
     .venv/bin/python bench/longform_rule_ab.py --rule quiet-tail --beam 1
     .venv/bin/python bench/longform_rule_ab.py --rule repeated-rest --beam 5
     .venv/bin/python bench/longform_rule_ab.py --rule resumed-rest --beam 5
+    .venv/bin/python bench/longform_rule_ab.py --rule rest-quiet-level --beam 1
 
 Prints one JSON line per file (WER and seconds of each, and how often the rule decided) and
 the totals.
@@ -32,15 +36,35 @@ sys.path.insert(0, str(ROOT / "src"))
 
 import accuracy as A  # noqa: E402
 
+import numpy as np  # noqa: E402
+
 from tideserve.spec.models import Decoding  # noqa: E402
-from tideserve.worker import engine  # noqa: E402
+from tideserve.worker import engine, longform, windows  # noqa: E402
 
 FILES = "1:13,1:21,1:22,1:23,5:14,5:24,5:25,5:26,20:15,10:31,10:32"
+
+
+def frame_guard_sound_s(samples: np.ndarray, reference: np.ndarray, sample_rate: int = 16_000) -> float:
+    """``windows.sound_s`` as it was before ``windows.quiet_level`` (the A/B's "before" of
+    ``rest-quiet-level``): the quiet level of ``reference`` is its quietest 100 ms frame + 10 dB,
+    or -50 dBFS if higher, but never over its loudest 100 ms frame - 30 dB."""
+    hop = max(1, sample_rate // 50)
+    frames = windows.frame_rms(samples, hop)
+    ref = windows.frame_rms(reference, max(1, sample_rate // 10))
+    if len(frames) == 0 or len(ref) == 0:
+        return len(frames) * hop / sample_rate
+    ref_db = windows._db(ref)
+    limit_db = min(windows.quiet_level_db(ref_db), float(ref_db.max()) - windows.SPEECH_RANGE_DB)
+    return int(np.count_nonzero(frames > 10.0 ** (limit_db / 20.0))) * hop / sample_rate
+
+
 #: rule -> (the engine's name for it, what it answers when switched off, its EngineStats counter);
-#: a name starting "backend." is an attribute of the backend, set to the second value to switch it off
+#: a name starting "backend." is an attribute of the backend, set to the second value to switch it
+#: off; one starting "longform." a function of ``worker.longform`` replaced by the second value
 RULES = {"quiet-tail": ("tail_holds_speech", True, "quiet_rests"),
          "repeated-rest": ("repeats_tail", False, "repeated_rests"),
-         "resumed-rest": ("backend.resumes", False, "resumed_rests")}
+         "resumed-rest": ("backend.resumes", False, "resumed_rests"),
+         "rest-quiet-level": ("longform.sound_s", frame_guard_sound_s, "quiet_rests")}
 
 
 def main() -> int:
@@ -55,6 +79,8 @@ def main() -> int:
     owner: object = engine
     if attr.startswith("backend."):
         owner, attr = t.backend, attr.removeprefix("backend.")
+    elif attr.startswith("longform."):
+        owner, attr = longform, attr.removeprefix("longform.")
     rule = getattr(owner, attr)
     t(clips[0].samples)  # warm-up
     wer = {"before": 0.0, "after": 0.0}
@@ -64,7 +90,7 @@ def main() -> int:
         samples, ref = A.long_file(clips, minutes, seed)
         row: dict = {"minutes": minutes, "seed": seed}
         for side in ("before", "after") if seed % 2 else ("after", "before"):
-            before = off if owner is t.backend else (lambda *_, v=off: v)
+            before = off if owner is not engine else (lambda *_, v=off: v)
             setattr(owner, attr, before if side == "before" else rule)
             t0 = time.perf_counter()
             segs = t(samples)

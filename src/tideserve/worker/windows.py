@@ -108,8 +108,7 @@ def sound_spans(samples: np.ndarray, sample_rate: int = 16_000) -> list[tuple[in
     n = len(samples)
     if len(rms) == 0:
         return [(0, n)]
-    quietest, loudest = sustained_db(_db(rms))
-    quiet = rms <= 10.0 ** (min(quietest + QUIET_ABOVE_MIN_DB, loudest - SPEECH_RANGE_DB) / 20.0)
+    quiet = rms <= 10.0 ** (quiet_level(_db(rms)) / 20.0)
     skip, pad = round(SKIP_QUIET_S * sample_rate), round(QUIET_PAD_S * sample_rate)
     spans: list[tuple[int, int]] = []
     start = 0  # where the next span begins
@@ -160,17 +159,19 @@ def quiet_level_db(level_db: np.ndarray) -> float:
 
 
 def sound_s(samples: np.ndarray, reference: np.ndarray, sample_rate: int = 16_000) -> float:
-    """Seconds of ``samples`` louder than the quiet level of ``reference``: the number of whole
-    20 ms frames of ``samples`` whose RMS is over that level, times 0.02 s (a partial last frame
-    is not counted). Both arrays are mono, shape ``(n,)``, at ``sample_rate``, int16 PCM or float
-    in [-1, 1]; ``samples`` is usually a slice of ``reference``.
+    """Seconds of ``samples`` louder than the ``quiet_level`` of ``reference``: the number of
+    whole 20 ms frames of ``samples`` whose RMS is over that level, times 0.02 s (a partial last
+    frame is not counted; digital zeros are always quiet). Both arrays are mono, shape ``(n,)``,
+    at ``sample_rate``, int16 PCM or float in [-1, 1]; ``samples`` is usually a slice of
+    ``reference`` (a window). In a reference without a pause (its quietest second is soft
+    speech) soft speech still counts as sound, by the level's 30 dB range. A reference shorter
+    than 100 ms counts every frame as sound.
 
-    The quiet level is the pause rule's (see the module doc): the quietest 100 ms frame of
-    ``reference`` + ``QUIET_ABOVE_MIN_DB``, or ``QUIET_FLOOR_DBFS`` if higher; but never above
-    ``SPEECH_RANGE_DB`` under its loudest 100 ms frame, so that in a reference without a pause
-    (its quietest frame is soft speech) soft speech still counts as sound. In a recording whose
-    speech is less than about 40 dB over its noise, room noise counts as sound too: the measure
-    then errs towards sound. A reference shorter than 100 ms counts every frame as sound."""
+    The same quiet as ``sound_spans``'. Before, this measure took the pause rule's level (the
+    quietest *frame* + 10 dB, or -50 dBFS) under a guard of 30 dB below the loudest *frame*: in
+    a window of speech at -55 dBFS peak between digital silence, one click put the guard over
+    -50 dBFS, every frame of the speech counted as quiet, and a rest after a seek holding it
+    would not have been decoded (found in review of ``sound_spans``' adversarial fixes)."""
     hop = max(1, sample_rate // 50)
     frames = frame_rms(samples, hop)
     if len(frames) == 0:
@@ -178,9 +179,19 @@ def sound_s(samples: np.ndarray, reference: np.ndarray, sample_rate: int = 16_00
     ref = frame_rms(reference, max(1, sample_rate // 10))
     if len(ref) == 0:
         return len(frames) * hop / sample_rate
-    ref_db = _db(ref)
-    limit_db = min(quiet_level_db(ref_db), float(ref_db.max()) - SPEECH_RANGE_DB)
-    return int(np.count_nonzero(frames > 10.0 ** (limit_db / 20.0))) * hop / sample_rate  # digital zeros: quiet
+    limit = 10.0 ** (quiet_level(_db(ref)) / 20.0)
+    return int(np.count_nonzero(frames > limit)) * hop / sample_rate
+
+
+def quiet_level(level_db: np.ndarray) -> float:
+    """The level, dBFS, at or under which a frame of some audio is quiet, given the audio's 100 ms
+    frame levels ``level_db`` (dBFS, non-empty): ``QUIET_ABOVE_MIN_DB`` over its quietest second,
+    but never within ``SPEECH_RANGE_DB`` of its loudest second (``sustained_db``). Relative to the
+    audio alone, with no absolute floor, so neither a click nor a short loud burst moves it.
+    The one quiet of ``sound_spans`` (long quiet stretches) and ``sound_s`` (a rest's speech);
+    the cut's pause search (``pause_middle``) keeps the pause rule, ``quiet_level_db``."""
+    quietest, loudest = sustained_db(level_db)
+    return min(quietest + QUIET_ABOVE_MIN_DB, loudest - SPEECH_RANGE_DB)
 
 
 #: Frames of 100 ms in the running median of ``sustained_db``: a second.
@@ -197,13 +208,14 @@ def sustained_db(level_db: np.ndarray) -> tuple[float, float]:
     return float(medians.min()), float(medians.max())
 
 
-#: A frame is quiet within this many dB of the quietest frame of the search region...
+#: A frame is quiet within this many dB of the quietest frame of the search region (the pause
+#: rule, ``quiet_level_db``) or of the audio's quietest second (``quiet_level``)...
 QUIET_ABOVE_MIN_DB = 10.0
-#: ...or under this level (dBFS), whatever the quietest frame.
+#: ...and, in the pause rule only, under this level (dBFS), whatever the quietest frame.
 QUIET_FLOOR_DBFS = -50.0
 #: The dynamic range of speech, dB: ANSI S3.5-1997 (the speech intelligibility index) takes speech
-#: levels over a 30 dB range (15 dB either side of the long-term level); ``sound_s`` counts it down
-#: from the loudest 100 ms frame and never calls a frame within it quiet.
+#: levels over a 30 dB range (15 dB either side of the long-term level); ``quiet_level`` counts it
+#: down from the loudest second and never calls a frame within it quiet.
 SPEECH_RANGE_DB = 30.0
 
 

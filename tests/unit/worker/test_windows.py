@@ -126,7 +126,7 @@ def test_soft_speech_is_kept_in_a_file_with_something_loud(en_clips, loud, soft_
     dBFS peak was left out whole as quiet (the text came back as dots); with 0.7 s or more of a
     tone, or loud speech, one at -55 to -60 dBFS peak between digital silence was too (all 11
     words lost at -60)."""
-    from tideserve.worker.windows import sound_spans
+    from tideserve.worker.windows import sound_s, sound_spans
 
     rng = np.random.default_rng(6)
     fox = next(c for c in en_clips if c.name == "quick_brown_fox").samples
@@ -146,6 +146,9 @@ def test_soft_speech_is_kept_in_a_file_with_something_loud(en_clips, loud, soft_
     spans = [(a / SR, b / SR) for a, b in sound_spans(x)]
     speech = (5.0 + 0.05, 5.0 + 2.56)  # the clip's sound (it opens and ends with its own quiet)
     assert any(a <= speech[0] and b >= speech[1] for a, b in spans), spans  # the whole sentence kept
+    # The same quiet measures a rest's speech after a seek (review: ``sound_s`` kept the frame
+    # guard and the -50 dBFS floor, and counted none of this sentence as sound with the click).
+    assert sound_s(x[5 * SR: 5 * SR + len(soft)], x) >= 1.5
 
 
 def test_a_click_between_long_quiet_runs_is_left_out_with_them():
