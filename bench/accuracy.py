@@ -94,7 +94,8 @@ def main() -> int:
     ap.add_argument("--cpu-threads", type=int, default=0,
                     help="tideserve-fw: intra-op threads per instance (0: the worker's default)")
     ap.add_argument("--fw-compute-type", default="int8",
-                    help="fw-transcribe and fw-batched: CTranslate2 compute type (float32: the torch backend's on the CPU)")
+                    help="tideserve-fw, fw-transcribe and fw-batched: CTranslate2 compute type, int8 or float32 "
+                         "(float32: the torch backend's on the CPU)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     decoding = Decoding(beam_size=a.beam, without_timestamps=False, condition_on_previous_text=a.condition)
@@ -106,9 +107,11 @@ def main() -> int:
 
     systems: dict[str, object] = {}
     wanted = a.systems.split(",")
+    ct_suffix = "" if a.fw_compute_type == "int8" else "-" + a.fw_compute_type
     if "tideserve-fw" in wanted:
-        systems["tideserve-fw"] = Tideserve("faster-whisper", "cpu-x86_64-int8", decoding, a.batch_size,
-                                            instances=a.instances, cpu_threads=a.cpu_threads)
+        precision = {"int8": "int8", "float32": "fp32", "float16": "fp16"}[a.fw_compute_type]
+        systems["tideserve-fw" + ct_suffix] = Tideserve("faster-whisper", f"cpu-x86_64-{precision}", decoding,
+                                                        a.batch_size, instances=a.instances, cpu_threads=a.cpu_threads)
     if "tideserve-torch" in wanted and a.beam == 1:
         import torch
 
@@ -118,7 +121,6 @@ def main() -> int:
             target = "cpu-x86_64-fp32" if dev == "cpu" else \
                 "cuda-sm{}{}-fp16".format(*torch.cuda.get_device_capability())
             systems[f"tideserve-torch-{dev}"] = Tideserve("torch", target, decoding, 64 if dev == "cuda" else a.batch_size)
-    ct_suffix = "" if a.fw_compute_type == "int8" else "-" + a.fw_compute_type
     if "fw-transcribe" in wanted:
         systems["fw-transcribe" + ct_suffix] = FasterWhisper(decoding, False, a.batch_size, a.fw_compute_type)
     if "fw-batched" in wanted:
