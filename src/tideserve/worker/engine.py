@@ -600,8 +600,9 @@ class EngineLoop:
         can_split = part.splits < MAX_SPLITS and len(part.samples) >= MIN_SPLIT_S * SAMPLE_RATE
         action = follow_up(part.attempts, self.decoding, can_split, was_split=part.splits > 0)
         now, t0 = self.clock(), self.decoding.temperatures[0]
+        sought = req.results[part.segment][-1] if part.after_seek and req.results.get(part.segment) else None
         if part.resume is not None and not (isinstance(action, Accept) and resumed_rest_holds(
-                part.samples, action.result, self.decoding, SAMPLE_RATE)):
+                part.samples, action.result, self.decoding, SAMPLE_RATE, sought)):
             # A resumed rest that fails the quality thresholds, loops, or leaves speech
             # untranscribed is decoded again from its own audio (where a fallback or a split then
             # works as for any part).

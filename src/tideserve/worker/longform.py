@@ -153,7 +153,8 @@ def tail_holds_speech(samples: np.ndarray, seek_s: float, sample_rate: int = 16_
     return sound_s(samples[start:stop], samples, sample_rate) >= MIN_SPEECH_S
 
 
-def resumed_rest_holds(window: np.ndarray, result: WindowResult, d: Decoding, sample_rate: int = 16_000) -> bool:
+def resumed_rest_holds(window: np.ndarray, result: WindowResult, d: Decoding, sample_rate: int = 16_000,
+                       sought: WindowResult | None = None) -> bool:
     """True when ``result``, a rest decoded over its window's kept encoder output
     (``WindowTask.resume``; times from the window's start), may be kept: it wrote text whose
     last word's end is known (``last_word_end_s``), it passes Whisper's quality thresholds
@@ -169,8 +170,18 @@ def resumed_rest_holds(window: np.ndarray, result: WindowResult, d: Decoding, sa
     "Hello world" (about 27.2-28.2 s); the alignment ends "dog" at 26.16 s, and the 0.74 s of
     sound after it sends the rest to be decoded again. Over eleven files at beam 1, every
     resumed rest that lost words left 0.74-2.44 s of sound after its last word, every other
-    one none."""
+    one none.
+
+    Nor is one kept that writes nothing but the last segment ``sought`` (the decode that sought)
+    completed, its ``last_segment_text`` (letters and digits, case ignored): over the window's
+    whole encoder output the model may write the window's sentence again, and the alignment
+    then squeezes it into the rest. Found by adversarial testing: a sentence spoken at 20.0-22.9
+    s in a window of ticks (0-27.05 s) was written 0.0-25.0 s, and the rest from 25.0 s wrote it
+    again, its last word "ending" at 27.02 s (so it came back twice, 2.05 s of rest: over the
+    repeated rest's ``MAX_REPEAT_S``). Decoded from its own audio, the rest cannot copy it."""
     if not result.text.strip() or result.last_word_end_s is None or needs_fallback(result, d):
+        return False
+    if sought is not None and _squashed(sought.last_segment_text) == _squashed(result.text):
         return False
     return not tail_holds_speech(window, max(0.0, result.last_word_end_s), sample_rate, result.unfinished_from_s)
 

@@ -310,6 +310,14 @@ def test_a_resumed_rest_is_kept_only_when_no_speech_follows_its_last_word() -> N
     # seeking on: no speech between its last word and its seek point
     assert resumed_rest_holds(window, replace(done, last_word_end_s=11.9, unfinished_from_s=12.0), d)
     assert not resumed_rest_holds(window, replace(done, last_word_end_s=10.0, unfinished_from_s=12.0), d)
+    # Adversarial: a resumed rest that writes only the last segment before its seek point again
+    # (the model read the window's sentence a second time) is decoded from its own audio instead.
+    sought = WindowResult(text="The quick brown fox.", language="en", unfinished_from_s=25.0,
+                          last_segment_text="The quick brown fox.")
+    again = replace(done, text=" the Quick brown fox")
+    assert not resumed_rest_holds(window, again, d, sought=sought)
+    assert resumed_rest_holds(window, again, d)  # nothing to compare with
+    assert resumed_rest_holds(window, replace(done, text=" The quick brown fox. Hello."), d, sought=sought)
 
 
 def test_a_resumed_decode_never_writes_a_time_before_its_start() -> None:

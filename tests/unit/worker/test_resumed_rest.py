@@ -97,3 +97,32 @@ def test_a_resumed_window_decodes_in_one_batch_with_fresh_and_untimed_windows(wi
     assert rest.last_word_end_s is not None and 21.0 < rest.last_word_end_s <= END - START
     assert timed.segments and not untimed.segments
     assert words(timed.segments) == re.sub(r"[^a-z0-9 ]", " ", untimed.text.lower()).split()
+
+
+def test_a_resumed_rest_that_writes_the_windows_sentence_again_is_decoded_from_its_own_audio(
+        backend, en_clips, monkeypatch):
+    """Found by adversarial testing: a sentence spoken at 20.0-22.9 s between ticks (5 ms bursts
+    every 0.25 s, over 20 s of silence either side) came back twice: the window was written
+    0.0-24.0 s and sought there, and its rest, decoded over the window's encoder output, wrote
+    the same sentence again. Decoded from its own audio, the rest holds only ticks."""
+    from tideserve.worker import engine
+    from tideserve.worker.windows import window_cuts
+
+    fox = next(c for c in en_clips if c.name == "quick_brown_fox").samples
+    s = np.concatenate([np.zeros(20 * SR, np.float32), fox, np.zeros(20 * SR, np.float32)])
+    rng = np.random.default_rng(0)
+    tick = (rng.standard_normal(80) * np.exp(-np.arange(80) / 16)).astype(np.float32)
+    tick *= 0.1 / np.abs(tick).max()
+    for i in range(0, len(s) - 80, SR // 4):
+        s[i: i + 80] += tick
+    pcm = (np.clip(s, -1, 1) * 32767).astype(np.int16)
+    a, b = window_cuts(pcm)[0]
+    assert (a, b) == (0, round(29.9 * SR))  # the ticks are sound: no quiet stretch is left out
+    segments, stats = decode_window(backend, DECODING, pcm[a:b], 0.0)
+    assert [s.text.strip() for s in segments] == ["The quick brown fox jumps over the lazy dog."]
+    assert (stats.seeks, stats.resumed_rests, stats.redone_rests) == (1, 1, 1)
+    # Without comparing the rest with the segment before it (the rule before): twice.
+    holds = engine.resumed_rest_holds
+    monkeypatch.setattr(engine, "resumed_rest_holds", lambda *args: holds(*args[:4]))
+    segments, _ = decode_window(backend, DECODING, pcm[a:b], 0.0)
+    assert [s.text.strip() for s in segments] == ["The quick brown fox jumps over the lazy dog."] * 2
