@@ -1,7 +1,9 @@
 """A/B of leaving long quiet stretches out of the windows (``worker.windows.window_cuts``, issue
 13), one run: tideserve's own pipeline over faster-whisper (tiny.en int8, timestamps, the beam
 given) with the rule ("after") and with the whole file cut into windows as before
-("before"), the two taking turns per file (which goes first alternates).
+("before"; ``--before broadband``: the rule with levels over the whole band, ``frame_rms``,
+instead of the speech band's, ``band_rms``, in the rule and in a rest's measure of speech), the
+two taking turns per file (which goes first alternates).
 
 Files (bench/longfiles.py):
 - ``spaced``: the clips with long gaps (``--gap`` seconds, uniform), of digital zeros or of low
@@ -15,6 +17,7 @@ clip (their times span the gap between), the mean distance from each clip's
 start to the start of the first segment overlapping it (s), parts decoded (windows and their rests: ``EngineStats.windows``), seconds.
 
     .venv/bin/python bench/quiet_spans_ab.py --beam 5
+    .venv/bin/python bench/quiet_spans_ab.py --beam 5 --before broadband --long 1:13,1:21,1:22,1:23,5:14,5:24,5:25,5:26,20:15,10:31,10:32
 """
 
 from __future__ import annotations
@@ -68,6 +71,8 @@ def main() -> int:
     ap.add_argument("--spaced", default=SPACED, help="minutes:seed pairs of spaced files, comma-separated")
     ap.add_argument("--long", default=LONG, help="minutes:seed pairs of bench/accuracy.py's files")
     ap.add_argument("--gap", default="2,40", help="spaced files' gap range, seconds: lo,hi")
+    ap.add_argument("--before", choices=("whole", "broadband"), default="whole",
+                    help="the 'before' side: the whole file cut, or the rule on broadband levels")
     ap.add_argument("--pad", type=float, help="quiet kept either side of sound, s (default: worker.windows.QUIET_PAD_S)")
     a = ap.parse_args()
     if a.pad is not None:
@@ -77,7 +82,10 @@ def main() -> int:
     clips = A.audio.load_en_clips()
     t = A.Tideserve("faster-whisper", "cpu-x86_64-int8", Decoding(beam_size=a.beam, without_timestamps=False), 8)
     t(clips[0].samples)  # warm-up
-    rule = prep.window_cuts
+    rule, band = prep.window_cuts, windows.band_rms
+
+    def broadband(samples, frame, sample_rate=16_000):
+        return windows.frame_rms(samples, frame)
     gap = tuple(float(x) for x in a.gap.split(","))
     files = [("spaced", p) for p in a.spaced.split(",") if p] + [("long", p) for p in a.long.split(",") if p]
     total = {side: {"wer": 0.0, "wordless": 0, "in_gap": 0, "merged": 0, "s": 0.0} for side in ("before", "after")}
@@ -89,7 +97,10 @@ def main() -> int:
             samples, ref, spans = spaced_file(clips, minutes, seed)
         row: dict = {"file": kind, "minutes": minutes, "seed": seed, "audio_s": round(len(samples) / 16_000, 1)}
         for side in ("before", "after") if seed % 2 else ("after", "before"):
-            prep.window_cuts = rule if side == "after" else whole_file
+            if a.before == "whole":
+                prep.window_cuts = rule if side == "after" else whole_file
+            else:
+                windows.band_rms = band if side == "after" else broadband
             t0 = time.perf_counter()
             segs = t(samples)
             dt = time.perf_counter() - t0
@@ -99,9 +110,9 @@ def main() -> int:
             for k, v in (("wer", w), ("wordless", row[side]["wordless"]), ("in_gap", row[side]["in_gap"]),
                          ("merged", row[side]["merged"]), ("s", dt)):
                 total[side][k] += v
-        prep.window_cuts = rule
+        prep.window_cuts, windows.band_rms = rule, band
         print(json.dumps(row), flush=True)
-    print("total", json.dumps({"beam": a.beam, "gap_s": gap, "pad_s": windows.QUIET_PAD_S,
+    print("total", json.dumps({"beam": a.beam, "before": a.before, "gap_s": gap, "pad_s": windows.QUIET_PAD_S,
                                **{side: {k: round(v, 4) for k, v in d.items()} for side, d in total.items()}}))
     return 0
 

@@ -89,10 +89,11 @@ def sound_spans(samples: np.ndarray, sample_rate: int = 16_000) -> list[tuple[in
     """The parts of ``samples`` (shape (n,), int16 PCM or float in [-1, 1]) to decode, as
     ``(start, end)`` sample indices in order: all of it but each quiet run of at least
     ``SKIP_QUIET_S``, of which ``QUIET_PAD_S`` stays at either end (next to the sound; none is kept
-    at the start or end of the audio). A 100 ms frame is quiet within ``QUIET_ABOVE_MIN_DB`` of
-    the audio's quietest second, and never within ``SPEECH_RANGE_DB`` of its loudest second
-    (``sustained_db``; digital zeros are always quiet). Both are relative to the audio itself:
-    speech is left out only at its own noise floor. A span with less than ``MIN_SPEECH_S`` of
+    at the start or end of the audio). A 100 ms frame is quiet at or under the audio's
+    ``quiet_level`` (within ``QUIET_ABOVE_MIN_DB`` of its quietest second, and never within
+    ``SPEECH_RANGE_DB`` of its loudest second; digital zeros are always quiet), levels measured in
+    the speech band (``band_rms``). Both are relative to the audio itself: speech is left out only
+    at its own noise floor. A span with less than ``MIN_SPEECH_S`` of
     sound (whole frames) is left out too. Empty when every frame is quiet (digital silence) or
     no span holds that much sound; the whole audio when it is shorter than one frame.
     Deterministic.
@@ -102,9 +103,12 @@ def sound_spans(samples: np.ndarray, sample_rate: int = 16_000) -> list[tuple[in
     loudest *frame*, one 1 ms click put the guard above -50 dBFS in a file of speech at -45 dBFS
     peak; with the loudest second as the guard, 0.7 s of a tone at -10 dBFS, or speech at -15
     dBFS, did the same to speech at -55 to -60 dBFS peak between digital silence: the -50 dBFS
-    floor, not the file's own quiet, had called it quiet."""
+    floor, not the file's own quiet, had called it quiet. With broadband levels, a mains hum at
+    -44 dBFS beside speech at -5 dBFS left out speech at -41 dBFS over the hum, which the model
+    heard (and a DC offset of 1% of full scale, or brown noise at -50 dBFS, kept 20 s quiet
+    stretches in, so speech after them was timed from the window's start)."""
     frame = max(1, sample_rate // 10)
-    rms = frame_rms(samples, frame)
+    rms = band_rms(samples, frame, sample_rate)
     n = len(samples)
     if len(rms) == 0:
         return [(0, n)]
@@ -138,6 +142,33 @@ def frame_rms(samples: np.ndarray, frame: int) -> np.ndarray:
     return np.sqrt(np.mean(x.reshape(n, frame) ** 2, axis=1))
 
 
+#: The band speech is measured in, Hz: the telephone band (300-3400 Hz, ITU-T G.712) to 4 kHz.
+#: Below it lie a mains hum (50/60 Hz and its first harmonics), a DC offset and most of the
+#: energy of brown (rumble) noise, which the model does not hear as speech.
+SPEECH_BAND_HZ = (300.0, 4000.0)
+#: Frames ``band_rms`` transforms at once (bounds its memory: 4096 x 100 ms frames, ~26 MB).
+_BAND_CHUNK = 4096
+
+
+def band_rms(samples: np.ndarray, frame: int, sample_rate: int = 16_000) -> np.ndarray:
+    """RMS level of each whole ``frame``-sample frame of ``samples`` (int16 PCM or float in
+    [-1, 1]) in ``SPEECH_BAND_HZ``, on the float scale (full scale 1.0); shape
+    ``(len(samples) // frame,)``. By Parseval's theorem from each frame's real FFT (rectangular
+    window): ``sqrt(2 * sum(|X_k|^2 for k in the band)) / frame``, so a sine in the band at
+    amplitude ``a`` reads ``a / sqrt(2)``, as ``frame_rms`` reads it; a constant (DC) reads 0."""
+    scale = 1.0 / 32768.0 if samples.dtype == np.int16 else 1.0
+    n = len(samples) // frame
+    lo = max(1, int(np.ceil(SPEECH_BAND_HZ[0] * frame / sample_rate)))
+    hi = min(frame // 2, int(SPEECH_BAND_HZ[1] * frame / sample_rate))
+    out = np.zeros(n, np.float32)
+    for i in range(0, n, _BAND_CHUNK):
+        k = min(_BAND_CHUNK, n - i)
+        x = samples[i * frame: (i + k) * frame].astype(np.float32).reshape(k, frame) * scale
+        power = np.abs(np.fft.rfft(x, axis=1)[:, lo: hi + 1]) ** 2
+        out[i: i + k] = np.sqrt(2.0 * power.sum(axis=1)) / frame
+    return out
+
+
 def pause_middle(region: np.ndarray, sample_rate: int = 16_000) -> int:
     """The sample index in ``region`` (int16 PCM or float in [-1, 1], at least one 100 ms frame)
     at the middle of its longest quiet run (see the module doc)."""
@@ -160,7 +191,7 @@ def quiet_level_db(level_db: np.ndarray) -> float:
 
 def sound_s(samples: np.ndarray, reference: np.ndarray, sample_rate: int = 16_000) -> float:
     """Seconds of ``samples`` louder than the ``quiet_level`` of ``reference``: the number of
-    whole 20 ms frames of ``samples`` whose RMS is over that level, times 0.02 s (a partial last
+    whole 20 ms frames of ``samples`` whose RMS in the speech band (``band_rms``) is over that level, times 0.02 s (a partial last
     frame is not counted; digital zeros are always quiet). Both arrays are mono, shape ``(n,)``,
     at ``sample_rate``, int16 PCM or float in [-1, 1]; ``samples`` is usually a slice of
     ``reference`` (a window). In a reference without a pause (its quietest second is soft
@@ -173,10 +204,10 @@ def sound_s(samples: np.ndarray, reference: np.ndarray, sample_rate: int = 16_00
     -50 dBFS, every frame of the speech counted as quiet, and a rest after a seek holding it
     would not have been decoded (found in review of ``sound_spans``' adversarial fixes)."""
     hop = max(1, sample_rate // 50)
-    frames = frame_rms(samples, hop)
+    frames = band_rms(samples, hop, sample_rate)
     if len(frames) == 0:
         return 0.0
-    ref = frame_rms(reference, max(1, sample_rate // 10))
+    ref = band_rms(reference, max(1, sample_rate // 10), sample_rate)
     if len(ref) == 0:
         return len(frames) * hop / sample_rate
     limit = 10.0 ** (quiet_level(_db(ref)) / 20.0)

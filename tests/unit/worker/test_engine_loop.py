@@ -30,7 +30,10 @@ def previous_text(t: WindowTask) -> str:
     return " ".join(seg.text for seg in t.previous)
 
 def pcm(seconds: float, mark: int = 1) -> np.ndarray:
-    return np.full(int(seconds * SR), mark * 100, dtype=np.int16)  # loud enough not to be digital silence
+    """A 2 kHz square wave of amplitude ``mark * 100`` starting at its peak (so the first sample
+    reads the mark): loud enough not to be digital silence, and sound in the speech band (a
+    constant would be a DC offset, which ``windows.band_rms`` reads as quiet)."""
+    return np.resize(np.array([1, 1, 1, 1, -1, -1, -1, -1], np.int16) * (mark * 100), int(seconds * SR))
 
 
 def ok(task: WindowTask, text: str, **kw) -> WindowResult:

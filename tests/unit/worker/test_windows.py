@@ -166,3 +166,41 @@ def test_a_click_between_long_quiet_runs_is_left_out_with_them():
     # Three frames of sound (0.3 s) are speech enough.
     x[2 * SR: 2 * SR + 3 * SR // 10] = _speech(rng, 0.3)
     assert [(a / SR, b / SR) for a, b in sound_spans(x)] == [(1.6, 2.7)]
+
+
+def _at_rms(x: np.ndarray, dbfs: float) -> np.ndarray:
+    return (x * 10 ** (dbfs / 20) / np.sqrt(np.mean(x.astype(np.float64) ** 2))).astype(np.float32)
+
+
+def test_levels_are_measured_in_the_speech_band(en_clips):
+    """Found by adversarial testing, with broadband levels: over a mains hum (60 and 120 Hz) at
+    -44 dBFS, speech at -41 dBFS after speech at -5 dBFS was left out whole (the model hears it:
+    faster-whisper transcribed all of it); a DC offset of 1% of full scale, or brown noise at -50
+    dBFS, kept 20 s of quiet in the windows, and the speech after it was timed from its start."""
+    from tideserve.worker.windows import band_rms, frame_rms, sound_s, sound_spans
+
+    clip = {c.name: c.samples for c in en_clips}
+    t = np.arange(SR) / SR
+    tone = np.sin(2 * np.pi * 1000 * t).astype(np.float32)
+    assert band_rms(tone, SR // 10)[0] == pytest.approx(frame_rms(tone, SR // 10)[0], rel=1e-3)  # in band: the same
+    assert band_rms(np.full(SR, 0.5, np.float32), SR // 10).max() == 0.0  # DC: none
+
+    loud, soft = _at_rms(clip["quick_brown_fox"], -5), _at_rms(clip["counting"], -41)
+    gap = np.zeros(3 * SR, np.float32)
+    x = np.concatenate([gap, loud, gap, soft, gap])
+    n = np.arange(len(x)) / SR
+    hum = np.sin(2 * np.pi * 60 * n) + 0.5 * np.sin(2 * np.pi * 120 * n)
+    x = x + _at_rms(hum, -44)
+    start = (6 * SR + len(loud)) / SR  # the soft speech, in the file's time
+    spans = [(a / SR, b / SR) for a, b in sound_spans(x)]
+    assert any(a <= start + 0.1 and b >= start + len(soft) / SR - 0.1 for a, b in spans), spans
+    assert sound_s(x[round(start * SR): round(start * SR) + len(soft)], x) >= 1.5
+
+    speech = _at_rms(clip["quick_brown_fox"], -25)
+    quiet_then_speech = np.concatenate([np.zeros(20 * SR, np.float32), speech, np.zeros(5 * SR, np.float32)])
+    rng = np.random.default_rng(9)
+    brown = np.cumsum(rng.standard_normal(len(quiet_then_speech)))
+    brown -= np.convolve(brown, np.ones(1601) / 1601, "same")  # no drift: rumble, most of it under 300 Hz
+    for floor in (np.full(len(quiet_then_speech), 0.01, np.float32), _at_rms(brown, -50)):
+        (a, b), *more = sound_spans(quiet_then_speech + floor)
+        assert a / SR >= 19.0 and b / SR <= 23.5 + 0.5 and not more, (a / SR, b / SR, more)
