@@ -93,7 +93,7 @@ def main() -> int:
     ap.add_argument("--instances", type=int, help="tideserve-fw: model instances (default: the worker's default)")
     ap.add_argument("--cpu-threads", type=int, default=0,
                     help="tideserve-fw: intra-op threads per instance (0: the worker's default)")
-    ap.add_argument("--fw-compute-type", default="int8",
+    ap.add_argument("--fw-compute-type", default="int8", choices=("int8", "float32"),
                     help="tideserve-fw, fw-transcribe and fw-batched: CTranslate2 compute type, int8 or float32 "
                          "(float32: the torch backend's on the CPU)")
     ap.add_argument("--json", type=Path)
@@ -109,7 +109,7 @@ def main() -> int:
     wanted = a.systems.split(",")
     ct_suffix = "" if a.fw_compute_type == "int8" else "-" + a.fw_compute_type
     if "tideserve-fw" in wanted:
-        precision = {"int8": "int8", "float32": "fp32", "float16": "fp16"}[a.fw_compute_type]
+        precision = {"int8": "int8", "float32": "fp32"}[a.fw_compute_type]
         systems["tideserve-fw" + ct_suffix] = Tideserve("faster-whisper", f"cpu-x86_64-{precision}", decoding,
                                                         a.batch_size, instances=a.instances, cpu_threads=a.cpu_threads)
     if "tideserve-torch" in wanted and a.beam == 1:

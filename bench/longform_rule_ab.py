@@ -11,7 +11,8 @@ alternates with the seed); files from bench/accuracy.py's generator. Rules
   seek point (the faster-whisper backend's ``resumes``; before: encoded again from its own audio);
 - ``rest-quiet-level``: a rest's speech is measured against the window's ``windows.quiet_level``
   (the quietest and loudest second; before: ``frame_guard_sound_s``, the level ``sound_s`` took
-  until 2026-12-05: the quietest frame + 10 dB or -50 dBFS, under the loudest frame - 30 dB).
+  until 2026-12-05: the quietest frame + 10 dB or -50 dBFS, under the loudest frame - 30 dB;
+  broadband levels on this side, so since ``windows.band_rms`` the A/B also swaps the band).
 
     .venv/bin/python bench/longform_rule_ab.py --rule quiet-tail --beam 1
     .venv/bin/python bench/longform_rule_ab.py --rule repeated-rest --beam 5

@@ -176,12 +176,14 @@ def resumed_rest_holds(window: np.ndarray, result: WindowResult, d: Decoding, sa
     completed, its ``last_segment_text`` (letters and digits, case ignored): over the window's
     whole encoder output the model may write the window's sentence again, and the alignment
     then squeezes it into the rest. Found by adversarial testing: a sentence spoken at 20.0-22.9
-    s in a window of ticks (0-27.05 s) was written 0.0-25.0 s, and the rest from 25.0 s wrote it
-    again, its last word "ending" at 27.02 s (so it came back twice, 2.05 s of rest: over the
-    repeated rest's ``MAX_REPEAT_S``). Decoded from its own audio, the rest cannot copy it."""
+    s between ticks, in a window of 0-29.9 s, was written 0.0-24.0 s, and the rest from 24.0 s
+    wrote it again (in brown noise: written 0.0-25.0 s, again from 25.0 s, its last word
+    "ending" at 27.02 s of a 27.05 s window, 2.05 s of rest: over the repeated rest's
+    ``MAX_REPEAT_S``). Decoded from its own audio, the rest cannot copy it. A rest without
+    letters or digits is not compared (a ``sought`` whose loops were removed has none either)."""
     if not result.text.strip() or result.last_word_end_s is None or needs_fallback(result, d):
         return False
-    if sought is not None and _squashed(sought.last_segment_text) == _squashed(result.text):
+    if sought is not None and _squashed(result.text) and _squashed(sought.last_segment_text) == _squashed(result.text):
         return False
     return not tail_holds_speech(window, max(0.0, result.last_word_end_s), sample_rate, result.unfinished_from_s)
 

@@ -14,7 +14,9 @@ silence came back at 52-59 s) and wrote text into long room noise ("." after "."
 of 2 s or more is left out but for 0.4 s next to the sound on either side (faster-whisper's VAD
 defaults), and no window holds one: the sound between two such runs is cut into windows of its
 own, whose times are the file's. A level rule finds the quiet (``sound_spans``), so the cut needs
-no model. Tried and not taken: the kept audio end to end (as faster-whisper's ``transcribe``
+no model. Its levels, and a rest's measure of speech (``sound_s``), are taken in the speech band
+(``band_rms``: a hum, a DC offset or rumble is not speech); the cut's pause search
+(``pause_middle``, also the loop split's) keeps levels over the whole band, as A/B-tested before. Tried and not taken: the kept audio end to end (as faster-whisper's ``transcribe``
 does with ``vad_filter``), times mapped back: fewer decodes and the speech on both sides of a
 pause in one window, but Whisper then wrote one segment over speech on both sides of a long
 pause (bench/quiet_spans_ab.py; README "Accuracy").
@@ -146,27 +148,62 @@ def frame_rms(samples: np.ndarray, frame: int) -> np.ndarray:
 #: Below it lie a mains hum (50/60 Hz and its first harmonics), a DC offset and most of the
 #: energy of brown (rumble) noise, which the model does not hear as speech.
 SPEECH_BAND_HZ = (300.0, 4000.0)
-#: Frames ``band_rms`` transforms at once (bounds its memory: 4096 x 100 ms frames, ~26 MB).
-_BAND_CHUNK = 4096
+#: Taps of the speech band's FIR filter (``speech_band``): a Blackman-windowed sinc band-pass,
+#: stopband about 74 dB down, transition about 5.5 * 16000 / 511 = 170 Hz wide at 16 kHz.
+BAND_TAPS = 511
+#: The FFT length of ``speech_band``'s overlap-add (a power of two: fast); each block filters
+#: this less ``BAND_TAPS - 1`` samples (bounds its memory).
+_BAND_FFT = 1 << 16
+
+
+def _band_kernel(sample_rate: int) -> np.ndarray:
+    """The FIR band-pass of ``SPEECH_BAND_HZ``: the difference of two windowed-sinc low-passes
+    (the standard windowed-sinc design), ``BAND_TAPS`` taps, unit gain in the band."""
+    n = np.arange(BAND_TAPS) - (BAND_TAPS - 1) / 2
+    lo, hi = (f / sample_rate for f in SPEECH_BAND_HZ)
+    kernel = (2 * hi * np.sinc(2 * hi * n) - 2 * lo * np.sinc(2 * lo * n)) * np.blackman(BAND_TAPS)
+    return kernel.astype(np.float32)
+
+
+def speech_band(samples: np.ndarray, sample_rate: int = 16_000) -> np.ndarray:
+    """``samples`` (shape (n,), int16 PCM or float in [-1, 1]) filtered to ``SPEECH_BAND_HZ``,
+    float32 on the float scale (full scale 1.0), shape (n,), aligned with the input (the
+    filter's delay removed; its first and last ``BAND_TAPS // 2`` samples see the audio's edge).
+    By FFT overlap-add in blocks of ``_BAND_FFT - BAND_TAPS + 1`` samples, so the memory does
+    not grow with the file. A mains hum (50/60 Hz and its first harmonics), a DC offset and most of brown
+    noise's energy lie below the band."""
+    scale = 1.0 / 32768.0 if samples.dtype == np.int16 else 1.0
+    n = len(samples)
+    kernel = _band_kernel(sample_rate)
+    size, step = _BAND_FFT, _BAND_FFT - BAND_TAPS + 1
+    spectrum = np.fft.rfft(kernel, size)
+    full = np.zeros(n + BAND_TAPS - 1, np.float32)
+    for start in range(0, n, step):
+        block = samples[start: start + step].astype(np.float32) * scale
+        out = np.fft.irfft(np.fft.rfft(block, size) * spectrum, size)[: len(block) + BAND_TAPS - 1]
+        full[start: start + len(out)] += out.astype(np.float32)
+    delay = (BAND_TAPS - 1) // 2
+    return full[delay: delay + n]
 
 
 def band_rms(samples: np.ndarray, frame: int, sample_rate: int = 16_000) -> np.ndarray:
     """RMS level of each whole ``frame``-sample frame of ``samples`` (int16 PCM or float in
-    [-1, 1]) in ``SPEECH_BAND_HZ``, on the float scale (full scale 1.0); shape
-    ``(len(samples) // frame,)``. By Parseval's theorem from each frame's real FFT (rectangular
-    window): ``sqrt(2 * sum(|X_k|^2 for k in the band)) / frame``, so a sine in the band at
-    amplitude ``a`` reads ``a / sqrt(2)``, as ``frame_rms`` reads it; a constant (DC) reads 0."""
-    scale = 1.0 / 32768.0 if samples.dtype == np.int16 else 1.0
-    n = len(samples) // frame
-    lo = max(1, int(np.ceil(SPEECH_BAND_HZ[0] * frame / sample_rate)))
-    hi = min(frame // 2, int(SPEECH_BAND_HZ[1] * frame / sample_rate))
-    out = np.zeros(n, np.float32)
-    for i in range(0, n, _BAND_CHUNK):
-        k = min(_BAND_CHUNK, n - i)
-        x = samples[i * frame: (i + k) * frame].astype(np.float32).reshape(k, frame) * scale
-        power = np.abs(np.fft.rfft(x, axis=1)[:, lo: hi + 1]) ** 2
-        out[i: i + k] = np.sqrt(2.0 * power.sum(axis=1)) / frame
-    return out
+    [-1, 1]) in ``SPEECH_BAND_HZ`` (``frame_rms`` of ``speech_band``), on the float scale; shape
+    ``(len(samples) // frame,)``. One filter for every frame length, so 20 ms and 100 ms frames
+    read a steady sound alike. A first version took each frame's FFT: a 60 Hz hum, 1.2 cycles
+    in a 20 ms frame, spilled into the band (-61 dBFS from -44) while 100 ms frames (6 whole
+    cycles) read nothing, so ``sound_s`` counted 10 s of hum alone as 10 s of sound (found in
+    review). Levels under ``BAND_FLOOR`` read 0, so digital silence stays digital silence."""
+    rms = frame_rms(speech_band(samples, sample_rate), frame)
+    rms[rms < BAND_FLOOR] = 0.0
+    return rms
+
+
+#: Band levels under this (full scale 1.0: -120 dBFS) read 0 (``band_rms``): under 16-bit audio's
+#: quantisation floor (about -101 dBFS), where the rounding of the filter's FFTs lies (about -160
+#: dBFS beside speech at -20 in the same block); digital zeros would otherwise read as sound
+#: against a quiet level of zeros + 10 dB.
+BAND_FLOOR = 1e-6
 
 
 def pause_middle(region: np.ndarray, sample_rate: int = 16_000) -> int:
@@ -191,8 +228,9 @@ def quiet_level_db(level_db: np.ndarray) -> float:
 
 def sound_s(samples: np.ndarray, reference: np.ndarray, sample_rate: int = 16_000) -> float:
     """Seconds of ``samples`` louder than the ``quiet_level`` of ``reference``: the number of
-    whole 20 ms frames of ``samples`` whose RMS in the speech band (``band_rms``) is over that level, times 0.02 s (a partial last
-    frame is not counted; digital zeros are always quiet). Both arrays are mono, shape ``(n,)``,
+    whole 20 ms frames of ``samples`` whose RMS in the speech band (``band_rms``) is over that
+    level, times 0.02 s (a partial last frame is not counted; digital zeros are always quiet;
+    the band filter's 16 ms ring past an edge can add a frame at either end of a sound). Both arrays are mono, shape ``(n,)``,
     at ``sample_rate``, int16 PCM or float in [-1, 1]; ``samples`` is usually a slice of
     ``reference`` (a window). In a reference without a pause (its quietest second is soft
     speech) soft speech still counts as sound, by the level's 30 dB range. A reference shorter

@@ -31,8 +31,9 @@ def previous_text(t: WindowTask) -> str:
 
 def pcm(seconds: float, mark: int = 1) -> np.ndarray:
     """A 2 kHz square wave of amplitude ``mark * 100`` starting at its peak (so the first sample
-    reads the mark): loud enough not to be digital silence, and sound in the speech band (a
-    constant would be a DC offset, which ``windows.band_rms`` reads as quiet)."""
+    reads the mark, as in any slice starting at a multiple of 8 samples: every cut and seek
+    here is): loud enough not to be digital silence, and sound in the speech band (a constant
+    would be a DC offset, which ``windows.band_rms`` reads as quiet)."""
     return np.resize(np.array([1, 1, 1, 1, -1, -1, -1, -1], np.int16) * (mark * 100), int(seconds * SR))
 
 
@@ -340,9 +341,10 @@ def test_prep_judges_digital_silence_per_window_and_the_engine_trusts_it() -> No
             w.writeframes(x.tobytes())
         return prepare_audio(TranscriptionRequest(audio=buf.getvalue()), None)
 
-    # Silence after sound is left out of the windows (longer than 2 s; 0.4 s of it kept)...
+    # Silence after sound is left out of the windows (longer than 2 s; 0.4 s of it kept, after the
+    # one frame the band filter's ring makes sound)...
     sound = prepared(np.concatenate([pcm(29.0, 40), np.zeros(int(11.5 * SR), np.int16)]))
-    assert sound.cuts == ((0, int(29.4 * SR)),) and sound.silent == (False,) and sound.duration_s == 40.5
+    assert sound.cuts == ((0, int(29.5 * SR)),) and sound.silent == (False,) and sound.duration_s == 40.5
     # ...and audio of nothing but silence is cut whole, each window judged silent here.
     silence = prepared(np.zeros(40 * SR, np.int16))
     assert len(silence.cuts) == 2 and silence.silent == (True, True)
@@ -707,7 +709,8 @@ class Resuming(StaticBackend):
             if t.resume is not None:
                 out.append(self.rest_of(t))
             elif t.duration_s > 20:
-                out.append(ok(t, "head", unfinished_from_s=21.0, text_end_s=21.0, encoded=np.full(4, t.offset_s)))
+                out.append(ok(t, "head", unfinished_from_s=21.0, text_end_s=21.0, encoded=np.full(4, t.offset_s),
+                              last_segment_text="head"))
             else:
                 out.append(ok(t, f"fresh@{t.offset_s:g}/{t.duration_s:g}s"))
         return out, ExecutionTimings()
@@ -758,6 +761,15 @@ def test_a_resumed_rest_that_leaves_speech_untranscribed_is_decoded_again_from_i
                            if t.resume.from_s == 21.0 else ok(t, "last", text_end_s=25.0, last_word_end_s=25.0))
     assert [r.text for m in out if m[0] == "segment" for r in m[3]] == ["head", "rest", "last"]
     assert [t.resume.from_s for b in be.batches for t in b if t.resume is not None] == [21.0, 23.0]
+
+
+def test_a_resumed_rest_that_writes_the_segment_before_it_again_is_decoded_from_its_own_audio() -> None:
+    # The adversarial find (a sentence between ticks came back twice): the rest is compared with
+    # the last segment of the decode that sought, letters and digits only.
+    out, _ = _resumed_run(lambda t: ok(t, " Head.", text_end_s=25.0, last_word_end_s=25.0))
+    assert [r.text for m in out if m[0] == "segment" for r in m[3]] == ["head", "fresh@121/4s"]
+    out, _ = _resumed_run(lambda t: ok(t, " Head, tail.", text_end_s=25.0, last_word_end_s=25.0))
+    assert [r.text for m in out if m[0] == "segment" for r in m[3]] == ["head", " Head, tail."]
 
 
 def test_a_resumed_rest_that_loops_is_decoded_again_from_its_own_audio() -> None:

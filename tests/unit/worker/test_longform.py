@@ -209,7 +209,9 @@ def test_a_rest_holds_speech_from_13_frames_of_sound_and_a_seek_must_be_in_the_w
     rng = np.random.default_rng(3)
     speech = rng.normal(0, 3000, 16_000 * 5).astype(np.int16)
     room = rng.normal(0, 20, 16_000).astype(np.int16)  # about -64 dBFS
-    for frames, holds in ((12, False), (13, True)):  # 0.24 s and 0.26 s of sound, 20 ms frames
+    # 0.20 s and 0.22 s of sound, 20 ms frames: 0.24 s and 0.26 s with the band filter's ring
+    # (16 ms either side of an edge: a frame more at each)
+    for frames, holds in ((10, False), (11, True)):
         window = np.concatenate([speech, room, speech[: frames * 320], room])
         assert tail_holds_speech(window, 5.5) is holds
     assert not tail_holds_speech(speech, 5.0) and not tail_holds_speech(speech, 9.0)  # no rest
@@ -318,6 +320,7 @@ def test_a_resumed_rest_is_kept_only_when_no_speech_follows_its_last_word() -> N
     assert not resumed_rest_holds(window, again, d, sought=sought)
     assert resumed_rest_holds(window, again, d)  # nothing to compare with
     assert resumed_rest_holds(window, replace(done, text=" The quick brown fox. Hello."), d, sought=sought)
+    assert resumed_rest_holds(window, replace(done, text=" ..."), d, sought=replace(sought, last_segment_text=""))
 
 
 def test_a_resumed_decode_never_writes_a_time_before_its_start() -> None:
