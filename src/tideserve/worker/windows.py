@@ -16,7 +16,8 @@ defaults), and no window holds one: the sound between two such runs is cut into 
 own, whose times are the file's. A level rule finds the quiet (``sound_spans``), so the cut needs
 no model. Its levels, and a rest's measure of speech (``sound_s``), are taken in the speech band
 (``band_rms``: a hum, a DC offset or rumble is not speech); the cut's pause search
-(``pause_middle``, also the loop split's) keeps levels over the whole band, as A/B-tested before. Tried and not taken: the kept audio end to end (as faster-whisper's ``transcribe``
+(``pause_middle``, also the loop split's) keeps levels over the whole band, as A/B-tested
+before. Tried and not taken: the kept audio end to end (as faster-whisper's ``transcribe``
 does with ``vad_filter``), times mapped back: fewer decodes and the speech on both sides of a
 pause in one window, but Whisper then wrote one segment over speech on both sides of a long
 pause (bench/quiet_spans_ab.py; README "Accuracy").
