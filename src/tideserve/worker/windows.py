@@ -171,8 +171,7 @@ def speech_band(samples: np.ndarray, sample_rate: int = 16_000) -> np.ndarray:
     float32 on the float scale (full scale 1.0), shape (n,), aligned with the input (the
     filter's delay removed; its first and last ``BAND_TAPS // 2`` samples see the audio's edge).
     By FFT overlap-add in blocks of ``_BAND_FFT - BAND_TAPS + 1`` samples, so the memory does
-    not grow with the file. A mains hum (50/60 Hz and its first harmonics), a DC offset and most of brown
-    noise's energy lie below the band."""
+    not grow with the file (what lies below the band: ``SPEECH_BAND_HZ``)."""
     scale = 1.0 / 32768.0 if samples.dtype == np.int16 else 1.0
     n = len(samples)
     kernel = _band_kernel(sample_rate)
