@@ -260,7 +260,7 @@ def run_load(url: str, bodies: list[bytes], idx: list[int], concurrency: int, pr
 
 def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: bool = False,
                      capture_all: bool = False, batch: int | None = None, chunk_steps: int | None = None,
-                     encoder_graphs: bool | None = None, run_ahead: int | None = None) -> dict:
+                     encoder_graphs: bool | None = None, run_ahead: int | None = None, cross_fp8: bool = False) -> dict:
     """All ``n_requests`` (file k % len(files)) submitted at once to an EngineLoop over the backend.
     ``capture_all``: capture every (batch bucket, span) CUDA graph first, so that a long row's
     one-time graph captures (a replica pays them once in its life) are not timed as its
@@ -279,7 +279,7 @@ def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: 
     decoding = Decoding(**kw)
     batch = batch or a.batch
     backend = TorchWhisperBackend(Path(a.model_dir), Target.parse(a.target), decoding, max_batch_size=batch,
-                                  encoder_graphs=encoder_graphs,
+                                  encoder_graphs=encoder_graphs, cross_fp8=cross_fp8,
                                   **({} if run_ahead is None else {"run_ahead": run_ahead}))
     if capture_all:
         backend.decoder.capture_all()
@@ -327,7 +327,7 @@ def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: 
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return {"requests": n_requests, "batch": batch, "chunk_steps": steps,
-            "encoder_graphs": graphed, "run_ahead": ahead,
+            "encoder_graphs": graphed, "run_ahead": ahead, "cross_fp8": cross_fp8,
             "wall_s": wall,
             "rtfx": audio_s / wall, "p50_s": pct(lat, 50), "p99_s": pct(lat, 99), "gpu_busy": gpu.busy,
             "texts": text_of}
@@ -488,7 +488,7 @@ def main() -> int:
             ahead = [int(f[len("ahead"):]) for f in flags if f.startswith("ahead")]
             e = engine_inprocess(a, files, a.requests, batch=b, chunk_steps=c,
                                  encoder_graphs=False if "nograph" in flags else None,
-                                 run_ahead=ahead[-1] if ahead else None)
+                                 run_ahead=ahead[-1] if ahead else None, cross_fp8="fp8" in flags)
             res["engine_sweep"].append({k: v for k, v in e.items() if k != "texts"})
             print(json.dumps(res["engine_sweep"][-1]), flush=True)
     if "hol" not in skip:

@@ -11,6 +11,7 @@ cross-attention row also prints the bandwidth it reaches: it reads each row's ke
 window.
 
 Run on the GPU machine:  python3 bench/gpu_step_parts.py --json $OUT/step_parts.json
+(``--fp8``: also the cross-attention over FP8 keys and values, ``fp8_attention``.)
 """
 
 from __future__ import annotations
@@ -201,6 +202,40 @@ def measure_self_variants(model: Whisper, b: int, span: int) -> dict:
     return row
 
 
+def measure_fp8(model: Whisper, b: int, span: int) -> dict:
+    """Cross-attention over FP8 keys and values (``fp8_attention.attend``, 32 layers) for each
+    (parts, positions per block, warps) tried, with the bandwidth it reaches (counting the FP8
+    bytes), and the model step and decoder step with an FP8 cache (milliseconds per step)."""
+    from tideserve.worker.backends.torch_whisper import fp8_attention
+
+    dims, dev, dtype = model.dims, torch.device("cuda"), torch.bfloat16
+    n_layers, heads = dims.decoder_layers, dims.decoder_attention_heads
+    hd, t_src = dims.d_model // heads, dims.max_source_positions
+    cache = KVCache(dims, b, dtype, dev, cross_fp8=True)
+    for i in range(n_layers):
+        cache.cross_k[i], cache.cross_k_scale[i] = fp8_attention.quantize(torch.randn_like(cache.cross_k[i], dtype=dtype))
+        cache.cross_v[i], cache.cross_v_scale[i] = fp8_attention.quantize(torch.randn_like(cache.cross_v[i], dtype=dtype))
+    q = torch.randn(b, heads, hd, device=dev, dtype=dtype)
+    kv_bytes = 2 * b * t_src * dims.d_model * n_layers
+    row: dict = {"batch": b, "variant": "cross_fp8", "kv_bytes_per_step_GB": kv_bytes / 1e9}
+    for split, block_t, warps in ((1, 64, 4), (1, 128, 4), (1, 128, 8), (2, 64, 4), (4, 64, 4), (4, 128, 4)):
+        ms = graph_ms(lambda split=split, block_t=block_t, warps=warps: [
+            fp8_attention.attend(q, cache.cross_k[i], cache.cross_v[i], cache.cross_k_scale[i], cache.cross_v_scale[i],
+                                 split=split, block_t=block_t, num_warps=warps) for i in range(n_layers)])
+        row[f"attend_s{split}_t{block_t}_w{warps}_ms"] = ms
+        row[f"attend_s{split}_t{block_t}_w{warps}_TBps"] = kv_bytes / ms / 1e9
+    tok = torch.randint(0, 50000, (b,), device=dev)
+    pos = torch.full((b,), 60, device=dev)
+    row["model_step_ms"] = graph_ms(lambda: model.step(cache, tok, pos, span))
+    dec = GreedyDecoder(model, special_for(dims.vocab_size), max_batch=b, cross_fp8=True)
+    dec.done[:b] = False
+    dec.pos[:b] = 60
+    row["decoder_step_ms"] = graph_ms(lambda: dec._step(b, span))
+    encoded = torch.randn(b, t_src, dims.d_model, device=dev, dtype=dtype)
+    row["fill_cross_ms_per_window"] = eager_ms(lambda: model.fill_cross(cache, encoded)) / b
+    return row
+
+
 def measure_encoder_compiled(model: Whisper, b: int) -> dict:
     """The encoder per window at batch ``b``: eager, one CUDA graph, and torch.compile'd
     (default mode), with the compilation's seconds."""
@@ -223,6 +258,8 @@ def main() -> int:
     ap.add_argument("--batch-sizes", default="64,128")
     ap.add_argument("--span", type=int, default=128)
     ap.add_argument("--variants", action="store_true", help="also time self-attention and encoder variants")
+    ap.add_argument("--fp8", action="store_true", help="also time cross-attention over FP8 keys and values")
+    ap.add_argument("--only-fp8", action="store_true", help="time only the FP8 rows (and the bf16 step beside them)")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
     torch.manual_seed(0)
@@ -233,11 +270,16 @@ def main() -> int:
     out: dict = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "dims": "large-v3",
                  "span": a.span, "rows": []}
     with torch.inference_mode():
-        for b in [int(x) for x in a.batch_sizes.split(",")]:
+        if a.fp8 or a.only_fp8:
+            for b in [int(x) for x in a.batch_sizes.split(",")]:
+                r = measure_fp8(model, b, a.span)
+                out["rows"].append(r)
+                print(json.dumps(r), flush=True)
+        for b in [] if a.only_fp8 else [int(x) for x in a.batch_sizes.split(",")]:
             row = measure_batch(model, b, a.span)
             out["rows"].append(row)
             print(json.dumps(row), flush=True)
-        for b in (16, 32):
+        for b in () if a.only_fp8 else (16, 32):
             r = measure_encoder(model, b)
             out["rows"].append(r)
             print(json.dumps(r), flush=True)

