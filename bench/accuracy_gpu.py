@@ -5,7 +5,7 @@ machine (issue 13's "torch on the H200" row), in three steps:
                                                                 # bench/gpu_parity.py) and the clips
     python3 bench/accuracy_gpu.py run .devdata/acc $OUT/acc_gpu.json --minutes 1,5,20   # there
         [--spaced 3:41,3:42,3:43,3:44,5:45,5:46]   # and bench/quiet_spans_ab.py's files with long gaps
-        [--cross-fp8]                               # cross-attention keys and values in FP8
+        [--cross-fp8] [--attention triton]          # cross-attention keys and values in FP8; Triton self-attention
     python bench/accuracy_gpu.py score acc_gpu.json             # here: WER and segment checks
 
 The GPU machine has no av, jiwer or faster-whisper: it rebuilds the long files from the clips and
@@ -51,7 +51,7 @@ def prepare(out: Path) -> None:
 
 
 def run(packed: Path, result: Path, minutes: list[float], target: str, spaced: list[tuple[float, int]] = (),
-        cross_fp8: bool = False) -> None:
+        cross_fp8: bool = False, attention: str = "sdpa") -> None:
     from gpu_parity import unpack
     from inproc import Tideserve
     from longfiles import long_file, spaced_file
@@ -71,8 +71,8 @@ def run(packed: Path, result: Path, minutes: list[float], target: str, spaced: l
         files.append((f"spaced-{m:g}min-{seed}", s, ref))
     model = unpack(packed, Path("/tmp/acc-gpu-model"))
     t = Tideserve("torch", target, Decoding(beam_size=1, without_timestamps=False), 64, model_dir=model,
-                  cross_fp8=cross_fp8)
-    system = f"tideserve-torch-{target}" + ("-fp8kv" if cross_fp8 else "")
+                  cross_fp8=cross_fp8, attention=attention)
+    system = f"tideserve-torch-{target}" + ("-fp8kv" if cross_fp8 else "") + ("" if attention == "sdpa" else f"-{attention}")
     rows = []
     for name, samples, ref in files:
         t(samples[: 16_000 * 2])  # warm-up
@@ -112,7 +112,8 @@ def main() -> int:
         target = sys.argv[sys.argv.index("--target") + 1] if "--target" in sys.argv else "cuda-sm90-bf16"
         spaced = [(float(p.split(":")[0]), int(p.split(":")[1]))
                   for p in sys.argv[sys.argv.index("--spaced") + 1].split(",")] if "--spaced" in sys.argv else []
-        run(path, Path(sys.argv[3]), minutes, target, spaced, cross_fp8="--cross-fp8" in sys.argv)
+        attention = sys.argv[sys.argv.index("--attention") + 1] if "--attention" in sys.argv else "sdpa"
+        run(path, Path(sys.argv[3]), minutes, target, spaced, cross_fp8="--cross-fp8" in sys.argv, attention=attention)
     elif cmd == "score":
         score(path)
     else:

@@ -260,7 +260,8 @@ def run_load(url: str, bodies: list[bytes], idx: list[int], concurrency: int, pr
 
 def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: bool = False,
                      capture_all: bool = False, batch: int | None = None, chunk_steps: int | None = None,
-                     encoder_graphs: bool | None = None, run_ahead: int | None = None, cross_fp8: bool = False) -> dict:
+                     encoder_graphs: bool | None = None, run_ahead: int | None = None, cross_fp8: bool = False,
+                     attention: str = "sdpa") -> dict:
     """All ``n_requests`` (file k % len(files)) submitted at once to an EngineLoop over the backend.
     ``capture_all``: capture every (batch bucket, span) CUDA graph first, so that a long row's
     one-time graph captures (a replica pays them once in its life) are not timed as its
@@ -279,7 +280,7 @@ def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: 
     decoding = Decoding(**kw)
     batch = batch or a.batch
     backend = TorchWhisperBackend(Path(a.model_dir), Target.parse(a.target), decoding, max_batch_size=batch,
-                                  encoder_graphs=encoder_graphs, cross_fp8=cross_fp8,
+                                  encoder_graphs=encoder_graphs, cross_fp8=cross_fp8, attention=attention,
                                   **({} if run_ahead is None else {"run_ahead": run_ahead}))
     if capture_all:
         backend.decoder.capture_all()
@@ -328,6 +329,7 @@ def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: 
         torch.cuda.empty_cache()
     return {"requests": n_requests, "batch": batch, "chunk_steps": steps,
             "encoder_graphs": graphed, "run_ahead": ahead, "cross_fp8": cross_fp8,
+            "attention": attention,
             "wall_s": wall,
             "rtfx": audio_s / wall, "p50_s": pct(lat, 50), "p99_s": pct(lat, 99), "gpu_busy": gpu.busy,
             "texts": text_of}
@@ -431,8 +433,9 @@ def main() -> int:
                     help="a multilingual Whisper directory served as model.language_id beside the model (its cost)")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: served,engine,hf,pipeline,hol")
     ap.add_argument("--engine-sweep", default="",
-                    help="comma list of BATCHxCHUNK_STEPS[:nograph][:aheadN] for extra in-process engine runs "
-                         "(nograph: no encoder CUDA graphs; aheadN: N run-ahead decoder steps)")
+                    help="comma list of BATCHxCHUNK_STEPS[:nograph][:aheadN][:fp8][:triton] for extra in-process "
+                         "engine runs (nograph: no encoder CUDA graphs; aheadN: N run-ahead decoder steps; fp8: "
+                         "cross-attention keys and values in FP8; triton: self-attention by the Triton kernel)")
     a = ap.parse_args()
     a.concurrency = [int(c) for c in a.concurrency.split(",")]
     skip = set(filter(None, a.skip.split(",")))
@@ -488,7 +491,8 @@ def main() -> int:
             ahead = [int(f[len("ahead"):]) for f in flags if f.startswith("ahead")]
             e = engine_inprocess(a, files, a.requests, batch=b, chunk_steps=c,
                                  encoder_graphs=False if "nograph" in flags else None,
-                                 run_ahead=ahead[-1] if ahead else None, cross_fp8="fp8" in flags)
+                                 run_ahead=ahead[-1] if ahead else None, cross_fp8="fp8" in flags,
+                                 attention="triton" if "triton" in flags else "sdpa")
             res["engine_sweep"].append({k: v for k, v in e.items() if k != "texts"})
             print(json.dumps(res["engine_sweep"][-1]), flush=True)
     if "hol" not in skip:

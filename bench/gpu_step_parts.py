@@ -205,7 +205,9 @@ def measure_self_variants(model: Whisper, b: int, span: int) -> dict:
 def measure_fp8(model: Whisper, b: int, span: int) -> dict:
     """Cross-attention over FP8 keys and values (``fp8_attention.attend``, 32 layers) for each
     (parts, positions per block, warps) tried, with the bandwidth it reaches (counting the FP8
-    bytes), and the model step and decoder step with an FP8 cache (milliseconds per step)."""
+    bytes), and the model step and decoder step with an FP8 cache (milliseconds per step), with
+    PyTorch's self-attention kernels and with ``fp8_attention.self_attend`` (the model step also
+    with a bf16 cross cache: the self-attention kernel alone)."""
     from tideserve.worker.backends.torch_whisper import fp8_attention
 
     dims, dev, dtype = model.dims, torch.device("cuda"), torch.bfloat16
@@ -226,11 +228,18 @@ def measure_fp8(model: Whisper, b: int, span: int) -> dict:
         row[f"attend_s{split}_t{block_t}_w{warps}_TBps"] = kv_bytes / ms / 1e9
     tok = torch.randint(0, 50000, (b,), device=dev)
     pos = torch.full((b,), 60, device=dev)
-    row["model_step_ms"] = graph_ms(lambda: model.step(cache, tok, pos, span))
-    dec = GreedyDecoder(model, special_for(dims.vocab_size), max_batch=b, cross_fp8=True)
-    dec.done[:b] = False
-    dec.pos[:b] = 60
-    row["decoder_step_ms"] = graph_ms(lambda: dec._step(b, span))
+    bf16 = KVCache(dims, b, dtype, dev)
+    model.fuse_qkv()  # used by the triton path only
+    for impl in ("sdpa", "triton"):  # the self-attention's kernels, with FP8 (and bf16) cross-attention
+        model.attention = impl
+        row[f"model_step_{impl}_ms"] = graph_ms(lambda: model.step(cache, tok, pos, span))
+        row[f"model_step_{impl}_bf16_cross_ms"] = graph_ms(lambda: model.step(bf16, tok, pos, span))
+        dec = GreedyDecoder(model, special_for(dims.vocab_size), max_batch=b, cross_fp8=True)
+        dec.done[:b] = False
+        dec.pos[:b] = 60
+        row[f"decoder_step_{impl}_ms"] = graph_ms(lambda dec=dec: dec._step(b, span))
+        del dec
+    model.attention = "sdpa"
     encoded = torch.randn(b, t_src, dims.d_model, device=dev, dtype=dtype)
     row["fill_cross_ms_per_window"] = eager_ms(lambda: model.fill_cross(cache, encoded)) / b
     return row

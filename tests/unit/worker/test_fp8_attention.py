@@ -1,9 +1,11 @@
-"""FP8 cross-attention keys and values (``torch_whisper.fp8_attention``), checked on the CPU
+"""The decoder step's Triton kernels (``torch_whisper.fp8_attention``), checked on the CPU
 through Triton's interpreter (``TRITON_INTERPRET=1``, which must be set before Triton compiles
-the kernel, so each check runs in a child process): the kernel equals attention over the
-dequantized keys and values, quantizing keeps every value within E4M3's rounding, and the real
-tiny.en model writes the same text on the shipped clips with its cross-attention in FP8 as in
-float32. Its speed is the GPU's to measure (bench/gpu_step_parts.py --fp8)."""
+the kernels, so each check runs in a child process): the cross-attention kernel equals
+attention over the dequantized FP8 keys and values, quantizing keeps every value within E4M3's
+rounding, the self-attention kernel writes the cache and equals attention over each row's own
+length, and the real tiny.en model writes the same text on the shipped clips with both kernels
+(FP8 cross-attention) as with PyTorch's in float32. Their speed is the GPU's to measure
+(bench/gpu_step_parts.py --fp8)."""
 
 from __future__ import annotations
 
@@ -52,13 +54,30 @@ def test_the_kernel_equals_attention_over_the_dequantized_keys_and_values() -> N
         s4 = ks[:, :, None, None]
         bound = torch.maximum(k.abs() * 2 ** -4, s4 * 2 ** -10) * (1 + 1e-5)
         rel = ((k8.float() * s4 - k).abs() / bound).max().item()
+        # self_attend: this step's k, v written at each row's position, attention over 0..position
+        kc, vc = torch.randn(5, 2, 448, 64), torch.randn(5, 2, 448, 64)
+        qkv = torch.randn(3, 3 * 128)  # one fused projection's output: strided q, k, v views
+        sq, sk, sv = (x.view(3, 2, 64) for x in qkv.split(128, dim=-1))
+        pos = torch.tensor([0, 5, 300])
+        kc2, vc2 = kc.clone(), vc.clone()
+        got = fa.self_attend(sq, sk, sv, kc2, vc2, pos)
+        self_err, writes = 0.0, True
+        for b, p in enumerate(pos.tolist()):
+            kr, vr = kc[b].clone(), vc[b].clone()
+            kr[:, p], vr[:, p] = sk[b], sv[b]
+            want = F.scaled_dot_product_attention(sq[b][:, None], kr[:, : p + 1], vr[:, : p + 1])[:, 0]
+            self_err = max(self_err, (got[b] - want).abs().max().item())
+            writes &= torch.equal(kc2[b], kr) and torch.equal(vc2[b], vr)
+        writes &= torch.equal(kc2[3:], kc[3:]) and torch.equal(vc2[3:], vc[3:])
         print(json.dumps({"err": err, "vs_full": (ref - full).abs().max().item(), "scale": ks[0, 0].item(),
-                          "amax": k[0, 0].abs().max().item(), "rel": rel, "ref_max": ref.abs().max().item()}))
+                          "amax": k[0, 0].abs().max().item(), "rel": rel, "ref_max": ref.abs().max().item(),
+                          "self_err": self_err, "self_writes": writes}))
     """)
     assert r["err"]["1"] < 1e-5 and r["err"]["3"] < 1e-5  # the kernel: float32 inside, the same sums
     assert r["scale"] == pytest.approx(r["amax"] / 448, rel=1e-6)
     assert 0.5 < r["rel"] <= 1.0  # every value within the bound, some near it
     assert 0 < r["vs_full"] < 0.05 * r["ref_max"]  # what FP8 costs on random data, small but not zero
+    assert r["self_err"] < 1e-5 and r["self_writes"]  # rows 0, 5 and 300 deep; rows 3-4 untouched
 
 
 @pytest.fixture(scope="module")
@@ -76,9 +95,9 @@ def test_tiny_en_writes_the_same_text_with_fp8_cross_attention(hf_dir: Path) -> 
         from tideserve.worker.backends.torch_whisper.backend import TorchWhisperBackend
         clips = [c for c in audio.load_en_clips() if c.name != "counting"]  # the interpreter is slow: two clips
         texts = {{}}
-        for fp8 in (False, True):
+        for fp8 in (False, True):  # PyTorch's kernels, and FP8 cross-attention with the Triton self-attention
             b = TorchWhisperBackend({str(hf_dir)!r}, Target.parse("cpu-x86_64-fp32"), Decoding(beam_size=1),
-                                    cross_fp8=fp8)
+                                    cross_fp8=fp8, attention="triton" if fp8 else "sdpa")
             got, _ = b.transcribe_batch([WindowTask(samples=c.samples, timestamps=True) for c in clips])
             texts[str(fp8)] = [[(s.start_s, s.end_s, s.text) for s in r.segments] for r in got]
             texts["scale_dtype"] = str(b.decoder.cache.cross_k_scale[0].dtype) if fp8 else None

@@ -104,14 +104,15 @@ class TorchWhisperBackend:
     English-only model, a multilingual one that hears the language of the windows that ask
     (``WindowTask.identify_language``; ``identify.LanguageIdentifier``, on the same device and
     dtype); a multilingual model identifies languages itself and ignores it. ``cross_fp8``: the
-    cross-attention keys and values in FP8 (``model.KVCache``; CUDA only).
+    cross-attention keys and values in FP8 (``model.KVCache``; CUDA only); ``attention``: the
+    decoder step's attention kernels (``model.Whisper``).
     """
 
     def __init__(self, model_dir: Path, target: Target, decoding: Decoding, cpu_threads: int = 0,
                  max_batch_size: int = 64, use_cuda_graphs: bool | None = None,
                  encoder_graphs: bool | None = None, instances: int = 1, run_ahead: int = RUN_AHEAD_STEPS,
                  language_id: LanguageIdConfig | None = None, background_nice: int = 0,
-                 cross_fp8: bool = False) -> None:
+                 cross_fp8: bool = False, attention: str = "sdpa") -> None:
         del instances, background_nice  # continuous batching: one decode loop holds every slot
         self.device = _device_for(target)
         if decoding.beam_size != 1:
@@ -135,6 +136,9 @@ class TorchWhisperBackend:
         except Exception as exc:  # tokenizers raises its own Exception type
             raise ValueError(f"{model_dir}: no readable tokenizer.json ({exc})") from None
         self.model: Whisper = load_hf_dir(model_dir, dtype, self.device)
+        self.model.attention = attention
+        if attention == "triton":
+            self.model.fuse_qkv()
         self.special = special_tokens(self.tokenizer)
         self.multilingual = self.model.dims.vocab_size >= 51865
         self.languages = (frozenset(language_tokens(self.tokenizer)) or _LANGS_EN_ONLY) if self.multilingual \

@@ -88,6 +88,70 @@ def _attend_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, part_ptr,
         tl.store(base + D + 1, denom)
 
 
+@triton.jit
+def _self_attend_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, pos_ptr, out_ptr, H, sm_scale,
+                        q_sb, k_sb, v_sb, c_sb, c_sh, c_st, o_sb,
+                        D: tl.constexpr, BLOCK_T: tl.constexpr):
+    bh = tl.program_id(0)
+    b = bh // H
+    h = bh % H
+    d = tl.arange(0, D)
+    pos = tl.load(pos_ptr + b)
+    q = tl.load(q_ptr + b * q_sb + h * D + d).to(tl.float32) * sm_scale
+    k_new = tl.load(k_ptr + b * k_sb + h * D + d)
+    v_new = tl.load(v_ptr + b * v_sb + h * D + d)
+    kc = kc_ptr + b * c_sb + h * c_sh
+    vc = vc_ptr + b * c_sb + h * c_sh
+    tl.store(kc + pos * c_st + d, k_new.to(kc_ptr.dtype.element_ty))
+    tl.store(vc + pos * c_st + d, v_new.to(vc_ptr.dtype.element_ty))
+    # this position from registers (the store above need not be visible to this program yet) ...
+    m = tl.sum(q * k_new.to(tl.float32), axis=0)
+    denom = tl.full((), 1.0, tl.float32)
+    acc = v_new.to(tl.float32)
+    # ... and the positions before it from the cache
+    for t0 in range(0, pos, BLOCK_T):
+        t = t0 + tl.arange(0, BLOCK_T)
+        valid = t < pos
+        kb = tl.load(kc + t[:, None] * c_st + d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+        s = tl.where(valid, tl.sum(kb * q[None, :], axis=1), float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=0))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(s - m_new)
+        vb = tl.load(vc + t[:, None] * c_st + d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+        acc = acc * alpha + tl.sum(p[:, None] * vb, axis=0)
+        denom = denom * alpha + tl.sum(p, axis=0)
+        m = m_new
+    tl.store(out_ptr + b * o_sb + h * D + d, (acc / denom).to(out_ptr.dtype.element_ty))
+
+
+def self_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                positions: torch.Tensor, block_t: int | None = None, num_warps: int = 4) -> torch.Tensor:
+    """A decoder step's self-attention in one kernel: writes ``k``, ``v`` (``[B, H, D]``, this
+    step's keys and values; rows may be strided, the last two dimensions contiguous) into
+    ``k_cache``/``v_cache`` (``[max_batch, H, T, D]``, contiguous) at each row's ``positions``
+    (``[B]`` int64, each < T) and returns ``[B, H, D]`` in q's dtype: ``q [B, H, D]``'s attention
+    over positions ``0..positions[b]`` of its row, each row reading only its own length (where
+    PyTorch's kernels read a padded span under a mask, after two scatters). Static shapes, no
+    host synchronisation: safe inside a CUDA graph."""
+    b, h, d = q.shape
+    if k.shape != q.shape or v.shape != q.shape or k_cache.shape[0] < b or k_cache.shape[1] != h \
+            or k_cache.shape[3] != d or v_cache.shape != k_cache.shape or not k_cache.is_contiguous() \
+            or not v_cache.is_contiguous():
+        raise ValueError(f"self_attend: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not match the "
+                         f"contiguous caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)}")
+    if d & (d - 1) or d < 16:
+        raise ValueError(f"self_attend: the head size must be a power of two >= 16, got {d}")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.stride(2) != 1 or x.stride(1) != d:
+            raise ValueError(f"self_attend: {name}'s heads must be contiguous ([B, H, D] rows of H x D values)")
+    out = torch.empty((b, h, d), dtype=q.dtype, device=q.device)
+    _self_attend_kernel[(b * h,)](
+        q, k, v, k_cache, v_cache, positions, out, h, d ** -0.5,
+        q.stride(0), k.stride(0), v.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), out.stride(0),
+        D=d, BLOCK_T=block_t or (32 if q.is_cuda else 512), num_warps=num_warps)
+    return out
+
+
 def attend(q: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, k_scale: torch.Tensor, v_scale: torch.Tensor,
            split: int = 1, block_t: int | None = None, num_warps: int = 4) -> torch.Tensor:
     """See the module doc. Static shapes and no host synchronisation: safe inside a CUDA graph.

@@ -83,6 +83,19 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(d_model, d_model, bias=False)
         self.v_proj = nn.Linear(d_model, d_model)
         self.out_proj = nn.Linear(d_model, d_model)
+        self.qkv_weight: torch.Tensor | None = None  # set by fuse_qkv
+        self.qkv_bias: torch.Tensor | None = None
+
+    def fuse_qkv(self) -> None:
+        """Concatenate the q, k and v projections into one ``[3 * d_model, d_model]`` weight (and
+        bias; k has none, so zeros) for one matrix product per step, and make the three
+        projections' weights views into it (no second copy). Call again after loading new weights."""
+        w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]).detach()
+        self.qkv_bias = torch.cat([self.q_proj.bias, torch.zeros_like(self.q_proj.bias), self.v_proj.bias]).detach()
+        d = self.q_proj.weight.shape[0]
+        for i, proj in enumerate((self.q_proj, self.k_proj, self.v_proj)):
+            proj.weight = nn.Parameter(w[i * d:(i + 1) * d], requires_grad=False)
+        self.qkv_weight = w
 
     def split(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
@@ -213,13 +226,21 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
 class Whisper(nn.Module):
     """Whisper with a serving decoder step. ``encode`` runs the encoder; ``fill_cross`` puts the
     cross-attention K/V of a batch into the cache; ``step`` decodes one token per row.
-    ``attention`` picks the decoder step's attention kernels (``sdpa`` or ``matmul``)."""
+    ``attention`` picks the decoder step's attention kernels: ``sdpa`` (PyTorch's), ``matmul``
+    (two matrix products), or ``triton`` (self-attention by ``fp8_attention.self_attend``, the
+    cache write included, after one q/k/v product once ``fuse_qkv`` ran; cross-attention as
+    ``sdpa``). An FP8 cache's cross-attention always uses ``fp8_attention.attend``."""
 
     def __init__(self, dims: WhisperDims, attention: str = "sdpa") -> None:
         super().__init__()
         self.dims = dims
         self.attention = attention
         self.model = _Body(dims)
+
+    def fuse_qkv(self) -> None:
+        """``Attention.fuse_qkv`` for every decoder self-attention (used by ``attention="triton"``)."""
+        for layer in self.decoder.blocks():
+            layer.self_attn.fuse_qkv()
 
     @property
     def encoder(self) -> Encoder:
@@ -267,18 +288,29 @@ class Whisper(nn.Module):
         span = span or self.dims.max_target_positions
         if cache.cross_fp8:
             from tideserve.worker.backends.torch_whisper.fp8_attention import attend as fp8_attend
+        if self.attention == "triton":
+            from tideserve.worker.backends.torch_whisper.fp8_attention import self_attend
         x = (dec.embed_tokens(tokens) + dec.embed_positions(positions))[:, None, :]  # [B, 1, D]
         visible = (torch.arange(span, device=tokens.device)[None, :] <= positions[:, None])[:, None, None, :]
         for i, layer in enumerate(dec.blocks()):
             a = layer.self_attn
             h = layer.self_attn_layer_norm(x)
-            q, k, v = a.split(a.q_proj(h)), a.split(a.k_proj(h)), a.split(a.v_proj(h))  # [B, H, 1, hd]
-            index = positions.view(b, 1, 1, 1).expand(b, a.heads, 1, a.head_dim)
-            ks, vs = cache.self_k[i][:b], cache.self_v[i][:b]
-            ks.scatter_(2, index, k)
-            vs.scatter_(2, index, v)
-            att = _attend(q, ks[:, :, :span], vs[:, :, :span], visible, self.attention)
-            x = x + a.out_proj(a.merge(att))
+            if self.attention == "triton":  # the cache write and the attention in one kernel
+                if a.qkv_weight is not None:  # one product (fuse_qkv); q, k, v strided views of it
+                    qkv = F.linear(h, a.qkv_weight, a.qkv_bias).view(b, 3, a.heads, a.head_dim)
+                    q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
+                else:
+                    q, k, v = (p(h).view(b, a.heads, a.head_dim) for p in (a.q_proj, a.k_proj, a.v_proj))
+                att = self_attend(q, k, v, cache.self_k[i], cache.self_v[i], positions)
+                x = x + a.out_proj(att.view(b, 1, a.heads * a.head_dim))
+            else:
+                q, k, v = a.split(a.q_proj(h)), a.split(a.k_proj(h)), a.split(a.v_proj(h))  # [B, H, 1, hd]
+                index = positions.view(b, 1, 1, 1).expand(b, a.heads, 1, a.head_dim)
+                ks, vs = cache.self_k[i][:b], cache.self_v[i][:b]
+                ks.scatter_(2, index, k)
+                vs.scatter_(2, index, v)
+                att = _attend(q, ks[:, :, :span], vs[:, :, :span], visible, self.attention)
+                x = x + a.out_proj(a.merge(att))
             c = layer.encoder_attn
             h = layer.encoder_attn_layer_norm(x)
             if cache.cross_fp8:
