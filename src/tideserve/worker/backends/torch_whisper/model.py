@@ -319,7 +319,8 @@ class Whisper(nn.Module):
                 x = x + c.out_proj(att.view(b, 1, c.heads * c.head_dim))
             else:
                 q = c.split(c.q_proj(h))
-                x = x + c.out_proj(c.merge(_attend(q, cache.cross_k[i][:b], cache.cross_v[i][:b], None, self.attention)))
+                cross_impl = "sdpa" if self.attention == "triton" else self.attention  # no Triton kernel for bf16
+                x = x + c.out_proj(c.merge(_attend(q, cache.cross_k[i][:b], cache.cross_v[i][:b], None, cross_impl)))
             x = x + layer.fc2(F.gelu(layer.fc1(layer.final_layer_norm(x))))
         x = dec.layer_norm(x)[:, 0, :]
         return (x @ dec.embed_tokens.weight.T).float()

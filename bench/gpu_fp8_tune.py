@@ -1,0 +1,139 @@
+"""Tuning the decoder's cross-attention kernel over FP8 keys and values at large-v3 size (32
+layers, 20 heads of 64, 1500 positions), on the GPU: milliseconds per step for each
+configuration of ``fp8_attention.attend`` (positions per block, warps, pipeline stages, parts)
+and of a variant that does its two products on the tensor cores (``tl.dot``: the query padded to
+16 rows, keys and values converted to fp16), against PyTorch's best kernel (cuDNN) on bf16 keys
+and values; each over 32 layers in one CUDA graph, median of 30 replays. Also checks each
+variant's output against attention over the dequantized values.
+
+    python3 bench/gpu_fp8_tune.py --json $OUT/fp8_tune.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from tideserve.worker.backends.torch_whisper import fp8_attention as fa
+from gpu_step_parts import graph_ms
+
+
+@triton.jit
+def _attend_dot_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, H, T, sm_scale,
+                       q_sb, k_sb, k_sh, k_st, s_sb, o_sb,
+                       D: tl.constexpr, BLOCK_T: tl.constexpr):
+    bh = tl.program_id(0)
+    b = bh // H
+    h = bh % H
+    d = tl.arange(0, D)
+    r = tl.arange(0, 16)
+    q = tl.load(q_ptr + b * q_sb + h * D + d).to(tl.float32)
+    k_scale = tl.load(ks_ptr + b * s_sb + h)
+    v_scale = tl.load(vs_ptr + b * s_sb + h)
+    q16 = tl.where(r[:, None] == 0, (q * (k_scale * sm_scale))[None, :], 0.0).to(tl.float16)  # [16, D], row 0 real
+    m = tl.full((16,), float("-inf"), tl.float32)
+    denom = tl.zeros((16,), tl.float32)
+    acc = tl.zeros((16, D), tl.float32)
+    base = b * k_sb + h * k_sh
+    for t0 in range(0, T, BLOCK_T):
+        t = t0 + tl.arange(0, BLOCK_T)
+        valid = t < T
+        kb = tl.load(k_ptr + base + t[:, None] * k_st + d[None, :], mask=valid[:, None], other=0.0).to(tl.float16)
+        s = tl.dot(q16, tl.trans(kb))  # [16, BLOCK_T]
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(s - m_new[:, None])
+        vb = tl.load(v_ptr + base + t[:, None] * k_st + d[None, :], mask=valid[:, None], other=0.0).to(tl.float16)
+        acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), vb)
+        denom = denom * alpha + tl.sum(p, axis=1)
+        m = m_new
+    o = acc * (v_scale / denom)[:, None]
+    tl.store(out_ptr + b * o_sb + h * D + r[:, None] * 0 + d[None, :], o.to(out_ptr.dtype.element_ty),
+             mask=r[:, None] == 0)
+
+
+def attend_dot(q, k8, v8, ks, vs, block_t=128, num_warps=4, num_stages=3):
+    b, h, d = q.shape
+    out = torch.empty_like(q)
+    _attend_dot_kernel[(b * h,)](q, k8, v8, ks, vs, out, h, k8.shape[2], d ** -0.5,
+                                 q.stride(0), k8.stride(0), k8.stride(1), k8.stride(2), ks.stride(0), out.stride(0),
+                                 D=d, BLOCK_T=block_t, num_warps=num_warps, num_stages=num_stages)
+    return out
+
+
+def tune_batch(b: int) -> dict:
+    """One batch size's row (see the module doc)."""
+    dev, layers, heads, t_src, hd = "cuda", 32, 20, 1500, 64
+    torch.manual_seed(0)
+    kb = [torch.randn(b, heads, t_src, hd, device=dev, dtype=torch.bfloat16) for _ in range(layers)]
+    vb = [torch.randn_like(x) for x in kb]
+    k8, v8 = [fa.quantize(x) for x in kb], [fa.quantize(x) for x in vb]
+    ones = torch.ones(b, heads, device=dev)
+    q = torch.randn(b, heads, hd, device=dev, dtype=torch.bfloat16)
+    fp8_bytes = 2 * b * t_src * heads * hd * layers
+    ref = F.scaled_dot_product_attention(q[:, :, None].float(), k8[0][0].float() * k8[0][1][:, :, None, None],
+                                         v8[0][0].float() * v8[0][1][:, :, None, None])[:, :, 0]
+    row: dict = {"batch": b, "fp8_GB_per_step": fp8_bytes / 1e9}
+    row["cudnn_bf16_ms"] = graph_ms(lambda: [F.scaled_dot_product_attention(q[:, :, None], kb[i], vb[i])
+                                             for i in range(layers)])
+    configs = [(bt, w, st, 1) for bt in (128, 256, 512) for w in (4, 8) for st in (2, 3)]
+    configs += [(128, 4, 3, 2), (256, 8, 3, 2)]
+    for bt, w, st, sp in configs:
+        name = f"fma_t{bt}_w{w}_st{st}_s{sp}"
+        try:
+            out = fa.attend(q, k8[0][0], v8[0][0], k8[0][1], v8[0][1], split=sp, block_t=bt, num_warps=w, num_stages=st)
+            row[name + "_err"] = (out.float() - ref).abs().max().item()
+            row[name] = graph_ms(lambda bt=bt, w=w, st=st, sp=sp: [
+                fa.attend(q, k8[i][0], v8[i][0], k8[i][1], v8[i][1], split=sp, block_t=bt, num_warps=w,
+                          num_stages=st) for i in range(layers)])
+        except Exception as exc:  # a configuration Triton cannot build (registers, shared memory)
+            row[name] = f"failed: {str(exc).splitlines()[0][:100]}"
+    for bt, w, st in [(bt, w, st) for bt in (64, 128, 256) for w in (4, 8) for st in (2, 3)]:
+        name = f"dot_t{bt}_w{w}_st{st}"
+        try:
+            out = attend_dot(q, k8[0][0], v8[0][0], k8[0][1], v8[0][1], bt, w, st)
+            row[name + "_err"] = (out.float() - ref).abs().max().item()
+            row[name] = graph_ms(lambda bt=bt, w=w, st=st: [
+                attend_dot(q, k8[i][0], v8[i][0], k8[i][1], v8[i][1], bt, w, st) for i in range(layers)])
+        except Exception as exc:
+            row[name] = f"failed: {str(exc).splitlines()[0][:100]}"
+    for bt, w in ((128, 4), (256, 4), (128, 8)):  # the same kernel over bf16 values (scales 1): conversion's cost
+        row[f"fma_bf16kv_t{bt}_w{w}_ms"] = graph_ms(lambda bt=bt, w=w: [
+            fa.attend(q, kb[i], vb[i], ones, ones, block_t=bt, num_warps=w) for i in range(layers)])
+    timed = {k: v for k, v in row.items() if isinstance(v, float) and k.startswith(("fma_", "dot_"))
+             and not k.endswith("_err") and "bf16kv" not in k}
+    best = min(timed, key=lambda k: timed[k])
+    row["best"], row["best_ms"], row["best_TBps"] = best, timed[best], fp8_bytes / timed[best] / 1e9
+    return row
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch-sizes", default="64,128")
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args()
+    rows = []
+    for b in (int(x) for x in a.batch_sizes.split(",")):
+        row = tune_batch(b)
+        rows.append(row)
+        print(json.dumps({k: row[k] for k in ("batch", "cudnn_bf16_ms", "best", "best_ms", "best_TBps")}), flush=True)
+        torch.cuda.empty_cache()
+    if a.json:
+        a.json.write_text(json.dumps({"device": torch.cuda.get_device_name(0), "triton": triton.__version__,
+                                      "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
