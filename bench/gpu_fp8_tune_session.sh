@@ -2,6 +2,31 @@
 # The FP8 cross-attention kernel's configurations, and the large-v3 engine alone with it, in one
 # call of the device tool:  run(command="bash bench/gpu_fp8_tune_session.sh", carry=[".whl"])
 source bench/gpu_setup.sh
+echo "== quantize_into on the GPU against PyTorch's rounding; fill_cross per window, bf16 and FP8"
+timeout 120 python3 - <<'PY'
+import torch
+from tideserve.worker.backends.torch_whisper import fp8_attention as fa
+from tideserve.worker.backends.torch_whisper.model import Whisper, WhisperDims, KVCache
+torch.manual_seed(0)
+x = torch.randn(8, 1500, 1280, device="cuda", dtype=torch.bfloat16) * torch.rand(8, 1, 1, device="cuda", dtype=torch.bfloat16) * 10
+xv = x.view(8, 1500, 20, 64).transpose(1, 2)
+w8, ws = fa.quantize(xv)
+dst = torch.zeros(10, 20, 1500, 64, device="cuda", dtype=torch.float8_e4m3fn); sc = torch.ones(10, 20, device="cuda")
+rows = torch.tensor([9, 0, 3, 2, 1, 8, 4, 5], device="cuda")
+fa.quantize_into(xv, dst, sc, rows)
+print("rows: bytes equal", torch.equal(dst[rows].view(torch.uint8), w8.view(torch.uint8)), "scales equal", torch.allclose(sc[rows], ws, rtol=1e-6))
+dims = WhisperDims.large_v3()
+with torch.device("cuda"): m = Whisper(dims)
+m = m.to(torch.bfloat16).eval()
+enc = torch.randn(32, 1500, 1280, device="cuda", dtype=torch.bfloat16)
+for fp8 in (False, True):
+    c = KVCache(dims, 32, torch.bfloat16, torch.device("cuda"), cross_fp8=fp8)
+    with torch.inference_mode():
+        for _ in range(2): m.fill_cross(c, enc)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record(); [m.fill_cross(c, enc) for _ in range(5)]; b.record(); b.synchronize()
+    print("fill_cross ms per window", "fp8" if fp8 else "bf16", a.elapsed_time(b) / 5 / 32)
+PY
 echo "== kernel configurations (bench/gpu_fp8_tune.py)"
 timeout 300 python3 bench/gpu_fp8_tune.py --json $OUT/fp8_tune.json 2>&1 | grep -v Warn
 echo "== large-v3 engine alone: bf16, and fp8 + triton self-attention"

@@ -44,6 +44,59 @@ def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @triton.jit
+def _quantize_into_kernel(x_ptr, dst_ptr, scale_ptr, rows_ptr, H, T,
+                          x_sb, x_sh, x_st, d_sb, d_sh, d_st, s_sb,
+                          D: tl.constexpr, BLOCK_T: tl.constexpr, HAS_ROWS: tl.constexpr):
+    bh = tl.program_id(0)
+    b = bh // H
+    h = bh % H
+    row = tl.load(rows_ptr + b) if HAS_ROWS else b
+    d = tl.arange(0, D)
+    src = x_ptr + b * x_sb + h * x_sh
+    amax = tl.zeros((BLOCK_T, D), tl.float32)
+    for t0 in range(0, T, BLOCK_T):  # pass 1: the largest magnitude of this row and head
+        t = t0 + tl.arange(0, BLOCK_T)
+        x = tl.load(src + t[:, None] * x_st + d[None, :], mask=(t < T)[:, None], other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.abs(x))
+    scale = tl.maximum(tl.max(tl.max(amax, axis=1), axis=0) / 448.0, 1e-12)
+    tl.store(scale_ptr + row * s_sb + h, scale)
+    dst = dst_ptr + row * d_sb + h * d_sh
+    for t0 in range(0, T, BLOCK_T):  # pass 2: scaled, rounded to E4M3, into the cache row
+        t = t0 + tl.arange(0, BLOCK_T)
+        x = tl.load(src + t[:, None] * x_st + d[None, :], mask=(t < T)[:, None], other=0.0).to(tl.float32)
+        tl.store(dst + t[:, None] * d_st + d[None, :], (x / scale).to(dst_ptr.dtype.element_ty), mask=(t < T)[:, None])
+
+
+def quantize_into(x: torch.Tensor, dst: torch.Tensor, scale: torch.Tensor, rows: torch.Tensor | None = None) -> None:
+    """``quantize(x)`` written straight into a cache: ``x [B, H, T, D]`` (any strides with the
+    last dimension contiguous, e.g. a projection's ``[B, T, H * D]`` output viewed per head) into
+    ``dst [max_batch, H, T, D]`` (float8_e4m3fn) and ``scale [max_batch, H]`` (float32) at rows
+    ``[:B]``, or at the rows listed by ``rows`` (``[B]`` int64). One kernel: it reads x twice
+    (the maximum, then the values), where ``quantize`` and a copy take several passes and a
+    float32 copy of x."""
+    b, h, t, d = x.shape
+    if dst.shape[1:] != x.shape[1:] or dst.shape[0] < b or scale.shape != dst.shape[:2] or x.stride(3) != 1 \
+            or dst.stride(3) != 1 or dst.dtype != torch.float8_e4m3fn or (rows is not None and rows.shape != (b,)):
+        raise ValueError(f"quantize_into: x {tuple(x.shape)} does not fit the FP8 cache {tuple(dst.shape)} "
+                         f"({dst.dtype}) and scales {tuple(scale.shape)}")
+    if not x.is_cuda:
+        # Triton's interpreter (CPU tensors) rounds float32 to E4M3 wrongly where a value rounds up
+        # to the next power of two (124.5 -> 64, Triton 3.7), so there PyTorch rounds the same values.
+        x8, s = quantize(x)
+        if rows is None:
+            dst[:b].copy_(x8)
+            scale[:b].copy_(s)
+        else:  # index_copy_ has no FP8 kernel: copy the bytes
+            dst.view(torch.uint8).index_copy_(0, rows, x8.view(torch.uint8))
+            scale.index_copy_(0, rows, s)
+        return
+    _quantize_into_kernel[(b * h,)](
+        x, dst, scale, rows if rows is not None else scale, h, t,
+        x.stride(0), x.stride(1), x.stride(2), dst.stride(0), dst.stride(1), dst.stride(2), scale.stride(0),
+        D=d, BLOCK_T=64, HAS_ROWS=rows is not None, num_warps=4)
+
+
+@triton.jit
 def _attend_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, part_ptr,
                    H, T, sm_scale,
                    q_sb, q_sh, k_sb, k_sh, k_st, v_sb, v_sh, v_st, s_sb, o_sb, o_sh,

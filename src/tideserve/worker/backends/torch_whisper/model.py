@@ -258,20 +258,17 @@ class Whisper(nn.Module):
         into the rows listed by ``rows`` (``[B]`` int64, on the cache's device)."""
         b = encoded.shape[0]
         if cache.cross_fp8:
-            from tideserve.worker.backends.torch_whisper.fp8_attention import quantize
+            from tideserve.worker.backends.torch_whisper.fp8_attention import quantize_into
         for i, layer in enumerate(self.decoder.blocks()):
             a = layer.encoder_attn
             k, v = a.split(a.k_proj(encoded)), a.split(a.v_proj(encoded))
-            pairs = [(cache.cross_k[i], k), (cache.cross_v[i], v)]
             if cache.cross_fp8:
-                (k, ks), (v, vs) = quantize(k), quantize(v)
-                pairs = [(cache.cross_k[i], k), (cache.cross_v[i], v),
-                         (cache.cross_k_scale[i], ks), (cache.cross_v_scale[i], vs)]
-            for dst, src in pairs:
+                quantize_into(k, cache.cross_k[i], cache.cross_k_scale[i], rows)
+                quantize_into(v, cache.cross_v[i], cache.cross_v_scale[i], rows)
+                continue
+            for dst, src in ((cache.cross_k[i], k), (cache.cross_v[i], v)):
                 if rows is None:
                     dst[:b].copy_(src)
-                elif dst.dtype == torch.float8_e4m3fn:  # index_copy_ has no FP8 kernel: copy the bytes
-                    dst.view(torch.uint8).index_copy_(0, rows, src.view(torch.uint8))
                 else:
                     dst.index_copy_(0, rows, src)
 
