@@ -21,6 +21,10 @@ GPU_COMPUTE_CAPABILITY: dict[str, str] = {
     "h200": "sm90",
 }
 
+#: The oldest compute capability with FP8 (E4M3) conversion in hardware (Ada, sm_89; NVIDIA's
+#: CUDA C programming guide, "Floating-point 8"), which ``model.kv_cache_dtype: fp8`` needs.
+FP8_MIN_SM = 89
+
 Accelerator = Literal["cpu", "a10g", "l4", "l40s", "a100", "h100", "h200"]
 
 #: Compute types an engine target may name, per device kind, and the CTranslate2 /
@@ -216,6 +220,11 @@ class ModelSpec(_Strict):
         description="pkg://<import package>/<subpath>, file:///path, s3://bucket/prefix or hf://org/name@revision."
     )
     decoding: Decoding = Field(default_factory=Decoding)
+    kv_cache_dtype: Literal["auto", "fp8"] = Field(
+        "auto", description="Data type of the cross-attention keys and values the decoder reads at every step "
+        "(the name vLLM gives its option): auto, the engine's compute type; fp8, E4M3 with a scale per window and "
+        "head, half the bytes (at large-v3 size most of a decoder step is reading them), torch backend on GPUs "
+        "with FP8 conversion (sm89 and newer: L4, L40S, H100, H200) only. It can change a word: README, FP8.")
     language_id: LanguageId | None = Field(
         None, description="Identify the spoken language for an English-only model (a multilingual model "
         "identifies it itself); on either backend, the identifier running where the model runs.")
@@ -452,6 +461,12 @@ class EndpointSpec(_Strict):
                 raise ValueError(
                     f"pool '{p.name}': the torch backend runs fp32 on the CPU; use cpu-{t.arch}-fp32 "
                     "or the faster-whisper backend for int8"
+                )
+            if self.model.kv_cache_dtype == "fp8" and (self.model.backend != "torch" or t.device != "cuda"
+                                                      or int(t.arch.removeprefix("sm")) < FP8_MIN_SM):
+                raise ValueError(
+                    f"pool '{p.name}': model.kv_cache_dtype fp8 needs the torch backend on a GPU of sm{FP8_MIN_SM} "
+                    f"or newer (L4, L40S, H100, H200), not {self.model.backend} on {p.target}; set it to auto"
                 )
         return self
 

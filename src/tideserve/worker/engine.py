@@ -705,6 +705,8 @@ class EngineConfig:
     language_id: LanguageIdConfig | None = None
     #: How much lower the background lane runs (``batching.background_nice``; 0: not lowered).
     background_nice: int = 0
+    #: ``model.kv_cache_dtype``: ``fp8`` keeps the torch backend's cross-attention keys and values in FP8.
+    kv_cache_dtype: str = "auto"
     model_name: str = ""  # the endpoint's model name (in error messages)
 
 
@@ -729,7 +731,7 @@ def engine_main(inbox: Any, outbox: Any, config: EngineConfig) -> None:
         backend = backend_class(config.backend)(
             config.model_dir, config.target, config.decoding, cpu_threads=config.cpu_threads,
             max_batch_size=config.max_batch_size, instances=config.instances, language_id=config.language_id,
-            background_nice=config.background_nice)
+            background_nice=config.background_nice, **({"cross_fp8": True} if config.kv_cache_dtype == "fp8" else {}))
     except BaseException as exc:
         emit(("failed", type(exc).__name__, str(exc) or traceback.format_exc(limit=3)))
         if handoff is not None:

@@ -86,7 +86,8 @@ async def serve(args: argparse.Namespace, phases: dict[str, float]) -> int:
         backend=spec.model.backend, model_dir=str(model_dir), target=target, decoding=spec.model.decoding,
         max_batch_size=spec.batching.max_batch_size, max_queue_delay_s=spec.batching.max_queue_delay_ms / 1000.0,
         cpu_threads=threads, instances=spec.batching.instances or default_instances(), language_id=language_id,
-        model_name=spec.model.name, background_nice=spec.batching.background_nice),
+        model_name=spec.model.name, background_nice=spec.batching.background_nice,
+        kv_cache_dtype=spec.model.kv_cache_dtype),
         on_stats=metrics.on_engine_stats)
     loop = asyncio.get_running_loop()
 

@@ -1,0 +1,40 @@
+"""``model.kv_cache_dtype``: fp8 is accepted only for the torch backend on pools whose GPUs convert
+FP8 in hardware (sm89 and newer), with an error naming the pool and the fix otherwise; the
+worker's engine then builds the torch backend with FP8 cross-attention keys and values."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from tideserve.spec.models import EndpointSpec
+
+
+def _spec(backend: str, pools: list[tuple[str, str]], kv: str) -> EndpointSpec:
+    return EndpointSpec.model_validate({
+        "model": {"name": "m", "backend": backend, "source": "file:///models/m", "kv_cache_dtype": kv,
+                  "decoding": {"beam_size": 1}},
+        "pools": [{"name": f"p{i}", "accelerator": acc, "target": target} for i, (acc, target) in enumerate(pools)]})
+
+
+def test_fp8_is_accepted_on_ada_and_hopper_pools_with_the_torch_backend():
+    spec = _spec("torch", [("h200", "cuda-sm90-bf16"), ("l40s", "cuda-sm89-fp16")], "fp8")
+    assert spec.model.kv_cache_dtype == "fp8"
+    assert _spec("torch", [("a10g", "cuda-sm86-fp16")], "auto").model.kv_cache_dtype == "auto"
+    assert _spec("faster-whisper", [("cpu", "cpu-x86_64-int8")], "auto").model.kv_cache_dtype == "auto"
+
+
+@pytest.mark.parametrize(("backend", "pools", "named"), [
+    ("torch", [("h200", "cuda-sm90-bf16"), ("a10g", "cuda-sm86-fp16")], "pool 'p1'"),  # Ampere: no FP8
+    ("torch", [("cpu", "cpu-x86_64-fp32")], "pool 'p0'"),
+    ("faster-whisper", [("cpu", "cpu-x86_64-int8")], "pool 'p0'"),
+])
+def test_fp8_elsewhere_is_refused_naming_the_pool_and_the_fix(backend, pools, named):
+    with pytest.raises(ValidationError, match=rf"{named}: model.kv_cache_dtype fp8 needs the torch backend on a GPU "
+                                              r"of sm89 or newer .* set it to auto"):
+        _spec(backend, pools, "fp8")
+
+
+def test_an_unknown_kv_cache_dtype_is_refused():
+    with pytest.raises(ValidationError, match="kv_cache_dtype"):
+        _spec("torch", [("h200", "cuda-sm90-bf16")], "int8")
