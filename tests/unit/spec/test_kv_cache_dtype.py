@@ -38,3 +38,32 @@ def test_fp8_elsewhere_is_refused_naming_the_pool_and_the_fix(backend, pools, na
 def test_an_unknown_kv_cache_dtype_is_refused():
     with pytest.raises(ValidationError, match="kv_cache_dtype"):
         _spec("torch", [("h200", "cuda-sm90-bf16")], "int8")
+
+
+@pytest.mark.parametrize(("kv", "want"), [("fp8", {"cross_fp8": True}), ("auto", {})])
+def test_the_engine_builds_the_backend_with_the_cache_dtype(monkeypatch, kv, want):
+    from tideserve.spec.models import Decoding, Target
+    from tideserve.worker import backends
+    from tideserve.worker.engine import EngineConfig, engine_main
+
+    seen: list[dict] = []
+
+    class Backend:
+        def __init__(self, *args, **kwargs):
+            seen.append(kwargs)
+            raise RuntimeError("no model here")
+
+    class Outbox:
+        def __init__(self):
+            self.sent: list[tuple] = []
+
+        def send(self, msg):
+            self.sent.append(msg)
+
+    monkeypatch.setattr(backends, "backend_class", lambda name: Backend)
+    out = Outbox()
+    engine_main(None, out, EngineConfig(backend="torch", model_dir="/nowhere", target=Target.parse("cuda-sm90-bf16"),
+                                        decoding=Decoding(beam_size=1), max_batch_size=8, max_queue_delay_s=0.0,
+                                        kv_cache_dtype=kv))
+    assert [k for k in ("cross_fp8",) if k in seen[0]] == list(want) and all(seen[0][k] == v for k, v in want.items())
+    assert out.sent == [("failed", "RuntimeError", "no model here")]
