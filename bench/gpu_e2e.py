@@ -171,7 +171,7 @@ def served(a, files: list[np.ndarray], tmp: Path) -> dict:
 kind: InferenceEndpoint
 metadata: {{name: e2e}}
 spec:
-  model: {{name: whisper, backend: torch, source: "file://{model}", decoding: {decoding}{lid}}}
+  model: {{name: whisper, backend: torch, source: "file://{model}", kv_cache_dtype: {a.kv_cache_dtype}, decoding: {decoding}{lid}}}
   batching: {{max_batch_size: {a.batch}, max_queue_delay_ms: 5}}
   pools:
     - {{name: gpu, accelerator: {accelerator}, target: {a.target}, replicas: {{min: 1, max: 1}}, max_concurrency: 4096}}
@@ -336,6 +336,7 @@ def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: 
 
 
 def hf_baselines(a, files: list[np.ndarray], pipeline: bool) -> dict:
+    hb = a.hf_batch or a.batch
     import torch
     from transformers import WhisperForConditionalGeneration
 
@@ -360,7 +361,7 @@ def hf_baselines(a, files: list[np.ndarray], pipeline: bool) -> dict:
         for seg, _, _ in p.segments():
             windows.append(seg)
             owner.append(k)
-    reps = max(1, (8 * a.batch) // len(windows))
+    reps = max(1, (8 * hb) // len(windows))
     work = windows * reps
     mel = LogMel(model.config.num_mel_bins, torch.device("cuda"))
     kw = dict(max_new_tokens=a.fixed_tokens or 440, do_sample=False, num_beams=1)
@@ -376,11 +377,11 @@ def hf_baselines(a, files: list[np.ndarray], pipeline: bool) -> dict:
         seq = seq if isinstance(seq, torch.Tensor) else seq["sequences"]
         return [tok.decode([t for t in row.tolist() if t < eot]).strip() for row in seq]
 
-    run(work[: a.batch])  # warm-up
+    run(work[: hb])  # warm-up
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    for i in range(0, len(work), a.batch):
-        texts = run(work[i: i + a.batch])
+    for i in range(0, len(work), hb):
+        texts = run(work[i: i + hb])
         if i < len(windows):
             out_texts += texts
     torch.cuda.synchronize()
@@ -403,11 +404,11 @@ def hf_baselines(a, files: list[np.ndarray], pipeline: bool) -> dict:
             def inputs(ws: list[np.ndarray]) -> list[dict]:  # fresh dicts each call: the pipeline pops "raw"
                 return [{"raw": w.astype(np.float32) / 32768, "sampling_rate": SR} for w in ws]
 
-            asr(inputs(work[: a.batch]), batch_size=a.batch, generate_kwargs=kw)
+            asr(inputs(work[: hb]), batch_size=hb, generate_kwargs=kw)
             torch.cuda.synchronize()
             all_inputs = inputs(work)
             t0 = time.perf_counter()
-            asr(all_inputs, batch_size=a.batch, generate_kwargs=kw)
+            asr(all_inputs, batch_size=hb, generate_kwargs=kw)
             torch.cuda.synchronize()
             res["rtfx_pipeline"] = audio_s / (time.perf_counter() - t0)
         except Exception as exc:
@@ -431,6 +432,10 @@ def main() -> int:
     ap.add_argument("--fixed-tokens", type=int, default=0, help="force this many tokens per window (random weights)")
     ap.add_argument("--language-id", default="",
                     help="a multilingual Whisper directory served as model.language_id beside the model (its cost)")
+    ap.add_argument("--hf-batch", type=int, default=0,
+                    help="Hugging Face generate's and pipeline's batch size (default: --batch)")
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"),
+                    help="the served endpoint's model.kv_cache_dtype, and the in-process engine's cache")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: served,engine,hf,pipeline,hol")
     ap.add_argument("--engine-sweep", default="",
                     help="comma list of BATCHxCHUNK_STEPS[:nograph][:aheadN][:fp8][:triton] for extra in-process "
@@ -446,7 +451,8 @@ def main() -> int:
     res: dict = {"files_s": [len(f) / SR for f in files], "model_dir": a.model_dir, "fixed_tokens": a.fixed_tokens,
                  "language_id": a.language_id or None,
                  "prep_processes": a.prep_processes or "default",
-                 "batch": a.batch, "concurrency": a.concurrency, "requests": a.requests}
+                 "batch": a.batch, "hf_batch": a.hf_batch or a.batch, "concurrency": a.concurrency,
+                 "requests": a.requests, "kv_cache_dtype": a.kv_cache_dtype}
     try:
         import torch
         res["device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
@@ -462,7 +468,7 @@ def main() -> int:
         res["rtfx_e2e"] = best["rtfx"]
         res["gpu_busy"] = best["gpu_busy"]
     if "engine" not in skip:
-        e = engine_inprocess(a, files, a.requests)
+        e = engine_inprocess(a, files, a.requests, cross_fp8=a.kv_cache_dtype == "fp8")
         res["engine"] = {k: v for k, v in e.items() if k != "texts"}
         res["rtfx_engine"] = e["rtfx"]
         print(json.dumps(res["engine"]), flush=True)
