@@ -1,8 +1,9 @@
 """Tuning the decoder's cross-attention kernel over FP8 keys and values at large-v3 size (32
 layers, 20 heads of 64, 1500 positions), on the GPU: milliseconds per step for each
 configuration of ``fp8_attention.attend`` (positions per block, warps, pipeline stages, parts)
-and of a variant that does its two products on the tensor cores (``tl.dot``: the query padded to
-16 rows, keys and values converted to fp16), against PyTorch's best kernel (cuDNN) on bf16 keys
+of a variant that does its two products on the tensor cores (``tl.dot``: the query padded to
+16 rows, keys and values converted to fp16), and of one that keeps an online softmax per slot
+(position modulo the block, so nothing is reduced across positions inside the loop), against PyTorch's best kernel (cuDNN) on bf16 keys
 and values; each over 32 layers in one CUDA graph, median of 30 replays. Also checks each
 variant's output against attention over the dequantized values.
 
@@ -63,6 +64,51 @@ def _attend_dot_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, H, T, sm_sc
              mask=r[:, None] == 0)
 
 
+@triton.jit
+def _attend_slots_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, H, T, sm_scale,
+                         q_sb, k_sb, k_sh, k_st, s_sb, o_sb,
+                         D: tl.constexpr, BLOCK_T: tl.constexpr):
+    # Online softmax per slot (position modulo BLOCK_T): no reduction across positions inside
+    # the loop, one at the end.
+    bh = tl.program_id(0)
+    b = bh // H
+    h = bh % H
+    d = tl.arange(0, D)
+    q = tl.load(q_ptr + b * q_sb + h * D + d).to(tl.float32)
+    k_scale = tl.load(ks_ptr + b * s_sb + h)
+    v_scale = tl.load(vs_ptr + b * s_sb + h)
+    qs = q * (k_scale * sm_scale)
+    m = tl.full((BLOCK_T,), float("-inf"), tl.float32)
+    den = tl.zeros((BLOCK_T,), tl.float32)
+    acc = tl.zeros((BLOCK_T, D), tl.float32)
+    base = b * k_sb + h * k_sh
+    for t0 in range(0, T, BLOCK_T):
+        t = t0 + tl.arange(0, BLOCK_T)
+        valid = t < T
+        kb = tl.load(k_ptr + base + t[:, None] * k_st + d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+        s = tl.where(valid, tl.sum(kb * qs[None, :], axis=1), float("-inf"))
+        m_new = tl.maximum(m, s)
+        alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp(m - m_new))
+        p = tl.where(valid, tl.exp(s - m_new), 0.0)
+        vb = tl.load(v_ptr + base + t[:, None] * k_st + d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+        acc = acc * alpha[:, None] + p[:, None] * vb
+        den = den * alpha + p
+        m = m_new
+    top = tl.max(m, axis=0)
+    w = tl.where(m == float("-inf"), 0.0, tl.exp(m - top))
+    o = tl.sum(acc * w[:, None], axis=0) * (v_scale / tl.sum(den * w, axis=0))
+    tl.store(out_ptr + b * o_sb + h * D + d, o.to(out_ptr.dtype.element_ty))
+
+
+def attend_slots(q, k8, v8, ks, vs, block_t=64, num_warps=4, num_stages=3):
+    b, h, d = q.shape
+    out = torch.empty_like(q)
+    _attend_slots_kernel[(b * h,)](q, k8, v8, ks, vs, out, h, k8.shape[2], d ** -0.5,
+                                   q.stride(0), k8.stride(0), k8.stride(1), k8.stride(2), ks.stride(0), out.stride(0),
+                                   D=d, BLOCK_T=block_t, num_warps=num_warps, num_stages=num_stages)
+    return out
+
+
 def attend_dot(q, k8, v8, ks, vs, block_t=128, num_warps=4, num_stages=3):
     b, h, d = q.shape
     out = torch.empty_like(q)
@@ -108,10 +154,19 @@ def tune_batch(b: int) -> dict:
                 attend_dot(q, k8[i][0], v8[i][0], k8[i][1], v8[i][1], bt, w, st) for i in range(layers)])
         except Exception as exc:
             row[name] = f"failed: {str(exc).splitlines()[0][:100]}"
+    for bt, w, st in [(bt, w, st) for bt in (32, 64, 128) for w in (4, 8) for st in (2, 3)]:
+        name = f"slots_t{bt}_w{w}_st{st}"
+        try:
+            out = attend_slots(q, k8[0][0], v8[0][0], k8[0][1], v8[0][1], bt, w, st)
+            row[name + "_err"] = (out.float() - ref).abs().max().item()
+            row[name] = graph_ms(lambda bt=bt, w=w, st=st: [
+                attend_slots(q, k8[i][0], v8[i][0], k8[i][1], v8[i][1], bt, w, st) for i in range(layers)])
+        except Exception as exc:
+            row[name] = f"failed: {str(exc).splitlines()[0][:100]}"
     for bt, w in ((128, 4), (256, 4), (128, 8)):  # the same kernel over bf16 values (scales 1): conversion's cost
         row[f"fma_bf16kv_t{bt}_w{w}_ms"] = graph_ms(lambda bt=bt, w=w: [
             fa.attend(q, kb[i], vb[i], ones, ones, block_t=bt, num_warps=w) for i in range(layers)])
-    timed = {k: v for k, v in row.items() if isinstance(v, float) and k.startswith(("fma_", "dot_"))
+    timed = {k: v for k, v in row.items() if isinstance(v, float) and k.startswith(("fma_", "dot_", "slots_"))
              and not k.endswith("_err") and "bf16kv" not in k}
     best = min(timed, key=lambda k: timed[k])
     row["best"], row["best_ms"], row["best_TBps"] = best, timed[best], fp8_bytes / timed[best] / 1e9
