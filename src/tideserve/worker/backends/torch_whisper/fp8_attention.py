@@ -64,7 +64,8 @@ def _quantize_into_kernel(x_ptr, dst_ptr, scale_ptr, rows_ptr, H, T,
     for t0 in range(0, T, BLOCK_T):  # pass 2: scaled, rounded to E4M3, into the cache row
         t = t0 + tl.arange(0, BLOCK_T)
         x = tl.load(src + t[:, None] * x_st + d[None, :], mask=(t < T)[:, None], other=0.0).to(tl.float32)
-        tl.store(dst + t[:, None] * d_st + d[None, :], (x / scale).to(dst_ptr.dtype.element_ty), mask=(t < T)[:, None])
+        scaled = tl.math.div_rn(x, tl.zeros_like(x) + scale)  # IEEE division, as PyTorch's (Triton's / is approximate)
+        tl.store(dst + t[:, None] * d_st + d[None, :], scaled.to(dst_ptr.dtype.element_ty), mask=(t < T)[:, None])
 
 
 def quantize_into(x: torch.Tensor, dst: torch.Tensor, scale: torch.Tensor, rows: torch.Tensor | None = None) -> None:
