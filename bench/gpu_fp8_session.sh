@@ -9,7 +9,7 @@ python3 -c "import torch,triton;print(torch.__version__,triton.__version__,torch
 echo "== fp8 attention vs reference on the GPU"
 timeout 60 python3 - <<'PY'
 import torch
-from tideserve.worker.backends.torch_whisper import fp8_attention as fa
+from tideserve.worker.backends.torch_whisper import triton_kernels as fa
 torch.manual_seed(0)
 k=torch.randn(70,20,1500,64,device="cuda",dtype=torch.bfloat16); v=torch.randn_like(k); q=torch.randn(64,20,64,device="cuda",dtype=torch.bfloat16)*3
 k8,ks=fa.quantize(k); v8,vs=fa.quantize(v)

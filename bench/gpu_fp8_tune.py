@@ -1,6 +1,6 @@
 """Tuning the decoder's cross-attention kernel over FP8 keys and values at large-v3 size (32
 layers, 20 heads of 64, 1500 positions), on the GPU: milliseconds per step for each
-configuration of ``fp8_attention.attend`` (positions per block, warps, pipeline stages, parts)
+configuration of ``triton_kernels.attend`` (positions per block, warps, pipeline stages, parts)
 of a variant that does its two products on the tensor cores (``tl.dot``: the query padded to
 16 rows, keys and values converted to fp16), and of one that keeps an online softmax per slot
 (position modulo the block, so nothing is reduced across positions inside the loop), against PyTorch's best kernel (cuDNN) on bf16 keys
@@ -25,7 +25,7 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tideserve.worker.backends.torch_whisper import fp8_attention as fa
+from tideserve.worker.backends.torch_whisper import triton_kernels as fa
 from gpu_step_parts import graph_ms
 
 

@@ -5,7 +5,7 @@ source bench/gpu_setup.sh
 echo "== quantize_into on the GPU against PyTorch's rounding; fill_cross per window, bf16 and FP8"
 timeout 120 python3 - <<'PY'
 import torch
-from tideserve.worker.backends.torch_whisper import fp8_attention as fa
+from tideserve.worker.backends.torch_whisper import triton_kernels as fa
 from tideserve.worker.backends.torch_whisper.model import Whisper, WhisperDims, KVCache
 torch.manual_seed(0)
 x = torch.randn(8, 1500, 1280, device="cuda", dtype=torch.bfloat16) * torch.rand(8, 1, 1, device="cuda", dtype=torch.bfloat16) * 10

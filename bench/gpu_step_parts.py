@@ -11,7 +11,7 @@ cross-attention row also prints the bandwidth it reaches: it reads each row's ke
 window.
 
 Run on the GPU machine:  python3 bench/gpu_step_parts.py --json $OUT/step_parts.json
-(``--fp8``: also the cross-attention over FP8 keys and values, ``fp8_attention``.)
+(``--fp8``: also the cross-attention over FP8 keys and values, ``triton_kernels``.)
 """
 
 from __future__ import annotations
@@ -203,26 +203,26 @@ def measure_self_variants(model: Whisper, b: int, span: int) -> dict:
 
 
 def measure_fp8(model: Whisper, b: int, span: int) -> dict:
-    """Cross-attention over FP8 keys and values (``fp8_attention.attend``, 32 layers) for each
+    """Cross-attention over FP8 keys and values (``triton_kernels.attend``, 32 layers) for each
     (parts, positions per block, warps) tried, with the bandwidth it reaches (counting the FP8
     bytes), and the model step and decoder step with an FP8 cache (milliseconds per step), with
-    PyTorch's self-attention kernels and with ``fp8_attention.self_attend`` (the model step also
+    PyTorch's self-attention kernels and with ``triton_kernels.self_attend`` (the model step also
     with a bf16 cross cache: the self-attention kernel alone)."""
-    from tideserve.worker.backends.torch_whisper import fp8_attention
+    from tideserve.worker.backends.torch_whisper import triton_kernels
 
     dims, dev, dtype = model.dims, torch.device("cuda"), torch.bfloat16
     n_layers, heads = dims.decoder_layers, dims.decoder_attention_heads
     hd, t_src = dims.d_model // heads, dims.max_source_positions
     cache = KVCache(dims, b, dtype, dev, cross_fp8=True)
     for i in range(n_layers):
-        cache.cross_k[i], cache.cross_k_scale[i] = fp8_attention.quantize(torch.randn_like(cache.cross_k[i], dtype=dtype))
-        cache.cross_v[i], cache.cross_v_scale[i] = fp8_attention.quantize(torch.randn_like(cache.cross_v[i], dtype=dtype))
+        cache.cross_k[i], cache.cross_k_scale[i] = triton_kernels.quantize(torch.randn_like(cache.cross_k[i], dtype=dtype))
+        cache.cross_v[i], cache.cross_v_scale[i] = triton_kernels.quantize(torch.randn_like(cache.cross_v[i], dtype=dtype))
     q = torch.randn(b, heads, hd, device=dev, dtype=dtype)
     kv_bytes = 2 * b * t_src * dims.d_model * n_layers
     row: dict = {"batch": b, "variant": "cross_fp8", "kv_bytes_per_step_GB": kv_bytes / 1e9}
     for split, block_t, warps in ((1, 64, 4), (1, 128, 4), (1, 128, 8), (2, 64, 4), (4, 64, 4), (4, 128, 4)):
         ms = graph_ms(lambda split=split, block_t=block_t, warps=warps: [
-            fp8_attention.attend(q, cache.cross_k[i], cache.cross_v[i], cache.cross_k_scale[i], cache.cross_v_scale[i],
+            triton_kernels.attend(q, cache.cross_k[i], cache.cross_v[i], cache.cross_k_scale[i], cache.cross_v_scale[i],
                                  split=split, block_t=block_t, num_warps=warps) for i in range(n_layers)])
         row[f"attend_s{split}_t{block_t}_w{warps}_ms"] = ms
         row[f"attend_s{split}_t{block_t}_w{warps}_TBps"] = kv_bytes / ms / 1e9

@@ -30,7 +30,7 @@ from tideserve.worker.backends.base import PreviousText, WindowResult, WindowTas
 from tideserve.worker.backends.torch_whisper.decode import GreedyDecoder, SpecialTokens
 from tideserve.worker.backends.torch_whisper.features import LogMel
 from tideserve.worker.backends.torch_whisper.identify import Heard, LanguageIdentifier, language_tokens
-from tideserve.worker.backends.torch_whisper.model import GraphedEncoder, Whisper, load_hf_dir
+from tideserve.worker.backends.torch_whisper.model import GraphedEncoder, Whisper, load_hf_dir, require_triton_device
 from tideserve.worker.backends.whisper_text import MAX_LENGTH, previous_tokens, window_result
 from tideserve.worker.language_id import LanguageIdConfig
 from tideserve.worker.timings import ExecutionTimings
@@ -136,9 +136,12 @@ class TorchWhisperBackend:
         except Exception as exc:  # tokenizers raises its own Exception type
             raise ValueError(f"{model_dir}: no readable tokenizer.json ({exc})") from None
         self.model: Whisper = load_hf_dir(model_dir, dtype, self.device)
-        self.model.attention = attention
+        if attention not in Whisper.ATTENTION:
+            raise ValueError(f"attention must be one of {', '.join(Whisper.ATTENTION)}, got {attention!r}")
         if attention == "triton":
+            require_triton_device(self.device, "the Triton attention kernels", "use attention='sdpa'")
             self.model.fuse_qkv()
+        self.model.attention = attention
         self.special = special_tokens(self.tokenizer)
         self.multilingual = self.model.dims.vocab_size >= 51865
         self.languages = (frozenset(language_tokens(self.tokenizer)) or _LANGS_EN_ONLY) if self.multilingual \

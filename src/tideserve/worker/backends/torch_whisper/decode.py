@@ -108,7 +108,9 @@ class GreedyDecoder:
         self.max_batch, self.max_prompt = max_batch, max_prompt
         self.max_initial_ts = round(max_initial_timestamp_s / 0.02)
         self.graphs_enabled = (self.device.type == "cuda") if use_cuda_graphs is None else use_cuda_graphs
-        self.spans = (*tuple(s for s in self.SPANS if s < self.dims.max_target_positions), self.dims.max_target_positions)
+        # one span when the self-attention kernel reads each row's own length (attention "triton")
+        self.spans = (self.dims.max_target_positions,) if getattr(model, "attention", "sdpa") == "triton" else \
+            (*tuple(s for s in self.SPANS if s < self.dims.max_target_positions), self.dims.max_target_positions)
         self.cache = KVCache(self.dims, max_batch, self.dtype, self.device, cross_fp8=cross_fp8)
         d, b, t = self.device, max_batch, self.dims.max_target_positions
         v = self.dims.vocab_size

@@ -87,15 +87,19 @@ class Attention(nn.Module):
         self.qkv_bias: torch.Tensor | None = None
 
     def fuse_qkv(self) -> None:
-        """Concatenate the q, k and v projections into one ``[3 * d_model, d_model]`` weight (and
-        bias; k has none, so zeros) for one matrix product per step, and make the three
-        projections' weights views into it (no second copy). Call again after loading new weights."""
+        """Concatenate the q, k and v projections into one ``[3 * d_model, d_model]`` weight and
+        ``[3 * d_model]`` bias (k has none: zeros) for one matrix product per step, and make the
+        projections' weights and biases views into them (no second copy; loading weights in place,
+        e.g. ``load_state_dict``, updates both). Call it after the model's last ``.to()``: a dtype
+        or device change replaces the projections' tensors and leaves the fused ones behind."""
         w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]).detach()
-        self.qkv_bias = torch.cat([self.q_proj.bias, torch.zeros_like(self.q_proj.bias), self.v_proj.bias]).detach()
+        bias = torch.cat([self.q_proj.bias, torch.zeros_like(self.q_proj.bias), self.v_proj.bias]).detach()
         d = self.q_proj.weight.shape[0]
         for i, proj in enumerate((self.q_proj, self.k_proj, self.v_proj)):
             proj.weight = nn.Parameter(w[i * d:(i + 1) * d], requires_grad=False)
-        self.qkv_weight = w
+        self.q_proj.bias = nn.Parameter(bias[:d], requires_grad=False)
+        self.v_proj.bias = nn.Parameter(bias[2 * d:], requires_grad=False)
+        self.qkv_weight, self.qkv_bias = w, bias
 
     def split(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
@@ -180,6 +184,13 @@ class _Body(nn.Module):
         self.decoder = Decoder(dims)
 
 
+def require_triton_device(device: torch.device | str, what: str, fix: str) -> None:
+    """Raise ValueError, naming ``what`` and ``fix``, unless Triton's kernels can run on ``device``:
+    CUDA, or any device under Triton's interpreter (``TRITON_INTERPRET=1``, the CPU tests)."""
+    if torch.device(device).type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(f"{what} need a CUDA device (got {device}); {fix} on the CPU")
+
+
 class KVCache:
     """Preallocated K/V for ``max_batch`` rows: per decoder layer, self-attention
     ``[max_batch, heads, max_target_positions, head_dim]`` and cross-attention
@@ -188,14 +199,13 @@ class KVCache:
 
     ``cross_fp8``: the cross-attention K/V are stored as FP8 (E4M3) with a float32 scale per
     row and head (``cross_k_scale``/``cross_v_scale``, per layer ``[max_batch, heads]``), half the
-    bytes a decoder step reads (``fp8_attention``'s module doc says why and how). Needs Triton
+    bytes a decoder step reads (``triton_kernels``'s module doc says why and how). Needs Triton
     (CUDA, or ``TRITON_INTERPRET=1`` on the CPU)."""
 
     def __init__(self, dims: WhisperDims, max_batch: int, dtype: torch.dtype, device: torch.device,
                  cross_fp8: bool = False) -> None:
-        if cross_fp8 and torch.device(device).type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-            raise ValueError(f"FP8 cross-attention keys and values need a CUDA device (got {device}); "
-                             "leave cross_fp8 off on the CPU")
+        if cross_fp8:
+            require_triton_device(device, "FP8 cross-attention keys and values", "leave cross_fp8 off")
         h, hd = dims.decoder_attention_heads, dims.d_model // dims.decoder_attention_heads
         def alloc(t: int, dt: torch.dtype = dtype) -> list[torch.Tensor]:
             return [torch.zeros(max_batch, h, t, hd, dtype=dt, device=device) for _ in range(dims.decoder_layers)]
@@ -227,12 +237,16 @@ class Whisper(nn.Module):
     """Whisper with a serving decoder step. ``encode`` runs the encoder; ``fill_cross`` puts the
     cross-attention K/V of a batch into the cache; ``step`` decodes one token per row.
     ``attention`` picks the decoder step's attention kernels: ``sdpa`` (PyTorch's), ``matmul``
-    (two matrix products), or ``triton`` (self-attention by ``fp8_attention.self_attend``, the
+    (two matrix products), or ``triton`` (self-attention by ``triton_kernels.self_attend``, the
     cache write included, after one q/k/v product once ``fuse_qkv`` ran; cross-attention as
-    ``sdpa``). An FP8 cache's cross-attention always uses ``fp8_attention.attend``."""
+    ``sdpa``). An FP8 cache's cross-attention always uses ``triton_kernels.attend``."""
+
+    ATTENTION = ("sdpa", "matmul", "triton")
 
     def __init__(self, dims: WhisperDims, attention: str = "sdpa") -> None:
         super().__init__()
+        if attention not in self.ATTENTION:
+            raise ValueError(f"attention must be one of {', '.join(self.ATTENTION)}, got {attention!r}")
         self.dims = dims
         self.attention = attention
         self.model = _Body(dims)
@@ -258,7 +272,7 @@ class Whisper(nn.Module):
         into the rows listed by ``rows`` (``[B]`` int64, on the cache's device)."""
         b = encoded.shape[0]
         if cache.cross_fp8:
-            from tideserve.worker.backends.torch_whisper.fp8_attention import quantize_into
+            from tideserve.worker.backends.torch_whisper.triton_kernels import quantize_into
         for i, layer in enumerate(self.decoder.blocks()):
             a = layer.encoder_attn
             k, v = a.split(a.k_proj(encoded)), a.split(a.v_proj(encoded))
@@ -284,11 +298,12 @@ class Whisper(nn.Module):
         b = tokens.shape[0]
         span = span or self.dims.max_target_positions
         if cache.cross_fp8:
-            from tideserve.worker.backends.torch_whisper.fp8_attention import attend as fp8_attend
+            from tideserve.worker.backends.torch_whisper.triton_kernels import attend as fp8_attend
         if self.attention == "triton":
-            from tideserve.worker.backends.torch_whisper.fp8_attention import self_attend
+            from tideserve.worker.backends.torch_whisper.triton_kernels import self_attend
         x = (dec.embed_tokens(tokens) + dec.embed_positions(positions))[:, None, :]  # [B, 1, D]
-        visible = (torch.arange(span, device=tokens.device)[None, :] <= positions[:, None])[:, None, None, :]
+        visible = None if self.attention == "triton" else \
+            (torch.arange(span, device=tokens.device)[None, :] <= positions[:, None])[:, None, None, :]
         for i, layer in enumerate(dec.blocks()):
             a = layer.self_attn
             h = layer.self_attn_layer_norm(x)

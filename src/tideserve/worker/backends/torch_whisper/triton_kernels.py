@@ -1,27 +1,30 @@
-"""Cross-attention of one decoder position over FP8 keys and values (Triton): the decoder
-step's largest cost at large-v3 size, halved in bytes.
+"""The torch backend's Triton kernels for the decoder step (the only module that imports Triton:
+one adapter for the library): attention of one decoder position over FP8 cross-attention keys
+and values, and the self-attention with its cache write in one kernel.
 
-Why: at large-v3 size a decoder step reads every row's cross-attention keys and values, 32
+Why FP8: at large-v3 size a decoder step reads every row's cross-attention keys and values, 32
 layers x 2 x 1500 positions x 1280 values (15.7 GB per step at batch 64, bf16), and PyTorch's
 best kernel (cuDNN) already reads them at about 92% of the H200's bandwidth, 3.7 of a 7.9 ms step
 (``bench/gpu_step_parts.py``, ``bench/results/gpu_step_parts_h200.json``). Stored as FP8 (E4M3,
-one byte) they are half the bytes. TensorRT-LLM keeps FP8 KV caches the same way (a scale per
-tensor; here one per row and head, so one loud window does not coarsen another's).
-
-The only module that imports Triton (one adapter for the library). Layout:
+one byte) they are half the bytes. TensorRT-LLM and vLLM keep FP8 KV caches the same way (a scale
+per tensor; here one per row and head, so one loud window does not coarsen another's).
 
 - ``quantize(x)``: ``x [B, H, T, D]`` (bf16/fp16/fp32) -> ``(x8 [B, H, T, D] float8_e4m3fn,
   scale [B, H] float32)`` with ``x ~= x8 * scale``; ``scale = amax(|x|) / 448`` per row and head
-  (448: E4M3's largest finite value), never 0.
+  (448: E4M3's largest finite value), never 0. ``quantize_into`` writes the same into a cache.
 - ``attend(q, k8, v8, k_scale, v_scale)``: ``q [B, H, D]`` -> ``[B, H, D]`` in q's dtype,
   ``softmax(q k^T / sqrt(D)) v`` over all T positions with ``k = k8 * k_scale``, ``v = v8 *
   v_scale``; float32 inside. ``k8``/``v8`` may be the first B rows of a larger cache (views with
   the cache's strides). ``split`` > 1 cuts T into that many parts, each a program, and combines
   them (flash-decoding): more programs in flight when B x H is small.
+- ``self_attend``: a step's self-attention over each row's own length, writing this step's keys
+  and values into the (bf16/fp16/fp32) cache.
 
-Runs on CUDA (Triton compiles it for the device); with ``TRITON_INTERPRET=1`` set before this
-module is imported it runs on CPU tensors (slowly), which is how the CPU tests check it. Raises
-ValueError for shapes it does not take (head size not a power of two, mismatched shapes)."""
+Runs on CUDA (Triton compiles the kernels for the device); with ``TRITON_INTERPRET=1`` set before
+this module is imported they run on CPU tensors (slowly), which is how the CPU tests check them.
+Raises ValueError for inputs they do not take (head size or block not a power of two, shapes,
+strides or dtypes that do not match). Positions are not checked against the cache's length
+(that would cost a host synchronisation per step): the caller keeps them below it."""
 
 from __future__ import annotations
 
@@ -68,6 +71,15 @@ def _quantize_into_kernel(x_ptr, dst_ptr, scale_ptr, rows_ptr, H, T,
         tl.store(dst + t[:, None] * d_st + d[None, :], scaled.to(dst_ptr.dtype.element_ty), mask=(t < T)[:, None])
 
 
+def _check_scales(name: str, cache: torch.Tensor, *scales: torch.Tensor) -> None:
+    """Scales are float32 ``[max_batch, H]`` with contiguous rows, one per cache row and head."""
+    for sc in scales:
+        if sc.shape != cache.shape[:2] or sc.dtype != torch.float32 or sc.stride(1) != 1 \
+                or sc.stride(0) != scales[0].stride(0):
+            raise ValueError(f"{name}: scales must be float32 {tuple(cache.shape[:2])} with contiguous rows, got "
+                             f"{sc.dtype} {tuple(sc.shape)} strides {sc.stride()}")
+
+
 def quantize_into(x: torch.Tensor, dst: torch.Tensor, scale: torch.Tensor, rows: torch.Tensor | None = None) -> None:
     """``quantize(x)`` written straight into a cache: ``x [B, H, T, D]`` (any strides with the
     last dimension contiguous, e.g. a projection's ``[B, T, H * D]`` output viewed per head) into
@@ -80,9 +92,13 @@ def quantize_into(x: torch.Tensor, dst: torch.Tensor, scale: torch.Tensor, rows:
             or dst.stride(3) != 1 or dst.dtype != torch.float8_e4m3fn or (rows is not None and rows.shape != (b,)):
         raise ValueError(f"quantize_into: x {tuple(x.shape)} does not fit the FP8 cache {tuple(dst.shape)} "
                          f"({dst.dtype}) and scales {tuple(scale.shape)}")
+    _check_scales("quantize_into", dst, scale)
+    if d & (d - 1) or (rows is not None and rows.dtype != torch.int64):
+        raise ValueError(f"quantize_into: the head size must be a power of two (got {d}) and rows int64 "
+                         f"(got {None if rows is None else rows.dtype})")
     if not x.is_cuda:
-        # Triton's interpreter (CPU tensors) rounds float32 to E4M3 wrongly where a value rounds up
-        # to the next power of two (124.5 -> 64, Triton 3.7), so there PyTorch rounds the same values.
+        # Triton's interpreter (CPU tensors) rounds float32 to E4M3 down where it should round up to
+        # a power of two (124.5 -> 64, Triton 3.7) or among the subnormals, so there PyTorch rounds.
         x8, s = quantize(x)
         if rows is None:
             dst[:b].copy_(x8)
@@ -212,7 +228,6 @@ def attend(q: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, k_scale: torch.T
     ``block_t``: positions per loop iteration of a program (a power of two; default 128 on CUDA,
     2.8 ms per large-v3 step at batch 64 on the H200 against 4.8 with 64, ``bench/gpu_step_parts.py
     --fp8``; and 512 on CPU tensors, where Triton's interpreter runs each iteration in Python)."""
-    block_t = block_t or (128 if q.is_cuda else 512)
     b, h, d = q.shape
     if k8.shape[0] < b or k8.shape[1] != h or k8.shape[3] != d or v8.shape[:4] != k8.shape[:4]:
         raise ValueError(f"attend: q {tuple(q.shape)} does not match k {tuple(k8.shape)} / v {tuple(v8.shape)}")
@@ -220,6 +235,10 @@ def attend(q: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, k_scale: torch.T
         raise ValueError(f"attend: the head size must be a power of two >= 16, got {d}")
     if k8.stride(3) != 1 or v8.stride(3) != 1 or q.stride(2) != 1:
         raise ValueError("attend: the last dimension of q, k and v must be contiguous")
+    _check_scales("attend", k8, k_scale, v_scale)
+    block_t = block_t or (128 if q.is_cuda else 512)
+    if split < 1 or block_t & (block_t - 1):
+        raise ValueError(f"attend: split must be >= 1 and block_t a power of two, got {split} and {block_t}")
     t = k8.shape[2]
     out = torch.empty((b, h, d), dtype=q.dtype, device=q.device)
     part = torch.empty((b * h, split, d + 2), dtype=torch.float32, device=q.device) if split > 1 else out
