@@ -261,7 +261,7 @@ def run_load(url: str, bodies: list[bytes], idx: list[int], concurrency: int, pr
 def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: bool = False,
                      capture_all: bool = False, batch: int | None = None, chunk_steps: int | None = None,
                      encoder_graphs: bool | None = None, run_ahead: int | None = None, cross_fp8: bool = False,
-                     attention: str = "sdpa") -> dict:
+                     attention: str | None = None) -> dict:
     """All ``n_requests`` (file k % len(files)) submitted at once to an EngineLoop over the backend.
     ``capture_all``: capture every (batch bucket, span) CUDA graph first, so that a long row's
     one-time graph captures (a replica pays them once in its life) are not timed as its
@@ -280,7 +280,8 @@ def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: 
     decoding = Decoding(**kw)
     batch = batch or a.batch
     backend = TorchWhisperBackend(Path(a.model_dir), Target.parse(a.target), decoding, max_batch_size=batch,
-                                  encoder_graphs=encoder_graphs, cross_fp8=cross_fp8, attention=attention,
+                                  encoder_graphs=encoder_graphs, cross_fp8=cross_fp8,
+                                  **({} if attention is None else {"attention": attention}),
                                   **({} if run_ahead is None else {"run_ahead": run_ahead}))
     if capture_all:
         backend.decoder.capture_all()
@@ -324,6 +325,7 @@ def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: 
                for k in range(len(files)) if k in texts}
     graphed = type(backend.encode).__name__ == "GraphedEncoder"
     ahead = backend.decoder.run_ahead
+    attention = backend.model.attention
     del backend, loop
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -438,9 +440,10 @@ def main() -> int:
                     help="the served endpoint's model.kv_cache_dtype, and the in-process engine's cache")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: served,engine,hf,pipeline,hol")
     ap.add_argument("--engine-sweep", default="",
-                    help="comma list of BATCHxCHUNK_STEPS[:nograph][:aheadN][:fp8][:triton] for extra in-process "
-                         "engine runs (nograph: no encoder CUDA graphs; aheadN: N run-ahead decoder steps; fp8: "
-                         "cross-attention keys and values in FP8; triton: self-attention by the Triton kernel)")
+                    help="comma list of BATCHxCHUNK_STEPS[:nograph][:aheadN][:fp8][:triton|:sdpa] for extra "
+                         "in-process engine runs (nograph: no encoder CUDA graphs; aheadN: N run-ahead decoder steps; "
+                         "fp8: cross-attention keys and values in FP8; triton / sdpa: the step's attention kernels, "
+                         "else the backend's default)")
     a = ap.parse_args()
     a.concurrency = [int(c) for c in a.concurrency.split(",")]
     skip = set(filter(None, a.skip.split(",")))
@@ -498,7 +501,7 @@ def main() -> int:
             e = engine_inprocess(a, files, a.requests, batch=b, chunk_steps=c,
                                  encoder_graphs=False if "nograph" in flags else None,
                                  run_ahead=ahead[-1] if ahead else None, cross_fp8="fp8" in flags,
-                                 attention="triton" if "triton" in flags else "sdpa")
+                                 attention=next((f for f in flags if f in ("triton", "sdpa")), None))
             res["engine_sweep"].append({k: v for k, v in e.items() if k != "texts"})
             print(json.dumps(res["engine_sweep"][-1]), flush=True)
     if "hol" not in skip:
