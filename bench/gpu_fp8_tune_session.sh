@@ -28,10 +28,10 @@ for fp8 in (False, True):
     print("fill_cross ms per window", "fp8" if fp8 else "bf16", a.elapsed_time(b) / 5 / 32)
 PY
 echo "== kernel configurations (bench/gpu_fp8_tune.py)"
-timeout 200 python3 bench/gpu_fp8_tune.py --json $OUT/fp8_tune.json 2>&1 | grep -v Warn
+timeout 150 python3 bench/gpu_fp8_tune.py --json $OUT/fp8_tune.json 2>&1 | grep -v Warn
 echo "== large-v3 engine alone: bf16, and fp8 + triton self-attention"
 python3 bench/make_whisper_dir.py --size large-v3 --vocab-size 51864 --tokenizer /tmp/tiny-en/tokenizer.json --out /tmp/large-v3-random >/dev/null
-timeout 170 python3 bench/gpu_e2e.py --model-dir /tmp/large-v3-random --clips .devdata/clips --out "$OUT" --fixed-tokens 100 --requests 800 --skip served,engine,hf,pipeline,hol --engine-sweep 64x16:sdpa,64x16:fp8:triton,128x16:fp8:triton 2>&1 | grep -v "^\[transformers\]\|Warning\|warn("
+timeout 170 python3 bench/gpu_e2e.py --model-dir /tmp/large-v3-random --clips .devdata/clips --out "$OUT" --fixed-tokens 100 --requests 600 --skip served,engine,hf,pipeline,hol --engine-sweep 64x16:sdpa,64x16:fp8:triton,128x16:fp8:triton 2>&1 | grep -v "^\[transformers\]\|Warning\|warn("
 mv "$OUT/gpu_e2e.json" "$OUT/gpu_e2e_large_v3.json" 2>/dev/null
 echo "== tiny.en (real) engine alone: PyTorch's attention, and the Triton self-attention"
-timeout 90 python3 bench/gpu_e2e.py --model-dir /tmp/tiny-en --clips .devdata/clips --out "$OUT" --requests 2000 --skip served,engine,hf,pipeline,hol --engine-sweep 64x16:sdpa,64x16:triton 2>&1 | grep -v "^\[transformers\]\|Warning\|warn("
+timeout 80 python3 bench/gpu_e2e.py --model-dir /tmp/tiny-en --clips .devdata/clips --out "$OUT" --requests 1500 --skip served,engine,hf,pipeline,hol --engine-sweep 64x16:sdpa,64x16:triton 2>&1 | grep -v "^\[transformers\]\|Warning\|warn("
