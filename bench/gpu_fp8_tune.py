@@ -183,9 +183,9 @@ def main() -> int:
         rows.append(row)
         print(json.dumps({k: row[k] for k in ("batch", "cudnn_bf16_ms", "best", "best_ms", "best_TBps")}), flush=True)
         torch.cuda.empty_cache()
-    if a.json:
-        a.json.write_text(json.dumps({"device": torch.cuda.get_device_name(0), "triton": triton.__version__,
-                                      "rows": rows}, indent=1))
+        if a.json:  # after each batch size, so that a run cut short keeps what it measured
+            a.json.write_text(json.dumps({"device": torch.cuda.get_device_name(0), "triton": triton.__version__,
+                                          "rows": rows}, indent=1))
     return 0
 
 
