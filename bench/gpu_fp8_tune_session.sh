@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The FP8 cross-attention kernel's configurations, and the large-v3 engine alone with it, in one
 # call of the device tool:  run(command="bash bench/gpu_fp8_tune_session.sh", carry=[".whl"])
+# (TINY=1: also tiny.en's engine alone with PyTorch's attention and with the Triton self-attention)
 source bench/gpu_setup.sh
 echo "== quantize_into on the GPU against PyTorch's rounding; fill_cross per window, bf16 and FP8"
 timeout 120 python3 - <<'PY'
@@ -28,10 +29,11 @@ for fp8 in (False, True):
     print("fill_cross ms per window", "fp8" if fp8 else "bf16", a.elapsed_time(b) / 5 / 32)
 PY
 echo "== kernel configurations (bench/gpu_fp8_tune.py)"
-timeout 150 python3 bench/gpu_fp8_tune.py --json $OUT/fp8_tune.json 2>&1 | grep -v Warn
+timeout 140 python3 bench/gpu_fp8_tune.py --json $OUT/fp8_tune.json 2>&1 | grep -v Warn
 echo "== large-v3 engine alone: bf16, and fp8 + triton self-attention"
 python3 bench/make_whisper_dir.py --size large-v3 --vocab-size 51864 --tokenizer /tmp/tiny-en/tokenizer.json --out /tmp/large-v3-random >/dev/null
-timeout 170 python3 bench/gpu_e2e.py --model-dir /tmp/large-v3-random --clips .devdata/clips --out "$OUT" --fixed-tokens 100 --requests 600 --skip served,engine,hf,pipeline,hol --engine-sweep 64x16:sdpa,64x16:fp8:triton,128x16:fp8:triton 2>&1 | grep -v "^\[transformers\]\|Warning\|warn("
+timeout 120 python3 bench/gpu_e2e.py --model-dir /tmp/large-v3-random --clips .devdata/clips --out "$OUT" --fixed-tokens 100 --requests 600 --skip served,engine,hf,pipeline,hol --engine-sweep 64x16:fp8:triton,128x16:fp8:triton 2>&1 | grep -v "^\[transformers\]\|Warning\|warn("
 mv "$OUT/gpu_e2e.json" "$OUT/gpu_e2e_large_v3.json" 2>/dev/null
+[ -n "${TINY:-}" ] || exit 0
 echo "== tiny.en (real) engine alone: PyTorch's attention, and the Triton self-attention"
 timeout 80 python3 bench/gpu_e2e.py --model-dir /tmp/tiny-en --clips .devdata/clips --out "$OUT" --requests 1500 --skip served,engine,hf,pipeline,hol --engine-sweep 64x16:sdpa,64x16:triton 2>&1 | grep -v "^\[transformers\]\|Warning\|warn("
