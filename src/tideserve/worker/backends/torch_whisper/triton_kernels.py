@@ -114,6 +114,23 @@ def quantize_into(x: torch.Tensor, dst: torch.Tensor, scale: torch.Tensor, rows:
 
 
 @triton.jit
+def _online_block(k_base, v_base, k_st, v_st, t0, stop, d, q, m, denom, acc, BLOCK_T: tl.constexpr):
+    """One block of positions ``t0 .. t0 + BLOCK_T`` (those < ``stop``) of one query's attention
+    with an online softmax (Milakov & Gimelshein 2018, as FlashAttention): ``q [D]`` float32 with
+    every scale folded in, keys and values at ``base + t * stride + d``; returns the running max
+    ``m``, denominator and unnormalised sum ``acc [D]`` updated."""
+    t = t0 + tl.arange(0, BLOCK_T)
+    valid = t < stop
+    kb = tl.load(k_base + t[:, None] * k_st + d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+    s = tl.where(valid, tl.sum(kb * q[None, :], axis=1), float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, axis=0))
+    alpha = tl.exp(m - m_new)
+    p = tl.exp(s - m_new)
+    vb = tl.load(v_base + t[:, None] * v_st + d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+    return m_new, denom * alpha + tl.sum(p, axis=0), acc * alpha + tl.sum(p[:, None] * vb, axis=0)
+
+
+@triton.jit
 def _attend_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, part_ptr,
                    H, T, sm_scale,
                    q_sb, q_sh, k_sb, k_sh, k_st, v_sb, v_sh, v_st, s_sb, o_sb, o_sh,
@@ -136,18 +153,7 @@ def _attend_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, part_ptr,
     k_base = k_ptr + b * k_sb + h * k_sh
     v_base = v_ptr + b * v_sb + h * v_sh
     for t0 in range(start, stop, BLOCK_T):
-        t = t0 + tl.arange(0, BLOCK_T)
-        valid = t < stop
-        kb = tl.load(k_base + t[:, None] * k_st + d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
-        s = tl.sum(kb * qs[None, :], axis=1)
-        s = tl.where(valid, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=0))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new)
-        vb = tl.load(v_base + t[:, None] * v_st + d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
-        acc = acc * alpha + tl.sum(p[:, None] * vb, axis=0)
-        denom = denom * alpha + tl.sum(p, axis=0)
-        m = m_new
+        m, denom, acc = _online_block(k_base, v_base, k_st, v_st, t0, stop, d, qs, m, denom, acc, BLOCK_T)
     if SPLIT == 1:
         tl.store(out_ptr + b * o_sb + h * o_sh + d, (acc * (v_scale / denom)).to(out_ptr.dtype.element_ty))
     else:
@@ -180,17 +186,7 @@ def _self_attend_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, pos_ptr, out_ptr, H
     acc = v_new.to(tl.float32)
     # ... and the positions before it from the cache
     for t0 in range(0, pos, BLOCK_T):
-        t = t0 + tl.arange(0, BLOCK_T)
-        valid = t < pos
-        kb = tl.load(kc + t[:, None] * c_st + d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
-        s = tl.where(valid, tl.sum(kb * q[None, :], axis=1), float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=0))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new)
-        vb = tl.load(vc + t[:, None] * c_st + d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
-        acc = acc * alpha + tl.sum(p[:, None] * vb, axis=0)
-        denom = denom * alpha + tl.sum(p, axis=0)
-        m = m_new
+        m, denom, acc = _online_block(kc, vc, c_st, c_st, t0, pos, d, q, m, denom, acc, BLOCK_T)
     tl.store(out_ptr + b * o_sb + h * D + d, (acc / denom).to(out_ptr.dtype.element_ty))
 
 
