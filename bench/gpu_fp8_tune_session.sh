@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The FP8 cross-attention kernel's configurations, and the large-v3 engine alone with it, in one
 # call of the device tool:  run(command="bash bench/gpu_fp8_tune_session.sh", carry=[".whl"])
-# (TINY=1: also tiny.en's engine alone with PyTorch's attention and with the Triton self-attention)
+# (ENGINE=0: the kernels only; TINY=1: also tiny.en's engine alone with PyTorch's attention and with
+# the Triton self-attention)
 source bench/gpu_setup.sh
 echo "== quantize_into on the GPU against PyTorch's rounding; fill_cross per window, bf16 and FP8"
 timeout 120 python3 - <<'PY'
@@ -30,6 +31,7 @@ for fp8 in (False, True):
 PY
 echo "== kernel configurations (bench/gpu_fp8_tune.py)"
 timeout 140 python3 bench/gpu_fp8_tune.py --json $OUT/fp8_tune.json 2>&1 | grep -v Warn
+[ "${ENGINE:-1}" = 1 ] || exit 0
 echo "== large-v3 engine alone: bf16, and fp8 + triton self-attention"
 python3 bench/make_whisper_dir.py --size large-v3 --vocab-size 51864 --tokenizer /tmp/tiny-en/tokenizer.json --out /tmp/large-v3-random >/dev/null
 timeout 120 python3 bench/gpu_e2e.py --model-dir /tmp/large-v3-random --clips .devdata/clips --out "$OUT" --fixed-tokens 100 --requests 600 --skip served,engine,hf,pipeline,hol --engine-sweep 64x16:fp8:triton,128x16:fp8:triton 2>&1 | grep -v "^\[transformers\]\|Warning\|warn("
