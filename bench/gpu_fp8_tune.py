@@ -30,22 +30,28 @@ from gpu_step_parts import graph_ms
 
 
 @triton.jit
-def _attend_dot_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, H, T, sm_scale,
-                       q_sb, k_sb, k_sh, k_st, s_sb, o_sb,
-                       D: tl.constexpr, BLOCK_T: tl.constexpr):
+def _query(q_ptr, ks_ptr, vs_ptr, H, sm_scale, q_sb, k_sb, k_sh, s_sb, D: tl.constexpr):
+    """This program's row and head, the head's offsets ``d``, its query with the key's scale and
+    1/sqrt(D) folded in, the value's scale, and the offset of its keys and values."""
     bh = tl.program_id(0)
     b = bh // H
     h = bh % H
     d = tl.arange(0, D)
-    r = tl.arange(0, 16)
     q = tl.load(q_ptr + b * q_sb + h * D + d).to(tl.float32)
-    k_scale = tl.load(ks_ptr + b * s_sb + h)
-    v_scale = tl.load(vs_ptr + b * s_sb + h)
-    q16 = tl.where(r[:, None] == 0, (q * (k_scale * sm_scale))[None, :], 0.0).to(tl.float16)  # [16, D], row 0 real
+    qs = q * (tl.load(ks_ptr + b * s_sb + h) * sm_scale)
+    return b, h, d, qs, tl.load(vs_ptr + b * s_sb + h), b * k_sb + h * k_sh
+
+
+@triton.jit
+def _attend_dot_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, H, T, sm_scale,
+                       q_sb, k_sb, k_sh, k_st, s_sb, o_sb,
+                       D: tl.constexpr, BLOCK_T: tl.constexpr):
+    b, h, d, qs, v_scale, base = _query(q_ptr, ks_ptr, vs_ptr, H, sm_scale, q_sb, k_sb, k_sh, s_sb, D)
+    r = tl.arange(0, 16)
+    q16 = tl.where(r[:, None] == 0, qs[None, :], 0.0).to(tl.float16)  # [16, D], row 0 real
     m = tl.full((16,), float("-inf"), tl.float32)
     denom = tl.zeros((16,), tl.float32)
     acc = tl.zeros((16, D), tl.float32)
-    base = b * k_sb + h * k_sh
     for t0 in range(0, T, BLOCK_T):
         t = t0 + tl.arange(0, BLOCK_T)
         valid = t < T
@@ -70,18 +76,10 @@ def _attend_slots_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, H, T, sm_
                          D: tl.constexpr, BLOCK_T: tl.constexpr):
     # Online softmax per slot (position modulo BLOCK_T): no reduction across positions inside
     # the loop, one at the end.
-    bh = tl.program_id(0)
-    b = bh // H
-    h = bh % H
-    d = tl.arange(0, D)
-    q = tl.load(q_ptr + b * q_sb + h * D + d).to(tl.float32)
-    k_scale = tl.load(ks_ptr + b * s_sb + h)
-    v_scale = tl.load(vs_ptr + b * s_sb + h)
-    qs = q * (k_scale * sm_scale)
+    b, h, d, qs, v_scale, base = _query(q_ptr, ks_ptr, vs_ptr, H, sm_scale, q_sb, k_sb, k_sh, s_sb, D)
     m = tl.full((BLOCK_T,), float("-inf"), tl.float32)
     den = tl.zeros((BLOCK_T,), tl.float32)
     acc = tl.zeros((BLOCK_T, D), tl.float32)
-    base = b * k_sb + h * k_sh
     for t0 in range(0, T, BLOCK_T):
         t = t0 + tl.arange(0, BLOCK_T)
         valid = t < T
