@@ -25,6 +25,7 @@ pause (bench/quiet_spans_ab.py; README "Accuracy").
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -157,13 +158,18 @@ BAND_TAPS = 511
 _BAND_FFT = 1 << 16
 
 
-def _band_kernel(sample_rate: int) -> np.ndarray:
-    """The FIR band-pass of ``SPEECH_BAND_HZ``: the difference of two windowed-sinc low-passes
-    (the standard windowed-sinc design), ``BAND_TAPS`` taps, unit gain in the band."""
+@functools.lru_cache(maxsize=4)
+def _band_spectrum(sample_rate: int) -> np.ndarray:
+    """The real FFT (``_BAND_FFT`` points, read-only) of the FIR band-pass of ``SPEECH_BAND_HZ``:
+    the difference of two windowed-sinc low-passes (the standard windowed-sinc design),
+    ``BAND_TAPS`` taps, unit gain in the band. Computed once per sample rate (every window's
+    levels use it)."""
     n = np.arange(BAND_TAPS) - (BAND_TAPS - 1) / 2
     lo, hi = (f / sample_rate for f in SPEECH_BAND_HZ)
     kernel = (2 * hi * np.sinc(2 * hi * n) - 2 * lo * np.sinc(2 * lo * n)) * np.blackman(BAND_TAPS)
-    return kernel.astype(np.float32)
+    spectrum = np.fft.rfft(kernel.astype(np.float32), _BAND_FFT)
+    spectrum.flags.writeable = False
+    return spectrum
 
 
 def speech_band(samples: np.ndarray, sample_rate: int = 16_000) -> np.ndarray:
@@ -174,9 +180,8 @@ def speech_band(samples: np.ndarray, sample_rate: int = 16_000) -> np.ndarray:
     not grow with the file (what lies below the band: ``SPEECH_BAND_HZ``)."""
     scale = 1.0 / 32768.0 if samples.dtype == np.int16 else 1.0
     n = len(samples)
-    kernel = _band_kernel(sample_rate)
     size, step = _BAND_FFT, _BAND_FFT - BAND_TAPS + 1
-    spectrum = np.fft.rfft(kernel, size)
+    spectrum = _band_spectrum(sample_rate)
     full = np.zeros(n + BAND_TAPS - 1, np.float32)
     for start in range(0, n, step):
         block = samples[start: start + step].astype(np.float32) * scale
