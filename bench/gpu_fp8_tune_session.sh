@@ -30,12 +30,31 @@ for fp8 in (False, True):
     print("fill_cross ms per window", "fp8" if fp8 else "bf16", a.elapsed_time(b) / 5 / 32)
 PY
 echo "== kernel configurations (bench/gpu_fp8_tune.py)"
-timeout 140 python3 bench/gpu_fp8_tune.py --json $OUT/fp8_tune.json 2>&1 | grep -v Warn
+timeout 120 python3 bench/gpu_fp8_tune.py --json $OUT/fp8_tune.json 2>&1 | grep -v Warn
+echo "== the large-v3 encoder's parts (bench/gpu_encoder_parts.py)"
+timeout 150 python3 bench/gpu_encoder_parts.py --json $OUT/encoder_parts.json 2>&1 | grep -v Warn
 [ "${ENGINE:-1}" = 1 ] || exit 0
 echo "== large-v3 engine alone: bf16, and fp8 + triton self-attention"
 python3 bench/make_whisper_dir.py --size large-v3 --vocab-size 51864 --tokenizer /tmp/tiny-en/tokenizer.json --out /tmp/large-v3-random >/dev/null
-timeout 120 python3 bench/gpu_e2e.py --model-dir /tmp/large-v3-random --clips .devdata/clips --out "$OUT" --fixed-tokens 100 --requests 600 --skip served,engine,hf,pipeline,hol --engine-sweep 64x16:fp8:triton,128x16:fp8:triton 2>&1 | grep -v "^\[transformers\]\|Warning\|warn("
+timeout 170 python3 bench/gpu_e2e.py --model-dir /tmp/large-v3-random --clips .devdata/clips --out "$OUT" --fixed-tokens 100 --requests 600 --skip served,engine,hf,pipeline,hol --engine-sweep 64x16:sdpa,64x16:fp8:triton,128x16:fp8:triton 2>&1 | grep -v "^\[transformers\]\|Warning\|warn("
 mv "$OUT/gpu_e2e.json" "$OUT/gpu_e2e_large_v3.json" 2>/dev/null
 [ -n "${TINY:-}" ] || exit 0
 echo "== tiny.en (real) engine alone: PyTorch's attention, and the Triton self-attention"
 timeout 80 python3 bench/gpu_e2e.py --model-dir /tmp/tiny-en --clips .devdata/clips --out "$OUT" --requests 1500 --skip served,engine,hf,pipeline,hol --engine-sweep 64x16:sdpa,64x16:triton 2>&1 | grep -v "^\[transformers\]\|Warning\|warn("
+echo "== tiny.en features: host ms per call of 11 windows (int16, 1-30 s) queued behind 8 ms of GPU work"
+timeout 60 python3 - <<'PY'
+import time, numpy as np, torch
+from tideserve.worker.backends.torch_whisper.features import LogMel
+lm = LogMel(80, torch.device("cuda"))
+rng = np.random.default_rng(0)
+wins = [(rng.standard_normal(int(s * 16000)) * 3000).astype(np.int16) for s in rng.uniform(1, 30, 11)]
+for _ in range(5): lm(wins)
+big = torch.randn(4096, 4096, device="cuda")
+t = []
+for _ in range(20):
+    torch.cuda.synchronize()  # every earlier copy done: only waits on the queued work show
+    for _ in range(3): big @ big
+    t0 = time.perf_counter(); lm(wins); t.append(time.perf_counter() - t0)
+torch.cuda.synchronize()
+print("features call host ms, median", 1e3 * sorted(t)[10])
+PY

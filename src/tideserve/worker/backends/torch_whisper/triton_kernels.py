@@ -221,9 +221,11 @@ def self_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torc
 def attend(q: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, k_scale: torch.Tensor, v_scale: torch.Tensor,
            split: int = 1, block_t: int | None = None, num_warps: int = 4, num_stages: int = 3) -> torch.Tensor:
     """See the module doc. Static shapes and no host synchronisation: safe inside a CUDA graph.
-    ``block_t``: positions per loop iteration of a program (a power of two; default 128 on CUDA,
-    2.8 ms per large-v3 step at batch 64 on the H200 against 4.8 with 64, ``bench/gpu_step_parts.py
-    --fp8``; and 512 on CPU tensors, where Triton's interpreter runs each iteration in Python)."""
+    ``block_t``: positions per loop iteration of a program (a power of two; default 256 on CUDA:
+    over a large-v3 step's 32 layers on an H100, 2.92 ms at batch 64 and 5.27 at 128, against 2.95
+    and 5.63 with 128 and cuDNN's 5.13 and 10.03 on bf16, ``bench/gpu_fp8_tune.py``, 2026-12-05;
+    with 64, 4.8 ms on the H200; and 512 on CPU tensors, where Triton's interpreter runs each
+    iteration in Python)."""
     b, h, d = q.shape
     if k8.shape[0] < b or k8.shape[1] != h or k8.shape[3] != d or v8.shape[:4] != k8.shape[:4]:
         raise ValueError(f"attend: q {tuple(q.shape)} does not match k {tuple(k8.shape)} / v {tuple(v8.shape)}")
@@ -232,7 +234,7 @@ def attend(q: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, k_scale: torch.T
     if k8.stride(3) != 1 or v8.stride(3) != 1 or q.stride(2) != 1:
         raise ValueError("attend: the last dimension of q, k and v must be contiguous")
     _check_scales("attend", k8, k_scale, v_scale)
-    block_t = block_t or (128 if q.is_cuda else 512)
+    block_t = block_t or (256 if q.is_cuda else 512)
     if split < 1 or block_t & (block_t - 1):
         raise ValueError(f"attend: split must be >= 1 and block_t a power of two, got {split} and {block_t}")
     t = k8.shape[2]
