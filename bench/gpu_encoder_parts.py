@@ -14,6 +14,7 @@ milliseconds per 30-s window (random weights of the real shapes, bf16) for
 Median of 10 timed passes after 3 warm-up passes, CUDA events. Writes a JSON list of rows.
 
     python3 bench/gpu_encoder_parts.py --json $OUT/encoder_parts.json [--batches 16,32] [--no-compile]
+    python3 bench/gpu_encoder_parts.py --profile 16   # the kernels of one eager pass, by GPU time
 """
 
 from __future__ import annotations
@@ -117,17 +118,34 @@ def bf16_row(model: Whisper, dims: WhisperDims, batch: int, compile_it: bool) ->
     return row
 
 
+def profile(model: Whisper, dims: WhisperDims, batch: int) -> None:
+    feats = torch.randn(batch, dims.num_mel_bins, 3000, device="cuda", dtype=torch.bfloat16)
+    with torch.inference_mode():
+        for _ in range(3):
+            model.encode(feats)
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            model.encode(feats)
+            torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=90))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", required=True)
     ap.add_argument("--batches", default="16,32")
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--profile", type=int, default=0, metavar="BATCH",
+                    help="print the CUDA kernels of one eager pass at this batch, by total time, and stop")
     args = ap.parse_args()
     torch.manual_seed(0)
     dims = WhisperDims.large_v3()
     with torch.device("cuda"):
         model = Whisper(dims)
     model = model.to(torch.bfloat16).eval()
+    if args.profile:
+        profile(model, dims, args.profile)
+        return
     batches = [int(b) for b in args.batches.split(",")]
     rows: list[dict] = []
     with torch.inference_mode():

@@ -79,3 +79,30 @@ def test_the_faster_whisper_backend_also_keeps_a_prompt_plain_text() -> None:
     assert ids and all(i < tok.eot for i in ids)
     assert tok.decode(ids) == " hi <|endoftext|><|startoftranscript|>"
     assert prompt_ids(tok, "   ") == [] and prompt_ids(tok, None) == []
+
+
+def test_compiled_encoder_equals_eager_for_every_batch_size_after_one_compilation() -> None:
+    # The encoder through torch.compile (on by default for CUDA models wider than the graphs'
+    # limit; here on the CPU, where Inductor emits C++): a single window is padded to two rows
+    # and sizes 2..max share the one dynamic-batch compilation made at construction.
+    from torch._dynamo.utils import counters
+
+    from tideserve.worker.backends.torch_whisper.model import CompiledEncoder, GraphedEncoder
+
+    m = make_model("cpu")
+    counters.clear()
+    enc = CompiledEncoder(m, max_batch=4)
+    compiled = counters["stats"]["unique_graphs"]
+    assert compiled >= 1
+    torch.manual_seed(3)
+    with torch.inference_mode():  # as the backend's features are made (a plain tensor is compiled apart)
+        x = torch.randn(4, DIMS.num_mel_bins, N_FRAMES)
+        for n in (1, 2, 3, 4):
+            got = enc(x[:n])
+            assert got.shape == (n, 1500, DIMS.d_model)
+            assert torch.allclose(got, m.encode(x[:n]), atol=1e-4), n
+        with pytest.raises(ValueError, match=r"1\.\.4 windows, got 5"):
+            enc(torch.zeros(5, DIMS.num_mel_bins, N_FRAMES))
+    assert counters["stats"]["unique_graphs"] == compiled  # no compilation per size
+    assert not CompiledEncoder.enabled_for(m, torch.device("cpu"))
+    assert DIMS.d_model <= GraphedEncoder.MAX_D_MODEL

@@ -17,7 +17,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 from pathlib import Path
 
@@ -30,7 +30,8 @@ from tideserve.worker.backends.base import PreviousText, WindowResult, WindowTas
 from tideserve.worker.backends.torch_whisper.decode import GreedyDecoder, SpecialTokens
 from tideserve.worker.backends.torch_whisper.features import LogMel
 from tideserve.worker.backends.torch_whisper.identify import Heard, LanguageIdentifier, language_tokens
-from tideserve.worker.backends.torch_whisper.model import GraphedEncoder, Whisper, load_hf_dir, require_triton_device
+from tideserve.worker.backends.torch_whisper.model import (CompiledEncoder, GraphedEncoder, Whisper, load_hf_dir,
+                                                           require_triton_device)
 from tideserve.worker.backends.whisper_text import MAX_LENGTH, previous_tokens, window_result
 from tideserve.worker.language_id import LanguageIdConfig
 from tideserve.worker.timings import ExecutionTimings
@@ -109,14 +110,16 @@ class TorchWhisperBackend:
     on the CPU. On an H100 (engine alone, ``bench/gpu_fp8_tune_session.sh``, 2026-12-05) the
     Triton self-attention gave tiny.en 9,864 audio-s/s against 7,840 with PyTorch's kernels
     (GPU busy 99% against 89%), and large-v3 with FP8 keys and values 810 against 604 (bf16,
-    PyTorch's kernels) at batch 64.
+    PyTorch's kernels) at batch 64. ``compile_encoder``: the encoder through ``torch.compile``
+    (``model.CompiledEncoder``); default on for CUDA models too wide for the encoder's CUDA graphs.
     """
 
     def __init__(self, model_dir: Path, target: Target, decoding: Decoding, cpu_threads: int = 0,
                  max_batch_size: int = 64, use_cuda_graphs: bool | None = None,
                  encoder_graphs: bool | None = None, instances: int = 1, run_ahead: int = RUN_AHEAD_STEPS,
                  language_id: LanguageIdConfig | None = None, background_nice: int = 0,
-                 cross_fp8: bool = False, attention: str | None = None) -> None:
+                 cross_fp8: bool = False, attention: str | None = None,
+                 compile_encoder: bool | None = None) -> None:
         del instances, background_nice  # continuous batching: one decode loop holds every slot
         self.device = _device_for(target)
         if decoding.beam_size != 1:
@@ -161,7 +164,11 @@ class TorchWhisperBackend:
                                      use_cuda_graphs=use_cuda_graphs, run_ahead=run_ahead, cross_fp8=cross_fp8)
         graph_encoder = ((use_cuda_graphs is not False and GraphedEncoder.enabled_for(self.model, self.device))
                          if encoder_graphs is None else encoder_graphs and self.device.type == "cuda")
-        self.encode = GraphedEncoder(self.model, max_batch_size) if graph_encoder else self.model.encode
+        if compile_encoder is None:
+            compile_encoder = not graph_encoder and CompiledEncoder.enabled_for(self.model, self.device)
+        self.encode: Callable[[torch.Tensor], torch.Tensor] = (
+            GraphedEncoder(self.model, max_batch_size) if graph_encoder
+            else CompiledEncoder(self.model, max_batch_size) if compile_encoder else self.model.encode)
         # busy slot -> its task, language, and the language-ID probabilities heard (with its row)
         self._rows: dict[int, tuple[WindowTask, str, tuple[Heard, int] | None]] = {}
         self._encoder_events: collections.deque[tuple[Any, Any]] = collections.deque()  # (start, end) not yet read
