@@ -464,6 +464,9 @@ def main() -> int:
         res["cpu_count"] = os.cpu_count()
     except ImportError:
         pass
+    def save() -> None:  # after each part, so a run stopped by a time limit keeps what it measured
+        (a.out / "gpu_e2e.json").write_text(json.dumps(res, indent=2))
+
     if "served" not in skip:
         s = served(a, files, tmp)
         res["served"] = s["runs"]
@@ -471,11 +474,13 @@ def main() -> int:
         best = max(s["runs"], key=lambda r: r["rtfx"])
         res["rtfx_e2e"] = best["rtfx"]
         res["gpu_busy"] = best["gpu_busy"]
+        save()
     if "engine" not in skip:
         e = engine_inprocess(a, files, a.requests, cross_fp8=a.kv_cache_dtype == "fp8")
         res["engine"] = {k: v for k, v in e.items() if k != "texts"}
         res["rtfx_engine"] = e["rtfx"]
         print(json.dumps(res["engine"]), flush=True)
+        save()
         if "served" not in skip:
             res["wer_served_vs_engine"] = statistics.mean(wer(e["texts"].get(k, ""), served_texts.get(k, ""))
                                                           for k in range(len(files)))
@@ -506,6 +511,7 @@ def main() -> int:
                                  compile_encoder=False if "nocompile" in flags else None)
             res["engine_sweep"].append({k: v for k, v in e.items() if k != "texts"})
             print(json.dumps(res["engine_sweep"][-1]), flush=True)
+            save()
     if "hol" not in skip:
         n = min(a.requests, 512)
         base = engine_inprocess(a, files, n, capture_all=True)
