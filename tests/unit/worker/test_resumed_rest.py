@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from tideserve.spec.models import Decoding, Target
+from audio import wer
 from engine_run import BUNDLED, bundled_backend, decode_window
 from tideserve.worker.engine import EngineStats
 
@@ -96,7 +97,9 @@ def test_a_resumed_window_decodes_in_one_batch_with_fresh_and_untimed_windows(wi
     assert words(rest.segments) == ["hello", "world"] and rest.segments[0].start_s == pytest.approx(START + 21.0)
     assert rest.last_word_end_s is not None and 21.0 < rest.last_word_end_s <= END - START
     assert timed.segments and not untimed.segments
-    assert words(timed.segments) == re.sub(r"[^a-z0-9 ]", " ", untimed.text.lower()).split()
+    # the same words either way (as the WER normaliser reads them: "One, two" and "1-2" alike,
+    # which of the two a window writes turns on the CPU's int8 kernels)
+    assert wer(untimed.text, " ".join(s.text for s in timed.segments)) == 0.0
 
 
 def test_a_resumed_rest_that_writes_the_windows_sentence_again_is_decoded_from_its_own_audio(

@@ -106,12 +106,17 @@ class TorchWhisperBackend:
     (``WindowTask.identify_language``; ``identify.LanguageIdentifier``, on the same device and
     dtype); a multilingual model identifies languages itself and ignores it. ``cross_fp8``: the
     cross-attention keys and values in FP8 (``model.KVCache``; CUDA only); ``attention``: the
-    decoder step's attention kernels (``model.Whisper``); default ``triton`` on a GPU and ``sdpa``
-    on the CPU. On an H100 (engine alone, ``bench/gpu_fp8_tune_session.sh``, 2026-12-05) the
-    Triton self-attention gave tiny.en 9,864 audio-s/s against 7,840 with PyTorch's kernels
-    (GPU busy 99% against 89%), and large-v3 with FP8 keys and values 810 against 604 (bf16,
-    PyTorch's kernels) at batch 64. ``compile_encoder``: the encoder through ``torch.compile``
-    (``model.CompiledEncoder``); default on for CUDA models too wide for the encoder's CUDA graphs.
+    decoder step's attention kernels (``model.Whisper``); default ``triton`` with FP8 keys and
+    values, else ``sdpa``. Why: with FP8 the Triton self-attention took large-v3's step from 8.52
+    to 7.33 ms (H200, batch 64, ``bench/gpu_step_parts.py --fp8``); without it the evidence is
+    mixed: tiny.en's engine alone ran 9,864 audio-s/s against 7,840 with PyTorch's kernels on an
+    H100 (side by side), but 8,873 on an H200 against 8,937 in an earlier run there, and a served
+    28-s window (no timestamps) then lost one sentence group that PyTorch's kernels and Hugging
+    Face write (served against ``generate``: WER 0.018 against 0.000; greedy decoding turns on
+    rounding), so without FP8 the default stays with PyTorch's kernels. ``compile_encoder``: the
+    encoder through ``torch.compile`` (``model.CompiledEncoder``); default on for CUDA models too
+    wide for the encoder's CUDA graphs (large-v3, H200, engine alone at batch 64 with FP8: 950
+    audio-s/s against 887 eager, ``bench/results/gpu_e2e_large_v3_h200.json``).
     """
 
     def __init__(self, model_dir: Path, target: Target, decoding: Decoding, cpu_threads: int = 0,
@@ -143,7 +148,7 @@ class TorchWhisperBackend:
         except Exception as exc:  # tokenizers raises its own Exception type
             raise ValueError(f"{model_dir}: no readable tokenizer.json ({exc})") from None
         self.model: Whisper = load_hf_dir(model_dir, dtype, self.device)
-        attention = attention or ("triton" if self.device.type == "cuda" else "sdpa")
+        attention = attention or ("triton" if cross_fp8 else "sdpa")
         if attention not in Whisper.ATTENTION:
             raise ValueError(f"attention must be one of {', '.join(Whisper.ATTENTION)}, got {attention!r}")
         if attention == "triton":
