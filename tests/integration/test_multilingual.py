@@ -91,7 +91,8 @@ def test_translation_returns_english_on_every_api(base, lang, clip):
     assert oa.status_code == 200 and oa.json()["task"] == "translate" and oa.json()["language"] == lang, oa.text
     assert ks.json()["parameters"]["language"] == lang and 0 < ks.json()["parameters"]["language_probability"] <= 1
     for text in (oa.json()["text"], sm.json()["transcribe_text"], ks.json()["outputs"][0]["data"][0]):
-        # English, from French, Japanese and Chinese speech. The greeting's second word turns on
-        # the CPU's int8 kernels: CTranslate2 takes Intel MKL's on Intel CPUs ("hello world" from
-        # all three) and oneDNN's on AMD ones (there Chinese comes back "Hello, everyone.").
-        assert "hello" in _norm(text).split() and not CJK.search(text), (clip, text)
+        # English, from French, Japanese and Chinese speech. The Chinese greeting's second word
+        # turns on the CPU's int8 kernels: CTranslate2 takes Intel MKL's on Intel CPUs ("Hello
+        # world") and oneDNN's on AMD ones ("Hello, everyone.").
+        want = {"hello"} if lang == "zh" else {"hello", "world"}
+        assert want <= set(_norm(text).split()) and not CJK.search(text), (clip, text)

@@ -224,7 +224,8 @@ class ModelSpec(_Strict):
         "auto", description="Data type of the cross-attention keys and values the decoder reads at every step "
         "(the name vLLM gives its option): auto, the engine's compute type; fp8, E4M3 with a scale per window and "
         "head, half the bytes (at large-v3 size most of a decoder step is reading them), torch backend on GPUs "
-        "with FP8 conversion (sm89 and newer: L4, L40S, H100, H200) only. It can change a word: README, FP8.")
+        "with FP8 conversion (sm89 and newer: L4, L40S, H100, H200) only; it also runs the decoder's "
+        "self-attention on tideserve's own kernel. It can change a word: README, FP8.")
     language_id: LanguageId | None = Field(
         None, description="Identify the spoken language for an English-only model (a multilingual model "
         "identifies it itself); on either backend, the identifier running where the model runs.")

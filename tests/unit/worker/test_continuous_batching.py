@@ -130,6 +130,20 @@ def test_batched_features_equal_per_window_features_from_int16() -> None:
         assert torch.allclose(batched[i], want, atol=1e-4), f"window {i} ({lengths[i]} samples)"
 
 
+def test_consecutive_feature_calls_through_the_staging_areas_equal_fresh_ones() -> None:
+    # The samples and frame counts are staged in two host areas used in turn (page-locked on a
+    # GPU); a call must neither see nor change another call's staged data: longer windows after
+    # shorter, int16 after float32 and back, three calls so that an area is reused.
+    rng = np.random.default_rng(1)
+    calls = [[(rng.standard_normal(n) * 0.1).astype(np.float32) for n in (16_000, 400)],
+             [(rng.standard_normal(n) * 3000).astype(np.int16) for n in (16_000 * 30, 16_000 * 7, 41)],
+             [(rng.standard_normal(n) * 0.2).astype(np.float32) for n in (16_000 * 2,)]]
+    mel = LogMel(80, torch.device("cpu"))
+    got = [mel(c) for c in calls]
+    for c, g in zip(calls, got, strict=True):
+        assert torch.equal(g, LogMel(80, torch.device("cpu"))(c))
+
+
 def test_run_ahead_queues_the_next_chunks_first_steps_and_changes_no_token() -> None:
     """finished() runs ``run_ahead`` steps for the rows still decoding (the device keeps working
     while the host builds results and admits); the next run(n) runs n - run_ahead; no token moves."""

@@ -83,11 +83,13 @@ def test_the_faster_whisper_backend_also_keeps_a_prompt_plain_text() -> None:
 
 def test_compiled_encoder_equals_eager_for_every_batch_size_after_one_compilation() -> None:
     # The encoder through torch.compile (on by default for CUDA models wider than the graphs'
-    # limit; here on the CPU, where Inductor emits C++): a single window is padded to two rows
-    # and sizes 2..max share the one dynamic-batch compilation made at construction.
+    # limit; here on the CPU, where Inductor emits C++): sizes 2..max share the one dynamic-batch
+    # compilation made at construction, and a single window runs eagerly.
+    from types import SimpleNamespace
+
     from torch._dynamo.utils import counters
 
-    from tideserve.worker.backends.torch_whisper.model import CompiledEncoder, GraphedEncoder
+    from tideserve.worker.backends.torch_whisper.model import CompiledEncoder, WhisperDims
 
     m = make_model("cpu")
     counters.clear()
@@ -95,14 +97,20 @@ def test_compiled_encoder_equals_eager_for_every_batch_size_after_one_compilatio
     compiled = counters["stats"]["unique_graphs"]
     assert compiled >= 1
     torch.manual_seed(3)
-    with torch.inference_mode():  # as the backend's features are made (a plain tensor is compiled apart)
+    with torch.inference_mode():
         x = torch.randn(4, DIMS.num_mel_bins, N_FRAMES)
-        for n in (1, 2, 3, 4):
-            got = enc(x[:n])
-            assert got.shape == (n, 1500, DIMS.d_model)
+    for n in (1, 2, 3, 4):
+        got = enc(x[:n])
+        assert got.shape == (n, 1500, DIMS.d_model)
+        with torch.inference_mode():
             assert torch.allclose(got, m.encode(x[:n]), atol=1e-4), n
-        with pytest.raises(ValueError, match=r"1\.\.4 windows, got 5"):
-            enc(torch.zeros(5, DIMS.num_mel_bins, N_FRAMES))
+    with pytest.raises(ValueError, match=r"1\.\.4 windows, got 5"):
+        enc(torch.zeros(5, DIMS.num_mel_bins, N_FRAMES))
     assert counters["stats"]["unique_graphs"] == compiled  # no compilation per size
-    assert not CompiledEncoder.enabled_for(m, torch.device("cpu"))
-    assert DIMS.d_model <= GraphedEncoder.MAX_D_MODEL
+    # Before: a replica with max_batch_size 1 failed at load (its two-window warm-up was refused).
+    assert torch.allclose(CompiledEncoder(m, max_batch=1)(x[:1]), got[:1], atol=1e-4)
+    # On by default only for CUDA models wider than the encoder graphs' limit (large-v3: 1280).
+    wide = SimpleNamespace(dims=WhisperDims.large_v3())
+    assert CompiledEncoder.enabled_for(wide, torch.device("cuda"))  # type: ignore[arg-type]
+    assert not CompiledEncoder.enabled_for(wide, torch.device("cpu"))  # type: ignore[arg-type]
+    assert not CompiledEncoder.enabled_for(m, torch.device("cuda"))

@@ -9,16 +9,13 @@ length, and the real tiny.en model writes the same text on the shipped clips wit
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
 
+from child import child_json
 from tideserve.engines.convert import convert_ct2_whisper
 from tideserve.sources.local import resolve_pkg
 from tideserve.worker.backends.torch_whisper.model import KVCache, WhisperDims
@@ -28,11 +25,8 @@ pytest.importorskip("triton")
 
 def interpreted(script: str, timeout_s: float = 240) -> dict:
     """Run ``script`` in a child Python with Triton's interpreter on; it prints one JSON object last."""
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[3] / "src")}
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], env=env, capture_output=True, text=True,
-                         timeout=timeout_s)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return child_json(["-c", textwrap.dedent(script)], {"TRITON_INTERPRET": "1", "PYTHONPATH": str(
+        Path(__file__).resolve().parents[3] / "src")}, timeout_s)
 
 
 def test_the_kernel_equals_attention_over_the_dequantized_keys_and_values() -> None:

@@ -108,7 +108,8 @@ class TorchWhisperBackend:
     cross-attention keys and values in FP8 (``model.KVCache``; CUDA only); ``attention``: the
     decoder step's attention kernels (``model.Whisper``); default ``triton`` with FP8 keys and
     values, else ``sdpa``. Why: with FP8 the Triton self-attention took large-v3's step from 8.52
-    to 7.33 ms (H200, batch 64, ``bench/gpu_step_parts.py --fp8``); without it the evidence is
+    to 7.33 ms (H200, batch 64, the FP8 attention at 64 positions per block then,
+    ``bench/gpu_step_parts.py --fp8``); without it the evidence is
     mixed: tiny.en's engine alone ran 9,864 audio-s/s against 7,840 with PyTorch's kernels on an
     H100 (side by side), but 8,873 on an H200 against 8,937 in an earlier run there, and a served
     28-s window (no timestamps) then lost one sentence group that PyTorch's kernels and Hugging
@@ -116,7 +117,8 @@ class TorchWhisperBackend:
     rounding), so without FP8 the default stays with PyTorch's kernels. ``compile_encoder``: the
     encoder through ``torch.compile`` (``model.CompiledEncoder``); default on for CUDA models too
     wide for the encoder's CUDA graphs (large-v3, H200, engine alone at batch 64 with FP8: 950
-    audio-s/s against 887 eager, ``bench/results/gpu_e2e_large_v3_h200.json``).
+    audio-s/s against 887 eager, ``bench/results/gpu_e2e_large_v3_h200_fp8_compiled.json``); where
+    the encoder's CUDA graphs are on, they win and it is ignored.
     """
 
     def __init__(self, model_dir: Path, target: Target, decoding: Decoding, cpu_threads: int = 0,

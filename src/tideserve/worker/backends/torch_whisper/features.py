@@ -54,8 +54,9 @@ class LogMel:
         self.device = device
         self.filters = torch.from_numpy(mel_filters(n_mels)).to(device)
         self.window = torch.hann_window(N_FFT, periodic=True, device=device)
-        # Two host staging areas used in turn, so a call never waits on the copy it just queued;
-        # it waits (if at all) on the copy out of the other one, queued a call earlier.
+        # Two host staging areas used in turn: before filling one, a call waits (if at all) for the
+        # copy out of it that the call before last queued, so one admission's copy may still be
+        # in flight while the next fills the other area.
         self._staging = (_Staging(device), _Staging(device))
         self._turn = 0
 

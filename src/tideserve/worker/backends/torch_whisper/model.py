@@ -407,6 +407,13 @@ def pow2_bucket(n: int, cap: int) -> int:
     return min(b, cap)
 
 
+def check_encoder_batch(n: int, max_batch: int) -> int:
+    """``n``, when an encoder built for ``max_batch`` windows takes it; else ValueError."""
+    if not 0 < n <= max_batch:
+        raise ValueError(f"the encoder takes 1..{max_batch} windows, got {n}")
+    return n
+
+
 class GraphedEncoder:
     """The encoder replayed from one CUDA graph per batch bucket (powers of two up to
     ``max_batch``), so an admission's encoder pass costs the host one replay instead of a
@@ -439,9 +446,7 @@ class GraphedEncoder:
         """``[n, n_mels, 3000]`` -> ``[n, 1500, d_model]`` (a view of the bucket's output buffer,
         valid until the next call; ``forward``'s output when given; every call of one instance
         must have the same shape past the batch). Raises ValueError for more rows than ``max_batch``."""
-        n = features.shape[0]
-        if not 0 < n <= self.max_batch:
-            raise ValueError(f"the encoder takes 1..{self.max_batch} windows, got {n}")
+        n = check_encoder_batch(features.shape[0], self.max_batch)
         b = pow2_bucket(n, self.max_batch)
         entry = self._graphs.get(b)
         if entry is None:
@@ -471,37 +476,40 @@ class GraphedEncoder:
 class CompiledEncoder:
     """The encoder through ``torch.compile`` (Inductor: the layer norms, GELUs, residual adds and
     layout changes fused into few kernels between the matrix products), with the batch dimension
-    compiled as dynamic, so one compilation serves every admission size from 2 to ``max_batch``;
-    a single window is padded to two rows (rows are independent in Whisper's encoder), since a
-    size of 1 would be specialised and compiled again. Compiled at construction (one pass of two
+    compiled as dynamic, so one compilation serves every admission of 2 to ``max_batch`` windows;
+    a single window runs eagerly (a size of 1 would be specialised and compiled again, and padding
+    it to two rows would cost a second window's encoder). Compiled at construction (one pass of two
     zero windows), not on the first request.
 
     Why: at large-v3 size the encoder is about 40% of the engine's GPU time per window, and there
     it is not launch-bound (graphs gave 5.89 against 5.95 ms per window on the H200), but eager
     PyTorch leaves 2.4 of its 6.3 ms per window on an H100 outside the matrix products (2.9 ms)
-    and the attention (1.0 ms); compiled, 4.96 ms (``bench/gpu_encoder_parts.py``, batch 32,
-    2026-12-05; 24 s to compile). ``enabled_for`` limits it to CUDA models wider than
-    ``GraphedEncoder.MAX_D_MODEL``, where the graphs are off.
+    and the attention (1.0 ms); compiled for one static batch of 32, 4.96 ms (24 s to compile;
+    ``bench/gpu_encoder_parts.py``, 2026-12-05). With this class (dynamic batch) large-v3's engine
+    alone ran 950 audio-s/s against 887 eager, side by side (H200, FP8 keys and values, batch 64,
+    ``bench/results/gpu_e2e_large_v3_h200_fp8_compiled.json``). ``enabled_for`` limits it to CUDA
+    models wider than ``GraphedEncoder.MAX_D_MODEL``, where the graphs are off.
     """
 
     def __init__(self, model: Whisper, max_batch: int) -> None:
         self.max_batch = max_batch
+        self._eager = model.encode
         self._fn = torch.compile(model.encode)  # the batch marked dynamic per call
         p = next(model.parameters())
         with torch.inference_mode():
-            self(torch.zeros(2, model.dims.num_mel_bins, 3000, dtype=p.dtype, device=p.device))
+            self._compiled(torch.zeros(2, model.dims.num_mel_bins, 3000, dtype=p.dtype, device=p.device))
 
     @classmethod
     def enabled_for(cls, model: Whisper, device: torch.device) -> bool:
         return device.type == "cuda" and model.dims.d_model > GraphedEncoder.MAX_D_MODEL
 
+    def _compiled(self, features: torch.Tensor) -> torch.Tensor:
+        torch._dynamo.mark_dynamic(features, 0, min=2, max=max(2, self.max_batch))
+        return self._fn(features)
+
+    @torch.inference_mode()
     def __call__(self, features: torch.Tensor) -> torch.Tensor:
         """``[n, n_mels, 3000]`` -> ``[n, 1500, d_model]``. Raises ValueError for more rows than
         ``max_batch``."""
-        n = features.shape[0]
-        if not 0 < n <= self.max_batch:
-            raise ValueError(f"the encoder takes 1..{self.max_batch} windows, got {n}")
-        if n == 1:
-            features = torch.cat([features, features])
-        torch._dynamo.mark_dynamic(features, 0, min=2, max=max(2, self.max_batch))
-        return self._fn(features)[:n]
+        n = check_encoder_batch(features.shape[0], self.max_batch)
+        return self._eager(features) if n == 1 else self._compiled(features)

@@ -222,10 +222,10 @@ def attend(q: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, k_scale: torch.T
            split: int = 1, block_t: int | None = None, num_warps: int = 4, num_stages: int = 3) -> torch.Tensor:
     """See the module doc. Static shapes and no host synchronisation: safe inside a CUDA graph.
     ``block_t``: positions per loop iteration of a program (a power of two; default 256 on CUDA:
-    over a large-v3 step's 32 layers on an H100, 2.92 ms at batch 64 and 5.27 at 128, against 2.95
-    and 5.63 with 128 and cuDNN's 5.13 and 10.03 on bf16, ``bench/gpu_fp8_tune.py``, 2026-12-05;
-    with 64, 4.8 ms on the H200; and 512 on CPU tensors, where Triton's interpreter runs each
-    iteration in Python)."""
+    over a large-v3 step's 32 layers on an H100, 4 warps, 3 stages, 2.92 ms at batch 64 and 5.27 at
+    128, against 2.95 and 5.67 with 128 and cuDNN's 5.13 and 10.03 on bf16, ``bench/gpu_fp8_tune.py``,
+    2026-12-05, ``bench/results/gpu_fp8_tune_h100.json``; and 512 on CPU tensors, where Triton's
+    interpreter runs each iteration in Python)."""
     b, h, d = q.shape
     if k8.shape[0] < b or k8.shape[1] != h or k8.shape[3] != d or v8.shape[:4] != k8.shape[:4]:
         raise ValueError(f"attend: q {tuple(q.shape)} does not match k {tuple(k8.shape)} / v {tuple(v8.shape)}")
