@@ -130,10 +130,10 @@ def test_batched_features_equal_per_window_features_from_int16() -> None:
         assert torch.allclose(batched[i], want, atol=1e-4), f"window {i} ({lengths[i]} samples)"
 
 
-def test_consecutive_feature_calls_through_the_staging_areas_equal_fresh_ones() -> None:
-    # The samples and frame counts are staged in two host areas used in turn (page-locked on a
-    # GPU); a call must neither see nor change another call's staged data: longer windows after
-    # shorter, int16 after float32 and back, three calls so that an area is reused.
+def test_consecutive_feature_calls_through_the_reused_host_buffer_equal_fresh_ones() -> None:
+    # The samples are packed into one reused host buffer (page-locked on a GPU); a call must
+    # neither see nor change another call's data: longer windows after shorter, int16 after
+    # float32 and back (the buffer regrown and retyped).
     rng = np.random.default_rng(1)
     calls = [[(rng.standard_normal(n) * 0.1).astype(np.float32) for n in (16_000, 400)],
              [(rng.standard_normal(n) * 3000).astype(np.int16) for n in (16_000 * 30, 16_000 * 7, 41)],

@@ -54,11 +54,21 @@ class LogMel:
         self.device = device
         self.filters = torch.from_numpy(mel_filters(n_mels)).to(device)
         self.window = torch.hann_window(N_FFT, periodic=True, device=device)
-        # Two host staging areas used in turn: before filling one, a call waits (if at all) for the
-        # copy out of it that the call before last queued, so one admission's copy may still be
-        # in flight while the next fills the other area.
-        self._staging = (_Staging(device), _Staging(device))
-        self._turn = 0
+        self._pinned: torch.Tensor | None = None
+        # Set after each asynchronous copy out of the pinned buffer; the next call waits on it
+        # before writing the buffer again (by then it has long completed: the engine loop
+        # synchronises once per decode chunk). No host-device synchronisation otherwise.
+        self._copied: torch.cuda.Event | None = None
+
+    def _host_buffer(self, n: int, dtype: torch.dtype) -> torch.Tensor:
+        """A reusable 1-D host buffer of at least ``n`` samples, page-locked when the device is a
+        GPU (so the copy to the device is one DMA transfer)."""
+        buf = self._pinned
+        if buf is None or buf.dtype != dtype or buf.shape[0] < n:
+            size = max(n, 2 * (0 if buf is None else buf.shape[0]))
+            buf = torch.empty(size, dtype=dtype, pin_memory=self.device.type == "cuda")
+            self._pinned = buf
+        return buf[:n]
 
     def __call__(self, windows: list[np.ndarray]) -> torch.Tensor:
         """``windows`` of samples (each <= 30 s; int16 PCM or float32 in [-1, 1]) ->
@@ -77,16 +87,17 @@ class LogMel:
         padded = [max(length + HOP, N_FFT // 2 + 1) for length in lengths]
         total = max(max(padded), N_FRAMES * HOP + HOP)
         int16 = all(w.dtype == np.int16 for w in windows)
-        staging = self._staging[self._turn]
-        self._turn ^= 1
-        flat, frames_host = staging.take(max(1, sum(lengths)), torch.int16 if int16 else torch.float32, n)
+        if self._copied is not None:
+            self._copied.synchronize()  # the previous copy out of the pinned buffer is done
+        flat = self._host_buffer(max(1, sum(lengths)), torch.int16 if int16 else torch.float32)
         if sum(lengths):
             np.concatenate([w if int16 else w.astype(np.float32, copy=False) for w in windows],
                            out=flat.numpy()[: sum(lengths)])
-        # frames before the 2nd drop (see the module doc)
-        frames_host.numpy()[:] = [p // HOP for p in padded]
-        dev, frames = staging.to_device(flat, frames_host)
-        dev = dev.float()
+        cuda = self.device.type == "cuda"
+        dev = flat.to(self.device, non_blocking=cuda).float()
+        if cuda:
+            self._copied = torch.cuda.Event()
+            self._copied.record()
         if int16:
             dev = dev / 32768.0
         x = torch.zeros(n, total, device=self.device)
@@ -97,6 +108,8 @@ class LogMel:
         spec = torch.stft(x, N_FFT, HOP, window=self.window, center=True, pad_mode="reflect", return_complex=True)
         power = spec[..., :-1].abs() ** 2  # [B, 201, frames]
         logmel = torch.clamp(self.filters @ power, min=1e-10).log10()  # [B, n_mels, frames]
+        # frames before the 2nd drop; from pageable memory without a device synchronisation
+        frames = torch.tensor([p // HOP for p in padded]).to(self.device, non_blocking=True)
         valid = torch.arange(logmel.shape[-1], device=self.device)[None, :] < frames[:, None]
         peak = logmel.masked_fill(~valid[:, None, :], float("-inf")).amax(dim=(1, 2), keepdim=True)
         logmel = (torch.maximum(logmel, peak - 8.0) + 4.0) / 4.0
@@ -106,45 +119,4 @@ class LogMel:
         out = torch.zeros(n, self.filters.shape[0], N_FRAMES, device=self.device)
         width = min(N_FRAMES, logmel.shape[-1])
         out[:, :, :width] = logmel[:, :, :width]
-        return out
-
-
-class _Staging:
-    """Page-locked host buffers (on a GPU; plain memory on the CPU) for one call's samples and
-    per-window frame counts, and the event after their copy to the device.
-
-    Both copies come from page-locked memory, so both are asynchronous: a copy from pageable
-    memory "may synchronize with the stream" to stage the bytes (CUDA runtime API, "API
-    synchronization behavior"), i.e. wait for the decode steps queued ahead."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self._samples: torch.Tensor | None = None
-        self._frames: torch.Tensor | None = None
-        self._copied: torch.cuda.Event | None = None
-
-    def _grown(self, buf: torch.Tensor | None, n: int, dtype: torch.dtype) -> torch.Tensor:
-        if buf is None or buf.dtype != dtype or buf.shape[0] < n:
-            size = max(n, 2 * (0 if buf is None else buf.shape[0]))
-            buf = torch.empty(size, dtype=dtype, pin_memory=self.device.type == "cuda")
-        return buf
-
-    def take(self, n_samples: int, dtype: torch.dtype, n_windows: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """1-D host views of ``n_samples`` samples (``dtype``) and ``n_windows`` int64 frame
-        counts, once this area's previous copy to the device has completed."""
-        if self._copied is not None:
-            self._copied.synchronize()
-            self._copied = None
-        self._samples = self._grown(self._samples, n_samples, dtype)
-        self._frames = self._grown(self._frames, n_windows, torch.int64)
-        return self._samples[:n_samples], self._frames[:n_windows]
-
-    def to_device(self, samples: torch.Tensor, frames: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Both views on the device (asynchronous DMA on a GPU; the same tensors on the CPU, read
-        before the next call writes them: the CPU computes synchronously)."""
-        if self.device.type != "cuda":
-            return samples, frames
-        out = samples.to(self.device, non_blocking=True), frames.to(self.device, non_blocking=True)
-        self._copied = torch.cuda.Event()
-        self._copied.record()
         return out
