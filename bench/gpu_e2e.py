@@ -523,7 +523,7 @@ def main() -> int:
         res["e2e_over_engine"] = res["rtfx_e2e"] / res["rtfx_engine"]
     if "rtfx_e2e" in res and "rtfx_hf_generate" in res:
         res["e2e_over_hf_generate"] = res["rtfx_e2e"] / res["rtfx_hf_generate"]
-    (a.out / "gpu_e2e.json").write_text(json.dumps(res, indent=2))
+    save()
     print(json.dumps({k: v for k, v in res.items() if k.startswith(("rtfx", "gpu", "e2e", "wer_served_vs"))}, indent=2))
     return 0
 

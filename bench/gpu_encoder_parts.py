@@ -11,7 +11,8 @@ milliseconds per 30-s window (random weights of the real shapes, bf16) for
   output's cosine similarity with bf16's (random weights: a check of the arithmetic, not of
   accuracy on speech).
 
-Median of 10 timed passes after 3 warm-up passes, CUDA events. Writes a JSON list of rows.
+Median of 10 timed passes after 2 warm-up passes, CUDA events (``gpu_step_parts.eager_ms``).
+Writes a JSON list of rows.
 
     python3 bench/gpu_encoder_parts.py --json $OUT/encoder_parts.json [--batches 16,32] [--no-compile]
     python3 bench/gpu_encoder_parts.py --profile 16   # the kernels of one eager pass, by GPU time
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from functools import partial
@@ -31,24 +31,17 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tideserve.worker.backends.torch_whisper.model import EncoderLayer, Whisper, WhisperDims
+from gpu_step_parts import eager_ms
 
 E4M3_MAX = 448.0
 
 
-def per_window_ms(fn, batch: int, reps: int = 10) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times) / batch
+def per_window_ms(fn, batch: int) -> float:
+    """Median milliseconds of ``fn`` (10 timed passes, CUDA events) over its ``batch`` windows."""
+    return eager_ms(fn, repeats=10) / batch
 
 
 class Fp8Linear(torch.nn.Module):
