@@ -72,7 +72,8 @@ from tideserve.worker.prep import (
 
 log = logging.getLogger("tideserve.worker")
 #: A spread file's helper is given up (its part transcribed by the receiving replica) once it is
-#: this many times the receiving replica's own part's time late, and at least PART_GRACE_MIN_S s.
+#: this many times the receiving replica's own part's time late, and at least ``spread_part_grace_s``
+#: (``spec.gateway``; default PART_GRACE_MIN_S s).
 PART_GRACE_FACTOR = 3.0
 PART_GRACE_MIN_S = 30.0
 
@@ -116,14 +117,15 @@ class WorkerService:
     (``EngineClient``); ``languages`` are the model's (from the engine once it has loaded).
     ``spread_min_audio_s`` (``spec.gateway``; 0: off): a file at least this long, sent with idle
     replicas in ``SPREAD_HEADER``, is cut into parts of at least half this length whose later
-    parts go to those replicas (``PART_PATH``, with ``token``); a part a replica fails is
-    transcribed here instead."""
+    parts go to those replicas (``PART_PATH``, with ``token``); a part a replica fails, or has
+    not answered ``spread_part_grace_s`` seconds after this replica's own part (or 3x its time,
+    when longer), is transcribed here instead."""
 
     def __init__(self, model_name: str, prep: PrepPool, engine: EngineClient, metrics: TritonMetrics,
                  max_audio_s: float | None = None, max_prompt_chars: int | None = None,
                  languages: frozenset[str] = frozenset(), max_audio_s_in_flight: float | None = None,
                  aliases: tuple[str, ...] = (), spread_min_audio_s: float = 0.0, spread_max_parts: int = 8,
-                 token: str | None = None) -> None:
+                 token: str | None = None, spread_part_grace_s: float = PART_GRACE_MIN_S) -> None:
         self.model_name = model_name
         self.aliases = aliases
         self.max_audio_s = max_audio_s
@@ -137,6 +139,7 @@ class WorkerService:
         self.state = WorkerState()
         self.spread_min_audio_s = spread_min_audio_s
         self.spread_max_parts = spread_max_parts
+        self.spread_part_grace_s = spread_part_grace_s
         self.token = token
         self._session: aiohttp.ClientSession | None = None
 
@@ -245,7 +248,7 @@ class WorkerService:
             if parts:
                 # A helper that takes far longer than this part took here (stuck, or gone without
                 # closing the connection) is given up and its part transcribed here.
-                grace = max(PART_GRACE_MIN_S, PART_GRACE_FACTOR * (time.monotonic() - started))
+                grace = max(self.spread_part_grace_s, PART_GRACE_FACTOR * (time.monotonic() - started))
                 await asyncio.wait(parts, timeout=grace)
                 for part, o, job, report in zip(prepared.remote, opts, parts, texts, strict=True):
                     got = job.result() if job.done() else None  # raises what the helper's answer raised
