@@ -115,7 +115,7 @@ def test_tiny_en_writes_the_same_text_with_fp8_cross_attention(hf_dir: Path) -> 
         from tideserve.spec.models import Decoding, Target
         from tideserve.worker.backends.base import WindowTask
         from tideserve.worker.backends.torch_whisper.backend import TorchWhisperBackend
-        clips = [c for c in audio.load_en_clips() if c.name != "counting"]  # the interpreter is slow: two clips
+        clips = [c for c in audio.load_en_clips() if c.name == "quick_brown_fox"]  # the interpreter is slow: one clip
         texts = {{}}
         for fp8 in (False, True):  # PyTorch's kernels, and FP8 cross-attention with the Triton self-attention
             b = TorchWhisperBackend({str(hf_dir)!r}, Target.parse("cpu-x86_64-fp32"), Decoding(beam_size=1),
@@ -127,7 +127,7 @@ def test_tiny_en_writes_the_same_text_with_fp8_cross_attention(hf_dir: Path) -> 
         print(json.dumps(texts))
     """)
     assert r["True"] == r["False"]
-    assert [seg[2] for segs in r["True"] for seg in segs] == ["Hello world.", "The quick brown fox jumps over the lazy dog."]
+    assert [seg[2] for segs in r["True"] for seg in segs] == ["The quick brown fox jumps over the lazy dog."]
     assert r["cache_dtype_True"] == "torch.float8_e4m3fn" and r["cache_dtype_False"] == "torch.float32"
 
 
