@@ -261,7 +261,8 @@ def run_load(url: str, bodies: list[bytes], idx: list[int], concurrency: int, pr
 def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: bool = False,
                      capture_all: bool = False, batch: int | None = None, chunk_steps: int | None = None,
                      encoder_graphs: bool | None = None, run_ahead: int | None = None, cross_fp8: bool = False,
-                     attention: str | None = None, compile_encoder: bool | None = None) -> dict:
+                     attention: str | None = None, compile_encoder: bool | None = None,
+                     compile_decoder: bool | None = None) -> dict:
     """All ``n_requests`` (file k % len(files)) submitted at once to an EngineLoop over the backend.
     ``capture_all``: capture every (batch bucket, span) CUDA graph first, so that a long row's
     one-time graph captures (a replica pays them once in its life) are not timed as its
@@ -281,6 +282,7 @@ def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: 
     batch = batch or a.batch
     backend = TorchWhisperBackend(Path(a.model_dir), Target.parse(a.target), decoding, max_batch_size=batch,
                                   encoder_graphs=encoder_graphs, cross_fp8=cross_fp8, compile_encoder=compile_encoder,
+                                  compile_decoder=compile_decoder,
                                   **({} if attention is None else {"attention": attention}),
                                   **({} if run_ahead is None else {"run_ahead": run_ahead}))
     if capture_all:
@@ -325,6 +327,7 @@ def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: 
                for k in range(len(files)) if k in texts}
     graphed = type(backend.encode).__name__ == "GraphedEncoder"
     compiled = type(backend.encode).__name__ == "CompiledEncoder"
+    step_compiled = type(backend.decoder._model_step).__name__ == "CompiledStep"
     ahead = backend.decoder.run_ahead
     attention = backend.model.attention
     del backend, loop
@@ -332,7 +335,7 @@ def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: 
         torch.cuda.empty_cache()
     return {"requests": n_requests, "batch": batch, "chunk_steps": steps,
             "encoder_graphs": graphed, "run_ahead": ahead, "cross_fp8": cross_fp8,
-            "attention": attention, "compiled_encoder": compiled,
+            "attention": attention, "compiled_encoder": compiled, "compiled_step": step_compiled,
             "wall_s": wall,
             "rtfx": audio_s / wall, "p50_s": pct(lat, 50), "p99_s": pct(lat, 99), "gpu_busy": gpu.busy,
             "texts": text_of}
@@ -441,10 +444,12 @@ def main() -> int:
                     help="the served endpoint's model.kv_cache_dtype, and the in-process engine's cache")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: served,engine,hf,pipeline,hol")
     ap.add_argument("--engine-sweep", default="",
-                    help="comma list of BATCHxCHUNK_STEPS[:nograph][:aheadN][:fp8][:triton|:sdpa][:nocompile] for extra "
-                         "in-process engine runs (nograph: no encoder CUDA graphs; aheadN: N run-ahead decoder steps; "
+                    help="comma list of BATCHxCHUNK_STEPS[:nograph][:aheadN][:fp8][:triton|:sdpa][:nocompile]"
+                         "[:stepcompile|:nostepcompile] for extra in-process engine runs (nograph: no encoder CUDA graphs; "
+                         "aheadN: N run-ahead decoder steps; "
                          "fp8: cross-attention keys and values in FP8; triton / sdpa: the step's attention kernels, "
-                         "else the backend's default; nocompile: the encoder eager where the backend would compile it)")
+                         "else the backend's default; nocompile: the encoder eager where the backend would compile it; "
+                         "stepcompile / nostepcompile: the decoder step compiled or not, else the backend's default)")
     a = ap.parse_args()
     a.concurrency = [int(c) for c in a.concurrency.split(",")]
     skip = set(filter(None, a.skip.split(",")))
@@ -508,7 +513,9 @@ def main() -> int:
                                  encoder_graphs=False if "nograph" in flags else None,
                                  run_ahead=ahead[-1] if ahead else None, cross_fp8="fp8" in flags,
                                  attention=next((f for f in flags if f in ("triton", "sdpa")), None),
-                                 compile_encoder=False if "nocompile" in flags else None)
+                                 compile_encoder=False if "nocompile" in flags else None,
+                                 compile_decoder=False if "nostepcompile" in flags else
+                                 True if "stepcompile" in flags else None)
             res["engine_sweep"].append({k: v for k, v in e.items() if k != "texts"})
             print(json.dumps(res["engine_sweep"][-1]), flush=True)
             save()

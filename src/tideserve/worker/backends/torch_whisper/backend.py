@@ -30,8 +30,8 @@ from tideserve.worker.backends.base import PreviousText, WindowResult, WindowTas
 from tideserve.worker.backends.torch_whisper.decode import GreedyDecoder, SpecialTokens
 from tideserve.worker.backends.torch_whisper.features import LogMel
 from tideserve.worker.backends.torch_whisper.identify import Heard, LanguageIdentifier, language_tokens
-from tideserve.worker.backends.torch_whisper.model import (CompiledEncoder, GraphedEncoder, Whisper, load_hf_dir,
-                                                           require_triton_device)
+from tideserve.worker.backends.torch_whisper.model import (CompiledEncoder, CompiledStep, GraphedEncoder, Whisper,
+                                                           load_hf_dir, require_triton_device)
 from tideserve.worker.backends.whisper_text import MAX_LENGTH, previous_tokens, window_result
 from tideserve.worker.language_id import LanguageIdConfig
 from tideserve.worker.timings import ExecutionTimings
@@ -118,7 +118,8 @@ class TorchWhisperBackend:
     encoder through ``torch.compile`` (``model.CompiledEncoder``); default on for CUDA models too
     wide for the encoder's CUDA graphs (large-v3, H200, engine alone at batch 64 with FP8: 950
     audio-s/s against 887 eager, ``bench/results/gpu_e2e_large_v3_h200_fp8_compiled.json``); where
-    the encoder's CUDA graphs are on, they win and it is ignored.
+    the encoder's CUDA graphs are on, they win and it is ignored. ``compile_decoder``: the decoder
+    step through ``torch.compile`` (``model.CompiledStep``); default off (``CompiledStep.enabled_for``).
     """
 
     def __init__(self, model_dir: Path, target: Target, decoding: Decoding, cpu_threads: int = 0,
@@ -126,7 +127,7 @@ class TorchWhisperBackend:
                  encoder_graphs: bool | None = None, instances: int = 1, run_ahead: int = RUN_AHEAD_STEPS,
                  language_id: LanguageIdConfig | None = None, background_nice: int = 0,
                  cross_fp8: bool = False, attention: str | None = None,
-                 compile_encoder: bool | None = None) -> None:
+                 compile_encoder: bool | None = None, compile_decoder: bool | None = None) -> None:
         del instances, background_nice  # continuous batching: one decode loop holds every slot
         self.device = _device_for(target)
         if decoding.beam_size != 1:
@@ -167,8 +168,11 @@ class TorchWhisperBackend:
         self.identifies_language = self._identifier is not None
         self.decoding = decoding
         self.features = LogMel(self.model.dims.num_mel_bins, self.device)
+        if compile_decoder is None:
+            compile_decoder = CompiledStep.enabled_for(self.model, self.device)
         self.decoder = GreedyDecoder(self.model, self.special, max_batch=max_batch_size,
-                                     use_cuda_graphs=use_cuda_graphs, run_ahead=run_ahead, cross_fp8=cross_fp8)
+                                     use_cuda_graphs=use_cuda_graphs, run_ahead=run_ahead, cross_fp8=cross_fp8,
+                                     compile_step=compile_decoder)
         graph_encoder = ((use_cuda_graphs is not False and GraphedEncoder.enabled_for(self.model, self.device))
                          if encoder_graphs is None else encoder_graphs and self.device.type == "cuda")
         if compile_encoder is None:

@@ -35,12 +35,13 @@ to Whisper's decoder; ``decode`` (one static batch) is the same machinery run to
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from tideserve.worker.backends.torch_whisper.model import KVCache, Whisper, pow2_bucket
+from tideserve.worker.backends.torch_whisper.model import CompiledStep, KVCache, Whisper, pow2_bucket
 
 _NEG_INF = float("-inf")
 
@@ -83,8 +84,8 @@ class GreedyDecoder:
     """Decode batches of up to ``max_batch`` rows with ``model``.
 
     ``use_cuda_graphs`` (default: on CUDA) captures the step per (batch size, attention span)
-    bucket on first use. ``compile_step`` runs the step through ``torch.compile`` first (fusing
-    its many small kernels; costs a compilation per bucket, tens of seconds at large-v3 size).
+    bucket on first use. ``compile_step`` runs the model's step through ``torch.compile``
+    (``model.CompiledStep``: compiled here, once for every batch size).
     ``max_prompt`` bounds prompt length in tokens (Whisper: at most half the 448-token context is
     previous text). ``run_ahead`` (steps, >= 0): once ``finished`` knows which rows ended, it
     queues that many steps of the next ``run`` for the rows still decoding before it copies the
@@ -142,7 +143,8 @@ class GreedyDecoder:
         self.blank_eot[[s.blank, s.eot]] = True
         self.ids = ids
         self._graphs: dict[tuple[int, int, bool], torch.cuda.CUDAGraph] = {}
-        self._step_fn = torch.compile(self._step, dynamic=False) if compile_step else self._step
+        self._model_step: Callable[..., torch.Tensor] = \
+            CompiledStep(model, self.cache, self.spans) if compile_step else model.step
         self._pool: Any = None  # a CUDA graph memory pool handle, shared by this decoder's graphs
         # Host bookkeeping of the slots: busy slot -> steps run since it was admitted (an upper
         # bound of its position, which picks the attention span), and the plen of each.
@@ -158,7 +160,7 @@ class GreedyDecoder:
         s = self.special
         tok, pos, plen = self.tok[:b], self.pos[:b], self.prompt_len[:b]
         done, hist = self.done[:b], self.hist[:b]
-        logits = self.model.step(self.cache, tok, pos, span)  # [b, V], predicts position pos + 1
+        logits = self._model_step(self.cache, tok, pos, span)  # [b, V], predicts position pos + 1
         # p(no speech) = exp(logit - logsumexp(logits)): one reduction, no [B, V] log-softmax.
         raw_ns = logits[:, s.no_speech] - torch.logsumexp(logits, dim=-1)
         at_sot = pos == self.sot_index[:b]
@@ -216,7 +218,7 @@ class GreedyDecoder:
 
     def _run_step(self, b: int, span: int, sampling: bool = False) -> None:
         if not self.graphs_enabled:
-            self._step_fn(b, span, sampling)
+            self._step(b, span, sampling)
             return
         key = (b, span, sampling)
         graph = self._graphs.get(key)
@@ -226,7 +228,7 @@ class GreedyDecoder:
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 for _ in range(2):  # warm-up before capture (allocations, autotuning, compilation)
-                    self._step_fn(b, span, sampling)
+                    self._step(b, span, sampling)
             torch.cuda.current_stream().wait_stream(side)
             for n, v in saved.items():  # the warm-up must not change the batch's state
                 getattr(self, n).copy_(v)
@@ -234,7 +236,7 @@ class GreedyDecoder:
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             with torch.cuda.graph(graph, pool=self._pool):
-                self._step_fn(b, span, sampling)
+                self._step(b, span, sampling)
             for n, v in saved.items():
                 getattr(self, n).copy_(v)
             self._graphs[key] = graph

@@ -513,3 +513,53 @@ class CompiledEncoder:
         ``max_batch``."""
         n = check_encoder_batch(features.shape[0], self.max_batch)
         return self._eager(features) if n == 1 else self._compiled(features)
+
+
+class CompiledStep:
+    """``Whisper.step`` through ``torch.compile``: between the matrix products and the attention
+    kernels, Inductor fuses each residual add into the next layer norm and the rest of a layer's
+    elementwise work, so a step launches fewer, fuller kernels (the step is launch-bound at
+    serving batch sizes: at large-v3 size and batch 64, 4.5 of its 7.3 ms lay outside the FP8
+    cross-attention, which reads 7.9 GB, while its weights are 1.8 GB, H200,
+    ``bench/results/gpu_step_parts_fp8_h200.json``). The batch dimension is compiled as dynamic,
+    so one compilation serves 2 to ``max_batch`` rows (a CUDA graph per batch bucket is still
+    captured over it); one row runs eagerly (a size of 1 would be specialised and compiled
+    again). Compiled at construction, one step over ``cache`` rows 0 and 1 per attention span in
+    ``spans`` (positions 0; a later admission overwrites what it wrote), not on a request: one
+    compilation per span (Dynamo specialises the first span and the whole context; PyTorch's
+    attention reads three spans, the Triton self-attention one).
+
+    Call as ``Whisper.step``. Raises ValueError for more rows than the cache holds.
+    """
+
+    def __init__(self, model: Whisper, cache: KVCache, spans: tuple[int, ...]) -> None:
+        self.max_batch = cache.max_batch
+        self._eager = model.step
+        self._fn = torch.compile(model.step)  # the batch marked dynamic per call
+        p = next(model.parameters())
+        if p.device != cache.self_k[0].device:
+            raise ValueError(f"the model is on {p.device}, its cache on {cache.self_k[0].device}")
+        if self.max_batch >= 2:
+            for span in spans:
+                zeros = torch.zeros(2, dtype=torch.long, device=p.device)
+                self(cache, zeros, zeros.clone(), span)
+
+    @classmethod
+    def enabled_for(cls, model: Whisper, device: torch.device) -> bool:
+        """The backend's default: off (``compile_decoder`` turns it on). Not yet measured on a GPU,
+        where it would be a candidate for the models ``CompiledEncoder`` compiles; on the CPU the
+        tests check it decodes as the eager step."""
+        del model, device
+        return False
+
+    @torch.inference_mode()  # one grad mode for every call: another would be compiled again
+    def __call__(self, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor,
+                 span: int | None = None) -> torch.Tensor:
+        n = tokens.shape[0]
+        if n > self.max_batch:
+            raise ValueError(f"a decoder step of {n} rows, but the cache holds {self.max_batch}")
+        if n == 1:
+            return self._eager(cache, tokens, positions, span)
+        for x in (tokens, positions):
+            torch._dynamo.mark_dynamic(x, 0, min=2, max=max(2, self.max_batch))
+        return self._fn(cache, tokens, positions, span)
