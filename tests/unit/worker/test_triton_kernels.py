@@ -135,3 +135,30 @@ def test_fp8_on_the_cpu_without_the_interpreter_is_refused(monkeypatch: pytest.M
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ValueError, match=r"need a CUDA device.*leave cross_fp8 off on the CPU"):
         KVCache(WhisperDims.tiny(), 2, torch.float32, torch.device("cpu"), cross_fp8=True)
+
+
+def test_the_compiled_step_runs_the_triton_kernels_as_custom_operators() -> None:
+    # model.CompiledStep with FP8 keys and values and the Triton self-attention: traced through by
+    # torch.compile, the self-attention kernel failed to build on an H100 (a float64 scale); as
+    # custom operators (triton_kernels.self_attend_op / attend_op) the compiled step equals the
+    # eager one: logits and the self-attention cache it writes.
+    r = interpreted(f"""
+        import json, sys, torch
+        sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
+        from test_torch_backend import DIMS, make_model
+        from tideserve.worker.backends.torch_whisper.model import CompiledStep, KVCache
+        m = make_model("cpu")
+        m.attention = "triton"
+        m.fuse_qkv()
+        cache = lambda: KVCache(DIMS, 4, torch.float32, torch.device("cpu"), cross_fp8=True)
+        step = CompiledStep(m, cache(), (448,))  # its warm-up writes that cache, not these
+        ours, theirs = cache(), cache()
+        tokens, positions = torch.tensor([7, 50257, 300]), torch.tensor([3, 0, 7])
+        got = step(ours, tokens, positions, 448)
+        with torch.inference_mode():
+            want = m.step(theirs, tokens, positions, 448)
+        print(json.dumps({{"logits": (got - want).abs().max().item(), "shape": list(got.shape),
+                          "cache": max((a - b).abs().max().item() for a, b in zip(ours.self_k, theirs.self_k))}}))
+    """)
+    assert r["shape"] == [3, 51864]
+    assert r["logits"] < 1e-4 and r["cache"] < 1e-5

@@ -297,10 +297,11 @@ class Whisper(nn.Module):
         dec = self.decoder
         b = tokens.shape[0]
         span = span or self.dims.max_target_positions
-        if cache.cross_fp8:
-            from tideserve.worker.backends.torch_whisper.triton_kernels import attend as fp8_attend
-        if self.attention == "triton":
-            from tideserve.worker.backends.torch_whisper.triton_kernels import self_attend
+        if cache.cross_fp8 or self.attention == "triton":  # as custom operators under torch.compile
+            from tideserve.worker.backends.torch_whisper import triton_kernels as tk
+            compiling = torch.compiler.is_compiling()
+            fp8_attend = tk.attend_op if compiling else tk.attend
+            self_attend = tk.self_attend_op if compiling else tk.self_attend
         x = (dec.embed_tokens(tokens) + dec.embed_positions(positions))[:, None, :]  # [B, 1, D]
         visible = None if self.attention == "triton" else \
             (torch.arange(span, device=tokens.device)[None, :] <= positions[:, None])[:, None, None, :]

@@ -251,3 +251,36 @@ def attend(q: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, k_scale: torch.T
     w = torch.exp(m - m.amax(dim=1, keepdim=True))  # each part's weight against the largest max
     o = (acc * w[..., None]).sum(dim=1) / (denom * w).sum(dim=1)[:, None]
     return o.view(b, h, d).to(q.dtype)
+
+
+# Under torch.compile (``model.CompiledStep``) the two decoder-step kernels are custom operators,
+# opaque to Inductor: traced through, Triton then compiled the self-attention kernel with a
+# float64 scale (its loop-carried sum changed type and the build failed, H100, torch 2.11).
+# ``model.Whisper.step`` calls these only while compiling; eagerly it calls the functions above
+# (an operator's dispatch would add its own cost to each of a step's 64 calls).
+
+
+@torch.library.custom_op("tideserve::self_attend", mutates_args=("k_cache", "v_cache"))
+def self_attend_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   positions: torch.Tensor) -> torch.Tensor:
+    """``self_attend`` as a custom operator (writes ``k_cache``/``v_cache``)."""
+    return self_attend(q, k, v, k_cache, v_cache, positions)
+
+
+@self_attend_op.register_fake
+def _self_attend_shape(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                       v_cache: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    return q.new_empty(q.shape)
+
+
+@torch.library.custom_op("tideserve::attend", mutates_args=())
+def attend_op(q: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, k_scale: torch.Tensor,
+              v_scale: torch.Tensor) -> torch.Tensor:
+    """``attend`` (its defaults) as a custom operator."""
+    return attend(q, k8, v8, k_scale, v_scale)
+
+
+@attend_op.register_fake
+def _attend_shape(q: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, k_scale: torch.Tensor,
+                  v_scale: torch.Tensor) -> torch.Tensor:
+    return q.new_empty(q.shape)
