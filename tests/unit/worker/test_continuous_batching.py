@@ -93,6 +93,22 @@ def test_release_stops_a_row_and_frees_its_slot() -> None:
             dec.admit(enc, [[SPECIAL.sot]] * 2, [False, False])
 
 
+def test_steps_run_by_the_engine_loop_keep_no_autograd_history() -> None:
+    # The engine loop calls run() outside inference mode, and a model built in code (like one
+    # loaded before load_hf_dir turned gradients off) has weights that require gradients: each
+    # step then recorded autograd, and the state carried across steps (the summed
+    # log-probability) chained every step's [B, vocab] tensors (found by review).
+    m = make_model("cpu")
+    assert any(p.requires_grad for p in m.parameters())
+    dec = GreedyDecoder(m, SPECIAL, max_batch=2, max_prompt=8)
+    with torch.inference_mode():
+        enc = torch.randn(2, 1500, DIMS.d_model)
+    dec.admit(enc, [[SPECIAL.sot]] * 2, [False, False], [30, 30], min_new_tokens=30)
+    dec.run(3)
+    assert not dec.sum_logprob.requires_grad and dec.sum_logprob.grad_fn is None
+    assert not dec.no_speech.requires_grad
+
+
 def test_sampling_rows_beside_greedy_rows_leave_greedy_rows_unchanged() -> None:
     m = make_model("cpu")
     dec = GreedyDecoder(m, SPECIAL, max_batch=2, max_prompt=8)

@@ -242,6 +242,7 @@ class GreedyDecoder:
             self._graphs[key] = graph
         graph.replay()
 
+    @torch.inference_mode()
     def capture_all(self) -> int:
         """Capture the step's CUDA graph for every (batch bucket, span) now, so that no request
         pays a capture later (each costs a few steps). Rows are marked done, so the captured
@@ -332,6 +333,7 @@ class GreedyDecoder:
                 self._sampling.add(s)
         return free
 
+    @torch.inference_mode()  # the engine loop calls it outside: no autograd history across steps
     def run(self, steps: int) -> None:
         """Run ``steps`` decoder steps over the busy slots (no host sync), less the steps the
         last ``finished`` ran ahead. Does nothing when no slot is busy."""

@@ -396,7 +396,7 @@ def _build(dims: WhisperDims, state: dict[str, torch.Tensor], model_dir: Path, d
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     if missing or unexpected:
         raise ValueError(f"{model_dir}: weights do not match the config: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    return model.to(device=device, dtype=dtype).eval()
+    return model.to(device=device, dtype=dtype).eval().requires_grad_(False)  # serving: no autograd
 
 
 def pow2_bucket(n: int, cap: int) -> int:
