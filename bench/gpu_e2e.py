@@ -271,6 +271,10 @@ def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: 
 
     from tideserve.spec.models import Decoding, Target
     from tideserve.worker.backends.torch_whisper.backend import TorchWhisperBackend
+
+    # Each backend compiles Whisper.step / encode afresh; Dynamo counts them per function and, past
+    # its recompile limit, would run the later configurations eagerly with a warning only.
+    torch._dynamo.reset()
     from tideserve.worker.engine import EngineLoop, RequestOptions
     from tideserve.worker.prep import prepare_audio
     from tideserve.protocol.types import TranscriptionRequest

@@ -423,9 +423,10 @@ class GatewaySpec(_Strict):
         8, ge=2, le=64, description="Most parts one spread file is cut into (the receiving replica's own included).")
     spread_part_grace_s: float = Field(
         30, ge=1, le=3600,
-        description="Least time a helper replica is given for its part of a spread file past the receiving "
-                    "replica's own part (which gets 3x its own part's time otherwise); a helper that has not answered "
-                    "by then is given up and its part transcribed by the receiving replica.")
+        description="Least time a helper replica is given for its part of a spread file after the receiving "
+                    "replica's own part is done: a helper gets the larger of this and 3x that own part's time, and one "
+                    "that has not answered by then is given up and its part transcribed by the receiving replica. Keep "
+                    "it under request_timeout_s.")
     max_connections_per_client: int = Field(
         256, ge=0, le=1_000_000,
         description="Most connections open at once from one client IP address; a further one is answered 429 "

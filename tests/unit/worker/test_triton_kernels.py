@@ -150,15 +150,26 @@ def test_the_compiled_step_runs_the_triton_kernels_as_custom_operators() -> None
         m = make_model("cpu")
         m.attention = "triton"
         m.fuse_qkv()
+        from torch._dynamo.utils import counters
         cache = lambda: KVCache(DIMS, 4, torch.float32, torch.device("cpu"), cross_fp8=True)
         step = CompiledStep(m, cache(), (448,))  # its warm-up writes that cache, not these
+        torch.manual_seed(2)
+        encoded, earlier = torch.randn(3, 1500, DIMS.d_model), torch.randn(4, 4, 448, 16)
         ours, theirs = cache(), cache()
+        with torch.no_grad():
+            for c in (ours, theirs):  # the same cross-attention keys and values, and earlier steps
+                m.fill_cross(c, encoded)
+                for t in (*c.self_k, *c.self_v):
+                    t.copy_(earlier)
         tokens, positions = torch.tensor([7, 50257, 300]), torch.tensor([3, 0, 7])
         got = step(ours, tokens, positions, 448)
         with torch.inference_mode():
             want = m.step(theirs, tokens, positions, 448)
-        print(json.dumps({{"logits": (got - want).abs().max().item(), "shape": list(got.shape),
-                          "cache": max((a - b).abs().max().item() for a, b in zip(ours.self_k, theirs.self_k))}}))
+        print(json.dumps({{"logits": (got - want).abs().max().item(), "spread": want.std().item(),
+                          "shape": list(got.shape), "graph_breaks": sum(counters["graph_break"].values()),
+                          "cache": max((a - b).abs().max().item() for a, b in
+                                       zip((*ours.self_k, *ours.self_v), (*theirs.self_k, *theirs.self_v)))}}))
     """)
-    assert r["shape"] == [3, 51864]
+    assert r["shape"] == [3, 51864] and r["spread"] > 0.1  # logits that depend on the caches
     assert r["logits"] < 1e-4 and r["cache"] < 1e-5
+    assert r["graph_breaks"] == 0  # the operators are traced, not stepped around
