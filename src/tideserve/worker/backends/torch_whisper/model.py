@@ -528,7 +528,10 @@ class CompiledStep:
     again). Compiled at construction, one step over ``cache`` rows 0 and 1 per attention span in
     ``spans`` (positions 0; a later admission overwrites what it wrote), not on a request: one
     compilation per span (Dynamo specialises the first span and the whole context; PyTorch's
-    attention reads three spans, the Triton self-attention one).
+    attention reads three spans, the Triton self-attention one). Not checked: with PyTorch's
+    attention the step writes the self-attention cache by scatters, which Inductor may compile as
+    a copy of each layer's cache; the Triton self-attention writes it in place (a custom operator
+    under compilation, ``triton_kernels.self_attend_op``).
 
     Call as ``Whisper.step``. Raises ValueError for more rows than the cache holds.
     """
