@@ -271,13 +271,13 @@ def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: 
 
     from tideserve.spec.models import Decoding, Target
     from tideserve.worker.backends.torch_whisper.backend import TorchWhisperBackend
+    from tideserve.worker.engine import EngineLoop, RequestOptions
+    from tideserve.worker.prep import prepare_audio
+    from tideserve.protocol.types import TranscriptionRequest
 
     # Each backend compiles Whisper.step / encode afresh; Dynamo counts them per function and, past
     # its recompile limit, would run the later configurations eagerly with a warning only.
     torch._dynamo.reset()
-    from tideserve.worker.engine import EngineLoop, RequestOptions
-    from tideserve.worker.prep import prepare_audio
-    from tideserve.protocol.types import TranscriptionRequest
 
     kw = dict(beam_size=1, without_timestamps=True, temperatures=[0.0])  # as served (see served())
     if a.fixed_tokens:

@@ -408,6 +408,21 @@ def pow2_bucket(n: int, cap: int) -> int:
     return min(b, cap)
 
 
+def compile_batch_dynamic(fn: Callable[..., torch.Tensor], max_batch: int) -> Callable[..., torch.Tensor]:
+    """``fn`` through ``torch.compile`` with dimension 0 of its tensor arguments marked dynamic over
+    2..``max_batch``: one compilation for every batch size from 2 (a size of 1 would be
+    specialised and compiled again, so callers run one row eagerly). Shared by ``CompiledEncoder``
+    and ``CompiledStep``."""
+    compiled = torch.compile(fn)
+
+    def call(*args: Any) -> torch.Tensor:
+        for x in args:
+            if isinstance(x, torch.Tensor):
+                torch._dynamo.mark_dynamic(x, 0, min=2, max=max(2, max_batch))
+        return compiled(*args)
+    return call
+
+
 def check_encoder_batch(n: int, max_batch: int) -> int:
     """``n``, when an encoder built for ``max_batch`` windows takes it; else ValueError."""
     if not 0 < n <= max_batch:
@@ -495,7 +510,7 @@ class CompiledEncoder:
     def __init__(self, model: Whisper, max_batch: int) -> None:
         self.max_batch = max_batch
         self._eager = model.encode
-        self._fn = torch.compile(model.encode)  # the batch marked dynamic per call
+        self._compiled = compile_batch_dynamic(model.encode, max_batch)
         p = next(model.parameters())
         with torch.inference_mode():
             self._compiled(torch.zeros(2, model.dims.num_mel_bins, 3000, dtype=p.dtype, device=p.device))
@@ -503,10 +518,6 @@ class CompiledEncoder:
     @classmethod
     def enabled_for(cls, model: Whisper, device: torch.device) -> bool:
         return device.type == "cuda" and model.dims.d_model > GraphedEncoder.MAX_D_MODEL
-
-    def _compiled(self, features: torch.Tensor) -> torch.Tensor:
-        torch._dynamo.mark_dynamic(features, 0, min=2, max=max(2, self.max_batch))
-        return self._fn(features)
 
     @torch.inference_mode()
     def __call__(self, features: torch.Tensor) -> torch.Tensor:
@@ -539,7 +550,7 @@ class CompiledStep:
     def __init__(self, model: Whisper, cache: KVCache, spans: tuple[int, ...]) -> None:
         self.max_batch = cache.max_batch
         self._eager = model.step
-        self._fn = torch.compile(model.step)  # the batch marked dynamic per call
+        self._compiled = compile_batch_dynamic(model.step, self.max_batch)
         p = next(model.parameters())
         if p.device != cache.self_k[0].device:
             raise ValueError(f"the model is on {p.device}, its cache on {cache.self_k[0].device}")
@@ -562,8 +573,4 @@ class CompiledStep:
         n = tokens.shape[0]
         if n > self.max_batch:
             raise ValueError(f"a decoder step of {n} rows, but the cache holds {self.max_batch}")
-        if n == 1:
-            return self._eager(cache, tokens, positions, span)
-        for x in (tokens, positions):
-            torch._dynamo.mark_dynamic(x, 0, min=2, max=max(2, self.max_batch))
-        return self._fn(cache, tokens, positions, span)
+        return (self._eager if n == 1 else self._compiled)(cache, tokens, positions, span)
