@@ -122,7 +122,9 @@ def test_compiled_step_decodes_as_the_eager_step_for_every_batch_size_after_one_
     # row eager; logits, the cache it writes and whole greedy decodes equal eager.
     from torch._dynamo.utils import counters
 
-    from tideserve.worker.backends.torch_whisper.model import CompiledStep, KVCache
+    from types import SimpleNamespace
+
+    from tideserve.worker.backends.torch_whisper.model import CompiledStep, KVCache, WhisperDims
 
     monkeypatch.setattr(GreedyDecoder, "SPANS", ())  # one attention span: one compilation
     m = make_model("cpu")
@@ -160,3 +162,11 @@ def test_compiled_step_decodes_as_the_eager_step_for_every_batch_size_after_one_
         assert [r.tokens for r in dec.decode(*args, max_new_tokens=60)] == \
             [r.tokens for r in eager.decode(*args, max_new_tokens=60)], n
     assert counters["stats"]["unique_graphs"] == compiled  # no compilation per size
+    # On by default only where it was measured: CUDA, too wide for the encoder graphs, Triton attention.
+    wide = SimpleNamespace(dims=WhisperDims.large_v3(), attention="triton")
+    assert CompiledStep.enabled_for(wide, torch.device("cuda"))  # type: ignore[arg-type]
+    assert not CompiledStep.enabled_for(wide, torch.device("cpu"))  # type: ignore[arg-type]
+    sdpa = SimpleNamespace(dims=WhisperDims.large_v3(), attention="sdpa")
+    assert not CompiledStep.enabled_for(sdpa, torch.device("cuda"))  # type: ignore[arg-type]
+    m.attention = "triton"
+    assert not CompiledStep.enabled_for(m, torch.device("cuda"))  # tiny: its steps replay CUDA graphs
