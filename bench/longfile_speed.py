@@ -13,6 +13,8 @@ value (0: the worker's default, ``worker.cores.intra_op_threads``; the local con
 ``cpu_threads_per_replica``), all taking turns with the batched pipeline. ``--without-resume``
 adds, per value, tideserve with every rest after a seek encoded again from its own audio (the
 backend's ``resumes`` off; the name ends ``-noresume``), to measure the resumed rest.
+``--instances``: model instances per tideserve system, one system per value and threads value
+(0: the worker's default, ``worker.engine.default_instances``; the name ends ``-instN``).
 ``--encode-batch``: windows per encoder pass (``worker.backends.faster_whisper.ENCODE_BATCH``),
 one tideserve system per value (the name ends ``-encN``; the module constant is set before each
 of its runs).
@@ -48,6 +50,7 @@ def main() -> int:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--cpu-threads", default="0", help="comma-separated; 0: the worker's default")
     ap.add_argument("--without-resume", action="store_true", help="also run tideserve without the resumed rest")
+    ap.add_argument("--instances", default="0", help="comma-separated model instances; 0: the worker's default")
     ap.add_argument("--encode-batch", default="", help="comma-separated windows per encoder pass (default: the backend's)")
     a = ap.parse_args()
     d = Decoding(beam_size=a.beam, without_timestamps=False)
@@ -57,12 +60,13 @@ def main() -> int:
     threads = [int(t) for t in a.cpu_threads.split(",")]
     ours = {}
     encode_batch: dict[str, int] = {}
-    for t in threads:
+    for t, inst in [(t, i) for t in threads for i in (int(x) for x in a.instances.split(","))]:
         for resume in (True, False) if a.without_resume else (True,):
             for e in [int(x) for x in a.encode_batch.split(",") if x] or [0]:
                 name = (f"tideserve-fw-threads{t}" if t else "tideserve-fw") + ("" if resume else "-noresume") + \
-                    (f"-enc{e}" if e else "")
-                ours[name] = A.Tideserve("faster-whisper", "cpu-x86_64-int8", d, a.batch_size, cpu_threads=t)
+                    (f"-enc{e}" if e else "") + (f"-inst{inst}" if inst else "")
+                ours[name] = A.Tideserve("faster-whisper", "cpu-x86_64-int8", d, a.batch_size, cpu_threads=t,
+                                         instances=inst or None)
                 ours[name].backend.resumes = resume
                 if e:
                     encode_batch[name] = e
