@@ -183,6 +183,7 @@ spec:
     local.write_text(f"cache_dir: {tmp}/cache\nallowed_file_roots: [{roots}]\n"
                      + (f"prep_processes: {a.prep_processes}\n" if a.prep_processes else ""))
     url = f"http://127.0.0.1:{a.port}"
+    started = time.time()
     with open(tmp / "up.log", "w") as log:
         up = subprocess.Popen([sys.executable, "-m", "tideserve", "up", str(ep), "--config", str(local),
                                "--log-format", "text"], stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
@@ -190,7 +191,6 @@ spec:
         durations = [len(f) / SR for f in files]
         out: dict = {"runs": []}
         try:
-            started = time.time()
             deadline = started + 600
             while True:
                 try:

@@ -119,9 +119,10 @@ class TorchWhisperBackend:
     wide for the encoder's CUDA graphs (large-v3, H200, engine alone at batch 64 with FP8: 950
     audio-s/s against 887 eager, ``bench/results/gpu_e2e_large_v3_h200_fp8_compiled.json``); where
     the encoder's CUDA graphs are on, they win and it is ignored. ``compile_decoder``: the decoder
-    step through ``torch.compile`` (``model.CompiledStep``); default on where the encoder is compiled
-    and the attention is Triton's (large-v3 with FP8 keys and values: +3.6% engine alone on the
-    H200, ``CompiledStep.enabled_for``), off otherwise.
+    step through ``torch.compile`` (``model.CompiledStep``); default on for the models whose encoder
+    is compiled by default (``CompiledEncoder.enabled_for``, whatever ``compile_encoder`` says)
+    when the attention is Triton's (large-v3 with FP8 keys and values: +3.6% engine alone on the
+    H200; ``CompiledStep.enabled_for``), off otherwise.
     """
 
     def __init__(self, model_dir: Path, target: Target, decoding: Decoding, cpu_threads: int = 0,

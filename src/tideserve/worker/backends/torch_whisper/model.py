@@ -561,13 +561,15 @@ class CompiledStep:
 
     @classmethod
     def enabled_for(cls, model: Whisper, device: torch.device) -> bool:
-        """The backend's default: on for the CUDA models ``CompiledEncoder`` compiles (too wide for
-        the encoder's CUDA graphs: large-v3) when the step's attention is Triton's (FP8 keys and
-        values), the one configuration measured: large-v3 shapes on the H200, engine alone at batch
-        64, 997 audio-s/s compiled against 963 eager side by side (+3.6%), served 958 at 256
-        clients (``bench/results/gpu_e2e_large_v3_h200_step_compiled.json``). Off otherwise: with
-        PyTorch's attention the cache scatters under Inductor are unchecked (see the class), and
-        narrow models run their steps from CUDA graphs where launches cost little."""
+        """The backend's default: on for the CUDA models ``CompiledEncoder.enabled_for`` picks
+        (wider than the encoder's CUDA graphs: medium and the large family) when the step's
+        attention is Triton's (the default with FP8 keys and values). Measured on large-v3 shapes
+        only (H200, one pair of runs): engine alone at batch 64, 997 audio-s/s compiled against 963
+        eager side by side (+3.6%), served 958 at 256 clients
+        (``bench/results/gpu_e2e_large_v3_h200_step_compiled.json``); the other wide models share
+        its layer shapes, not measured. Off otherwise, not measured there: with PyTorch's attention
+        the cache scatters under Inductor are unchecked (see the class), and narrower models were
+        not tried."""
         return CompiledEncoder.enabled_for(model, device) and model.attention == "triton"
 
     @torch.inference_mode()  # one grad mode for every call: another would be compiled again
