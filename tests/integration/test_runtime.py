@@ -233,6 +233,7 @@ def test_cli_invoke_unreachable_says_so(tmp_path):
     r = subprocess.run([sys.executable, "-m", "tideserve", "invoke", "x.yaml", str(clip), "--url", "http://127.0.0.1:9"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "cannot reach" in r.stderr
+    assert "pass --url" in r.stderr  # after `up --port`, FILE's address is the wrong one
 
 
 def test_gateway_port_in_use_is_a_clear_error(tmp_path):

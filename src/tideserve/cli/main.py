@@ -199,7 +199,7 @@ def _request(url: str, data: bytes | None, api_key: str | None, cacert: Path | N
         err.print(f"[red]error {exc.code}:[/red] {escape(str(msg))}{hint}", highlight=False)
         raise typer.Exit(1) from None
     except urllib.error.URLError as exc:
-        hint = "; is `tideserve up` running?"
+        hint = "; is `tideserve up` running? (on another port or host: pass --url)"
         if isinstance(exc.reason, ssl.SSLError):
             if "WRONG_VERSION_NUMBER" in str(exc.reason):
                 hint = "; the server speaks plain HTTP: use an http:// URL"

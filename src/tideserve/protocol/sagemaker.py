@@ -34,8 +34,11 @@ def parse_invocation(body: bytes, content_type: str | None = None) -> Transcript
         return TranscriptionRequest(audio=body)
     if not body:
         raise BadInputError('empty request body; send JSON {"audio_data": "<base64 audio>"}')
-    data = loads_json(body, "request body", '; send JSON {"audio_data": "<base64 audio>"}, or the audio file '
-                      "itself with Content-Type audio/* (or application/octet-stream)")
+    hint = ('; send JSON {"audio_data": "<base64 audio>"}, or the audio file itself with Content-Type audio/* '
+            "(or application/octet-stream)")
+    if ctype == "application/x-www-form-urlencoded":  # curl -d's default type
+        hint += "; with curl: --data-binary @clip.wav -H 'Content-Type: audio/wav'"
+    data = loads_json(body, "request body", hint)
     if not isinstance(data, dict):
         raise BadInputError(f"request body must be a JSON object, got {type(data).__name__}")
     req = validate(InvocationRequest, data, "the request body")
@@ -59,8 +62,15 @@ def loads_json(body: bytes, what: str, hint: str = ""):
 
 
 def decode_base64(text: str, field: str) -> bytes:
-    """Strict base64 (standard or URL-safe alphabet, padding optional). Raises BadInputError."""
+    """Strict base64 (standard or URL-safe alphabet, padding optional), also as a data URI
+    (``data:audio/wav;base64,...``, what a browser's ``FileReader.readAsDataURL`` gives: the
+    prefix is dropped; RFC 2397). Raises BadInputError."""
     s = "".join(text.split())
+    if s[:5].lower() == "data:":
+        head, comma, rest = s.partition(",")
+        if not comma or not head.lower().endswith(";base64"):
+            raise BadInputError(f"'{field}' is a data URI without ';base64,'; send the audio file base64-encoded")
+        s = rest
     if "-" in s or "_" in s:
         s = s.replace("-", "+").replace("_", "/")
     s += "=" * (-len(s) % 4)

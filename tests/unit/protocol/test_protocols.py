@@ -318,3 +318,24 @@ def test_stream_field_and_deltas_in_audio_order():
     assert order.add(0, "Hello") == ["Hello", " world."]
     assert order.add(2, "") == [] and order.add(3, "Bye.") == [" Bye."]  # an empty window adds nothing
     assert openai.delta_event("a") == b'data: {"type": "transcript.text.delta", "delta": "a"}\n\n'
+
+
+def test_invocation_takes_a_base64_data_uri():
+    # A browser's FileReader.readAsDataURL gives "data:audio/wav;base64,..."; before, the prefix
+    # made the body "not valid base64".
+    raw = b"RIFF\x00\x01fake"
+    b64 = base64.b64encode(raw).decode()
+    req = sagemaker.parse_invocation(json.dumps({"audio_data": f"data:audio/wav;base64,{b64}"}).encode())
+    assert req.audio == raw
+    assert sagemaker.parse_invocation(json.dumps({"audio_data": f"DATA:;BASE64,{b64}"}).encode()).audio == raw
+    with pytest.raises(BadInputError, match="data URI without ';base64,'"):
+        sagemaker.parse_invocation(json.dumps({"audio_data": "data:audio/wav,RIFF"}).encode())
+
+
+def test_invocation_form_urlencoded_body_says_how_to_send_a_file():
+    # curl -d @clip.wav sends application/x-www-form-urlencoded: the error says what to send instead.
+    with pytest.raises(BadInputError, match=r"not valid JSON.*--data-binary @clip.wav -H 'Content-Type: audio/wav'"):
+        sagemaker.parse_invocation(b"RIFF\x80\x00", "application/x-www-form-urlencoded")
+    with pytest.raises(BadInputError) as exc:
+        sagemaker.parse_invocation(b"RIFF\x80\x00", "application/json")
+    assert "--data-binary" not in str(exc.value)
