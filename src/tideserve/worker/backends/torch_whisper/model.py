@@ -548,16 +548,17 @@ class CompiledStep:
     """
 
     def __init__(self, model: Whisper, cache: KVCache, spans: tuple[int, ...]) -> None:
+        device = next(model.parameters()).device
+        if device != cache.self_k[0].device:
+            raise ValueError(f"the model is on {device}, its cache on {cache.self_k[0].device}")
         self.max_batch = cache.max_batch
         self._eager = model.step
         self._compiled = compile_batch_dynamic(model.step, self.max_batch)
-        p = next(model.parameters())
-        if p.device != cache.self_k[0].device:
-            raise ValueError(f"the model is on {p.device}, its cache on {cache.self_k[0].device}")
         if self.max_batch >= 2:
+            # two tensors, not views of one: aliased inputs would be compiled again for real calls
+            tokens, positions = (torch.zeros(2, dtype=torch.long, device=device) for _ in range(2))
             for span in spans:
-                zeros = torch.zeros(2, dtype=torch.long, device=p.device)
-                self(cache, zeros, zeros.clone(), span)
+                self(cache, tokens, positions, span)
 
     @classmethod
     def enabled_for(cls, model: Whisper, device: torch.device) -> bool:
