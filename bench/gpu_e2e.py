@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import json
 import multiprocessing
 import os
@@ -265,8 +266,11 @@ def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: 
                      capture_all: bool = False, batch: int | None = None, chunk_steps: int | None = None,
                      encoder_graphs: bool | None = None, run_ahead: int | None = None, cross_fp8: bool = False,
                      attention: str | None = None, compile_encoder: bool | None = None,
-                     compile_decoder: bool | None = None) -> dict:
+                     compile_decoder: bool | None = None, profile_to: Path | None = None) -> dict:
     """All ``n_requests`` (file k % len(files)) submitted at once to an EngineLoop over the backend.
+    ``profile_to``: the timed part runs under PyTorch's profiler (CUDA kernels only) and its
+    kernel time by kind and by kernel goes to that file (``kernel_table``); the profiler slows the
+    run, so its figures are not the engine's speed.
     ``capture_all``: capture every (batch bucket, span) CUDA graph first, so that a long row's
     one-time graph captures (a replica pays them once in its life) are not timed as its
     steady-state head-of-line cost."""
@@ -318,16 +322,21 @@ def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: 
         loop.submit(-1, prepared[0].segments()[:1], RequestOptions())
         loop.run_once()  # admitted with the forced length
         backend.decoding = decoding
-    t0 = time.perf_counter()
     start = {}
-    with GpuSampler() as gpu:
+    with contextlib.ExitStack() as stack:
+        prof = stack.enter_context(torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])) \
+            if profile_to else None
+        gpu = stack.enter_context(GpuSampler())
+        t0 = time.perf_counter()
         for k in range(n_requests):
             loop.submit(k, prepared[k % len(files)].segments(), RequestOptions())
             start[k] = time.perf_counter()
         while not loop.idle:
             loop.run_once()
         wall = time.perf_counter() - t0
-    torch.cuda.synchronize() if torch.cuda.is_available() else None
+        torch.cuda.synchronize() if torch.cuda.is_available() else None
+    if prof is not None:
+        profile_to.write_text(kernel_table(prof, wall))
     audio_s = sum(len(files[k % len(files)]) / SR for k in range(n_requests))
     lat = [done[k] - start[k] for k in range(n_requests) if k in done]
     text_of = {k: " ".join(r.text for _, rs in sorted(texts[k], key=lambda x: x[0]) for r in rs if r.text)
@@ -346,6 +355,42 @@ def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: 
             "wall_s": wall,
             "rtfx": audio_s / wall, "p50_s": pct(lat, 50), "p99_s": pct(lat, 99), "gpu_busy": gpu.busy,
             "texts": text_of}
+
+
+KERNEL_KINDS = (  # (kind, substrings of a kernel's name), first match wins
+    ("cross attention (FP8, Triton)", ("_attend_kernel",)),
+    ("self attention (Triton)", ("_self_attend_kernel",)),
+    ("cross K/V quantize (fill)", ("_quantize_into_kernel",)),
+    ("matrix products", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "sm90_", "sm80_")),
+    ("attention (PyTorch: flash/cuDNN/mem-efficient)", ("flash", "fmha", "cudnn", "attention")),
+    ("convolution", ("conv", "implicit")),
+    ("Inductor fused kernels", ("triton_",)),
+    ("copies", ("copy", "memcpy", "memset", "Memcpy", "Memset")),
+)
+
+
+def kernel_table(prof, wall_s: float) -> str:
+    """Kernel time of a ``torch.profiler`` run (CUDA activity): the share of ``wall_s`` each kind
+    of kernel (``KERNEL_KINDS``) and each of the 40 costliest kernels took, and the kernels' sum
+    (over 100% where kernels overlap on several streams)."""
+    rows = []
+    for e in prof.key_averages():
+        us = getattr(e, "self_device_time_total", None)
+        if us is None:
+            us = getattr(e, "self_cuda_time_total", 0)
+        if us > 0:
+            rows.append((us / 1e6, e.count, e.key))
+    rows.sort(reverse=True)
+    kinds: dict[str, float] = {}
+    for s_, _, name in rows:
+        kind = next((k for k, subs in KERNEL_KINDS if any(x in name for x in subs)), "other")
+        kinds[kind] = kinds.get(kind, 0.0) + s_
+    total = sum(r[0] for r in rows)
+    out = [f"wall {wall_s:.3f} s, kernels {total:.3f} s ({100 * total / wall_s:.1f}% of wall)", "", "by kind:"]
+    out += [f"  {100 * v / wall_s:5.1f}%  {v:8.3f} s  {k}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])]
+    out += ["", "costliest kernels (share of wall, seconds, calls, name):"]
+    out += [f"  {100 * s_ / wall_s:5.1f}%  {s_:8.3f} s  {n:8d}  {name[:140]}" for s_, n, name in rows[:40]]
+    return "\n".join(out) + "\n"
 
 
 def hf_baselines(a, files: list[np.ndarray], pipeline: bool) -> dict:
@@ -449,6 +494,9 @@ def main() -> int:
                     help="Hugging Face generate's and pipeline's batch size (default: --batch)")
     ap.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"),
                     help="the served endpoint's model.kv_cache_dtype, and the in-process engine's cache")
+    ap.add_argument("--profile-requests", type=int, default=0,
+                    help="after the rest, this many requests through the in-process engine under PyTorch's profiler: "
+                         "kernel time by kind and kernel in OUT/engine_kernels.txt (slower than the unprofiled engine)")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: served,engine,hf,pipeline,hol")
     ap.add_argument("--engine-sweep", default="",
                     help="comma list of BATCHxCHUNK_STEPS[:nograph][:aheadN][:fp8][:triton|:sdpa][:nocompile]"
@@ -534,6 +582,12 @@ def main() -> int:
         res["head_of_line"] = {"requests": n, "p99_s_without": base["p99_s"], "p99_s_with_loop": looped["p99_s"],
                                "ratio": looped["p99_s"] / base["p99_s"]}
         print(json.dumps(res["head_of_line"]), flush=True)
+    if a.profile_requests:
+        e = engine_inprocess(a, files, a.profile_requests, cross_fp8=a.kv_cache_dtype == "fp8",
+                             profile_to=a.out / "engine_kernels.txt")
+        res["engine_profiled"] = {k: v for k, v in e.items() if k != "texts"}
+        print(json.dumps(res["engine_profiled"]), flush=True)
+        print((a.out / "engine_kernels.txt").read_text(), flush=True)
     if "rtfx_e2e" in res and "rtfx_engine" in res:
         res["e2e_over_engine"] = res["rtfx_e2e"] / res["rtfx_engine"]
     if "rtfx_e2e" in res and "rtfx_hf_generate" in res:
