@@ -48,14 +48,17 @@ class Tideserve:
         self.backend = backend_class(backend)(model_dir, Target.parse(target), decoding, max_batch_size=max_batch_size,
                                               instances=self.instances, cpu_threads=cpu_threads, **backend_options)
 
-    def __call__(self, samples: np.ndarray) -> list[tuple[float, float, str]]:
-        """Segments ``(start_s, end_s, text)`` of ``samples`` (float32, 16 kHz mono), in order."""
-        prep = prepare_audio(TranscriptionRequest(audio=wav_pcm16(samples), timestamps=True), None)
+    def __call__(self, samples: np.ndarray, timestamps: bool = True) -> list[tuple[float, float, str]]:
+        """Segments ``(start_s, end_s, text)`` of ``samples`` (float32, 16 kHz mono), in order.
+        ``timestamps``: asked for as verbose_json asks (False: as the json and text formats, which
+        decode with timestamp tokens only when the endpoint's ``without_timestamps`` is off; the
+        text then comes as one ``(0, 0, text)`` per decode)."""
+        prep = prepare_audio(TranscriptionRequest(audio=wav_pcm16(samples), timestamps=timestamps), None)
         out: list[tuple] = []
         woke = threading.Event()
         loop = EngineLoop(self.backend, self.decoding, self.max_batch_size, 0.0, out.append, instances=self.instances,
                           wake=woke.set)
-        loop.submit(1, prep.segments(), RequestOptions(timestamps=True))
+        loop.submit(1, prep.segments(), RequestOptions(timestamps=timestamps))
         while loop.requests:
             if loop.wait_s() is None:  # batches executing on the instances' threads
                 woke.wait()
