@@ -73,7 +73,7 @@ class FasterWhisper:
         d = self.d
         kw = dict(beam_size=d.beam_size, temperature=list(d.temperatures), language="en",
                   compression_ratio_threshold=d.compression_ratio_threshold, log_prob_threshold=d.log_prob_threshold,
-                  no_speech_threshold=d.no_speech_threshold, without_timestamps=d.without_timestamps)
+                  no_speech_threshold=d.no_speech_threshold, without_timestamps=d.without_timestamps is not False)
         if self.pipeline is not None:
             segs, _ = self.pipeline.transcribe(samples, batch_size=self.batch_size, **kw)
         else:
@@ -97,11 +97,12 @@ def main() -> int:
                     help="tideserve-fw, fw-transcribe and fw-batched: CTranslate2 compute type, int8 or float32 "
                          "(float32: the torch backend's on the CPU)")
     ap.add_argument("--without-timestamps", action="store_true",
-                    help="decode without timestamp tokens, as a json or text request at the endpoint's default "
-                         "(without_timestamps on): tideserve then cannot seek, and the segment checks do not apply")
+                    help="as a json or text request at the endpoint's default (without_timestamps unset: timestamp "
+                         "tokens only for a file of several windows); faster-whisper without timestamp tokens; "
+                         "the segment checks do not apply")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
-    decoding = Decoding(beam_size=a.beam, without_timestamps=a.without_timestamps,
+    decoding = Decoding(beam_size=a.beam, without_timestamps=None if a.without_timestamps else False,
                         condition_on_previous_text=a.condition)
     clips = audio.load_en_clips()
     files = [(c.name, c.samples, c.reference) for c in clips]

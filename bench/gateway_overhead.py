@@ -69,7 +69,7 @@ def run_faster_whisper(audio: list[bytes], n: int, concurrency: int) -> dict:
     def one(i: int) -> float:
         t = time.perf_counter()
         samples = decode_audio(io.BytesIO(audio[i % len(audio)]))
-        segs, _ = model.transcribe(samples, beam_size=dec.beam_size, without_timestamps=dec.without_timestamps,
+        segs, _ = model.transcribe(samples, beam_size=dec.beam_size, without_timestamps=dec.without_timestamps is not False,
                                    temperature=0.0, condition_on_previous_text=False)
         "".join(s.text for s in segs)
         return time.perf_counter() - t

@@ -51,8 +51,8 @@ class Tideserve:
     def __call__(self, samples: np.ndarray, timestamps: bool = True) -> list[tuple[float, float, str]]:
         """Segments ``(start_s, end_s, text)`` of ``samples`` (float32, 16 kHz mono), in order.
         ``timestamps``: asked for as verbose_json asks (False: as the json and text formats, which
-        decode with timestamp tokens only when the endpoint's ``without_timestamps`` is off; the
-        text then comes as one ``(0, 0, text)`` per decode)."""
+        decode with timestamp tokens as the endpoint's ``without_timestamps`` says; a decode
+        without them comes back as one ``(0, 0, text)``)."""
         prep = prepare_audio(TranscriptionRequest(audio=wav_pcm16(samples), timestamps=timestamps), None)
         out: list[tuple] = []
         woke = threading.Event()

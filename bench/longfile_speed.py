@@ -53,11 +53,11 @@ def main() -> int:
     ap.add_argument("--without-resume", action="store_true", help="also run tideserve without the resumed rest")
     ap.add_argument("--instances", default="0", help="comma-separated model instances; 0: the worker's default")
     ap.add_argument("--without-timestamps", action="store_true",
-                    help="both sides without timestamp tokens: tideserve as a json/text request at the endpoint's "
-                         "default (without_timestamps on), the batched pipeline at its own default")
+                    help="tideserve as a json or text request at the endpoint's default (without_timestamps unset), "
+                         "the batched pipeline at its own default (without timestamp tokens)")
     ap.add_argument("--encode-batch", default="", help="comma-separated windows per encoder pass (default: the backend's)")
     a = ap.parse_args()
-    d = Decoding(beam_size=a.beam, without_timestamps=a.without_timestamps)
+    d = Decoding(beam_size=a.beam, without_timestamps=None if a.without_timestamps else False)
     clips = A.audio.load_en_clips()
     samples, ref = A.long_file(clips, a.minutes, a.seed)
     minutes = len(samples) / A.SR / 60

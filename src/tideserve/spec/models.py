@@ -109,12 +109,13 @@ class Decoding(_Strict):
     """Decoding settings applied to every request of the endpoint."""
 
     beam_size: int = Field(5, ge=1, le=16, description="Beam width; 1 is greedy decoding.")
-    without_timestamps: bool = Field(
-        True,
-        description="Decode without timestamp tokens unless a response format needs them "
-        "(verbose_json, srt, vtt ask for timestamps per request) or the audio is cut into more than one 30 s "
-        "window: Whisper's long-form seek needs them (without them a 1-minute file of speech came back with "
-        "WER 0.47 instead of 0.0, README Accuracy).",
+    without_timestamps: bool | None = Field(
+        None,
+        description="Timestamp tokens in the decode. Unset (default): only where a response format needs them "
+        "(verbose_json, srt, vtt ask per request) or the audio is cut into more than one 30 s window, whose "
+        "long-form seek needs them (without them a 1-minute file of speech came back with WER 0.47 instead of "
+        "0.0, README Accuracy). true: only where a response format needs them (a long json or text request then "
+        "cannot seek). false: always.",
     )
     language: str | None = Field(
         None, description="Force a language code (multilingual models); None detects it."

@@ -359,9 +359,10 @@ class EngineLoop:
         if not segments:
             self.emit(("error", rid, "BadInputError", "the request has no audio windows"))
             return
-        if len(segments) > 1 and not options.timestamps:
-            # Long-form: Whisper's seek needs timestamp tokens, so a file of several windows is
-            # decoded with them whatever its response format (json and text show only the text).
+        if len(segments) > 1 and not options.timestamps and self.decoding.without_timestamps is None:
+            # Long-form: Whisper's seek needs timestamp tokens, so at the default a file of several
+            # windows is decoded with them whatever its response format (json and text show only
+            # the text; an endpoint that sets without_timestamps decides for itself).
             # Without them a window whose decode stops early loses the rest of its speech: on
             # bench/accuracy.py's 1-minute file (3 windows) WER 0.47 against 0.0 with them, on its
             # 20-minute file 0.081 against 0.005 (beam 5, 2 cores, README Accuracy).

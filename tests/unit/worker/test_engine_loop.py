@@ -313,16 +313,19 @@ def test_a_window_that_fails_to_admit_fails_only_its_request() -> None:
 def test_a_file_of_several_windows_is_decoded_with_timestamps_whatever_its_response_format() -> None:
     # Before: a json or text request (timestamps not asked) of a 1-minute file was decoded without
     # timestamp tokens, so no window could seek: bench/accuracy.py's 1-minute file came back with
-    # WER 0.47 against 0.0 as verbose_json. One window keeps the endpoint's setting.
-    clock, out, be = Clock(), [], StaticBackend()
-    loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=4, max_queue_delay_s=0.0, emit=out.append, clock=clock)
-    loop.submit(1, [(pcm(30, 1), 0.0), (pcm(20, 2), 30.0)], RequestOptions())
-    loop.submit(2, [(pcm(5, 3), 0.0)], RequestOptions())
-    loop.submit(3, [(pcm(5, 4), 0.0)], RequestOptions(timestamps=True))
-    run_until_idle(loop, clock)
-    asked = {int(t.samples[0]) // 100: t.timestamps for b in be.batches for t in b}
-    assert asked == {1: True, 2: True, 3: False, 4: True}
-    assert segments_of(out, 1) == {0: ["w1@0"], 1: ["w2@30"]}
+    # WER 0.47 against 0.0 as verbose_json. One window, or an endpoint that sets
+    # without_timestamps itself, keeps the request's choice.
+    for explicit, long_file in ((None, True), (True, False), (False, False)):
+        clock, out, be = Clock(), [], StaticBackend()
+        loop = EngineLoop(be, Decoding(beam_size=1, without_timestamps=explicit), max_batch_size=4,
+                          max_queue_delay_s=0.0, emit=out.append, clock=clock)
+        loop.submit(1, [(pcm(30, 1), 0.0), (pcm(20, 2), 30.0)], RequestOptions())
+        loop.submit(2, [(pcm(5, 3), 0.0)], RequestOptions())
+        loop.submit(3, [(pcm(5, 4), 0.0)], RequestOptions(timestamps=True))
+        run_until_idle(loop, clock)
+        asked = {int(t.samples[0]) // 100: t.timestamps for b in be.batches for t in b}
+        assert asked == {1: long_file, 2: long_file, 3: False, 4: True}, explicit
+        assert segments_of(out, 1) == {0: ["w1@0"], 1: ["w2@30"]}
 
 
 def test_digital_silence_is_answered_empty_without_the_model() -> None:

@@ -230,7 +230,7 @@ class FasterWhisperBackend:
         for i, (task, lang) in enumerate(zip(tasks, languages, strict=True)):
             tok = self._tokenizer(lang, task.task)
             previous = previous_tokens(task.prompt, task.previous, functools.partial(prompt_ids, tok))
-            with_timestamps = task.timestamps or not self._decoding.without_timestamps
+            with_timestamps = task.timestamps or self._decoding.without_timestamps is False
             prompt = model.get_prompt(tok, previous, without_timestamps=not with_timestamps)
             sot = prompt.index(tok.sot)
             groups.setdefault((sot, len(prompt) - sot, task.temperature), []).append(i)

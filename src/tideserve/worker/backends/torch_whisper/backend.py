@@ -205,7 +205,7 @@ class TorchWhisperBackend:
 
     def _prompts(self, tasks: list[WindowTask]) -> tuple[list[str], list[bool], list[list[int]]]:
         languages = [t.language or self.decoding.language or "en" for t in tasks]
-        with_ts = [t.timestamps or not self.decoding.without_timestamps for t in tasks]
+        with_ts = [t.timestamps or self.decoding.without_timestamps is False for t in tasks]
         prompts = [self.prompt(lang, ts, t.prompt, t.task, t.previous)
                    for t, lang, ts in zip(tasks, languages, with_ts, strict=True)]
         return languages, with_ts, prompts
