@@ -6,6 +6,8 @@ machine (issue 13's "torch on the H200" row), in three steps:
     python3 bench/accuracy_gpu.py run .devdata/acc $OUT/acc_gpu.json --minutes 1,5,20   # there
         [--spaced 3:41,3:42,3:43,3:44,5:45,5:46]   # and bench/quiet_spans_ab.py's files with long gaps
         [--cross-fp8] [--attention triton]          # cross-attention keys and values in FP8; Triton self-attention
+        [--as verbose_json,json,json-never]         # requests as verbose_json (the default), as json at the
+                                                    # endpoint's default without_timestamps, as json with it true
     python bench/accuracy_gpu.py score acc_gpu.json             # here: WER and segment checks
 
 The GPU machine has no av, jiwer or faster-whisper: it rebuilds the long files from the clips and
@@ -50,8 +52,12 @@ def prepare(out: Path) -> None:
     (out / "clips.json").write_text(json.dumps({c.name: c.reference for c in clips}))
 
 
+#: ``--as``: (the endpoint's ``without_timestamps``, the request asks for timestamps), per request kind.
+REQUEST_KINDS = {"verbose_json": (False, True), "json": (None, False), "json-never": (True, False)}
+
+
 def run(packed: Path, result: Path, minutes: list[float], target: str, spaced: list[tuple[float, int]] = (),
-        cross_fp8: bool = False, attention: str = "sdpa") -> None:
+        cross_fp8: bool = False, attention: str = "sdpa", kinds: tuple[str, ...] = ("verbose_json",)) -> None:
     from gpu_parity import unpack
     from inproc import Tideserve
     from longfiles import long_file, spaced_file
@@ -70,19 +76,23 @@ def run(packed: Path, result: Path, minutes: list[float], target: str, spaced: l
         s, ref, spans[f"spaced-{m:g}min-{seed}"] = spaced_file(clips, m, seed, SPACED_GAP_S, digital=seed % 2 == 0)
         files.append((f"spaced-{m:g}min-{seed}", s, ref))
     model = unpack(packed, Path("/tmp/acc-gpu-model"))
-    t = Tideserve("torch", target, Decoding(beam_size=1, without_timestamps=False), 64, model_dir=model,
-                  cross_fp8=cross_fp8, attention=attention)
-    system = f"tideserve-torch-{target}" + ("-fp8kv" if cross_fp8 else "") + ("" if attention == "sdpa" else f"-{attention}")
     rows = []
-    for name, samples, ref in files:
-        t(samples[: 16_000 * 2])  # warm-up
-        t0 = time.perf_counter()
-        segs = t(samples)
-        sec = time.perf_counter() - t0
-        rows.append({"file": name, "audio_s": len(samples) / 16_000, "system": system,
-                     "beam": 1, "seconds": sec, "reference": ref, "segments": segs, "clips": spans.get(name)})
-        print(name, f"{sec:.2f} s", flush=True)
-    result.write_text(json.dumps(rows))
+    for kind in kinds:
+        without, asked = REQUEST_KINDS[kind]
+        t = Tideserve("torch", target, Decoding(beam_size=1, without_timestamps=without), 64, model_dir=model,
+                      cross_fp8=cross_fp8, attention=attention)
+        system = f"tideserve-torch-{target}" + ("-fp8kv" if cross_fp8 else "") + \
+            ("" if attention == "sdpa" else f"-{attention}") + ("" if kind == "verbose_json" else f"-as-{kind}")
+        for name, samples, ref in files:
+            t(samples[: 16_000 * 2], timestamps=asked)  # warm-up
+            t0 = time.perf_counter()
+            segs = t(samples, timestamps=asked)
+            sec = time.perf_counter() - t0
+            rows.append({"file": name, "audio_s": len(samples) / 16_000, "system": system, "timestamps": asked,
+                         "beam": 1, "seconds": sec, "reference": ref, "segments": segs, "clips": spans.get(name)})
+            print(system, name, f"{sec:.2f} s", flush=True)
+        del t
+        result.write_text(json.dumps(rows))
 
 
 def score(result: Path) -> None:
@@ -98,7 +108,7 @@ def score(result: Path) -> None:
         print(json.dumps({"file": r["file"], "system": r["system"], "beam": r["beam"],
                           "wer": round(audio.wer(r["reference"], text), 4),
                           "s_per_audio_min": round(r["seconds"] / r["audio_s"] * 60, 3),
-                          **check_segments(segs, r["audio_s"]),
+                          **(check_segments(segs, r["audio_s"]) if r.get("timestamps", True) else {}),
                           **(placement(segs, [tuple(c) for c in r["clips"]]) if r.get("clips") else {})}))
 
 
@@ -113,7 +123,9 @@ def main() -> int:
         spaced = [(float(p.split(":")[0]), int(p.split(":")[1]))
                   for p in sys.argv[sys.argv.index("--spaced") + 1].split(",")] if "--spaced" in sys.argv else []
         attention = sys.argv[sys.argv.index("--attention") + 1] if "--attention" in sys.argv else "sdpa"
-        run(path, Path(sys.argv[3]), minutes, target, spaced, cross_fp8="--cross-fp8" in sys.argv, attention=attention)
+        kinds = tuple(sys.argv[sys.argv.index("--as") + 1].split(",")) if "--as" in sys.argv else ("verbose_json",)
+        run(path, Path(sys.argv[3]), minutes, target, spaced, cross_fp8="--cross-fp8" in sys.argv, attention=attention,
+            kinds=kinds)
     elif cmd == "score":
         score(path)
     else:
