@@ -96,13 +96,13 @@ def main() -> int:
     ap.add_argument("--fw-compute-type", default="int8", choices=("int8", "float32"),
                     help="tideserve-fw, fw-transcribe and fw-batched: CTranslate2 compute type, int8 or float32 "
                          "(float32: the torch backend's on the CPU)")
-    ap.add_argument("--without-timestamps", action="store_true",
-                    help="as a json or text request at the endpoint's default (without_timestamps unset: timestamp "
-                         "tokens only for a file of several windows); faster-whisper without timestamp tokens; "
-                         "the segment checks do not apply")
+    ap.add_argument("--as-json", action="store_true",
+                    help="tideserve as a json or text request at the endpoint's default (without_timestamps unset: "
+                         "timestamp tokens only for a file of several windows); faster-whisper without timestamp tokens; "
+                         "the segment checks do not apply (named --without-timestamps in the first results)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
-    decoding = Decoding(beam_size=a.beam, without_timestamps=None if a.without_timestamps else False,
+    decoding = Decoding(beam_size=a.beam, without_timestamps=None if a.as_json else False,
                         condition_on_previous_text=a.condition)
     clips = audio.load_en_clips()
     files = [(c.name, c.samples, c.reference) for c in clips]
@@ -137,13 +137,13 @@ def main() -> int:
         for sys_name, run in systems.items():
             run(samples[: SR * 2])  # warm-up (graphs, caches)
             t0 = time.perf_counter()
-            segs = run(samples, timestamps=False) if isinstance(run, Tideserve) and a.without_timestamps \
+            segs = run(samples, timestamps=False) if isinstance(run, Tideserve) and a.as_json \
                 else run(samples)
             sec = time.perf_counter() - t0
             text = " ".join(t.strip() for _, _, t in segs)
             row = {"file": name, "audio_s": round(dur, 2), "system": sys_name, "beam": a.beam,
                    "wer": round(audio.wer(ref, text), 4), "s_per_audio_min": round(sec / dur * 60, 3),
-                   **({"segments": len(segs)} if a.without_timestamps else check_segments(segs, dur))}
+                   **({"segments": len(segs)} if a.as_json else check_segments(segs, dur))}
             rows.append(row)
             print(json.dumps(row), flush=True)
 
@@ -156,7 +156,7 @@ def main() -> int:
     if a.json:
         a.json.write_text(json.dumps({"command": "python bench/accuracy.py " + " ".join(sys.argv[1:]), "beam": a.beam,
                                       "minutes": a.minutes, "condition_on_previous_text": a.condition,
-                                      "timestamps": not a.without_timestamps,
+                                      "timestamps": not a.as_json,
                                       "rows": rows}, indent=1))
     return 0
 

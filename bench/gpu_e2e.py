@@ -357,16 +357,21 @@ def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: 
             "texts": text_of}
 
 
-KERNEL_KINDS = (  # (kind, substrings of a kernel's name), first match wins
-    ("cross attention (FP8, Triton)", ("_attend_kernel",)),
+KERNEL_KINDS = (  # (kind, substrings of a kernel's name), first match wins: the specific names first
     ("self attention (Triton)", ("_self_attend_kernel",)),
+    ("cross attention (FP8, Triton)", ("_attend_kernel",)),  # also a substring of the one above
     ("cross K/V quantize (fill)", ("_quantize_into_kernel",)),
-    ("matrix products", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "sm90_", "sm80_")),
-    ("attention (PyTorch: flash/cuDNN/mem-efficient)", ("flash", "fmha", "cudnn", "attention")),
-    ("convolution", ("conv", "implicit")),
-    ("Inductor fused kernels", ("triton_",)),
+    ("Inductor fused kernels", ("triton_",)),  # before the others: their names hold "convolution", "copy"
+    ("attention (PyTorch: cuDNN/flash/mem-efficient)", ("sdpa", "flash", "fmha", "attention")),
+    ("convolution", ("fprop", "conv", "implicit")),  # cuDNN's convolutions are implicit GEMMs: before products
+    ("matrix products", ("gemm", "nvjet", "cutlass", "cublas", "splitKreduce")),
     ("copies", ("copy", "memcpy", "memset", "Memcpy", "Memset")),
 )
+
+
+def kernel_kind(name: str) -> str:
+    """The ``KERNEL_KINDS`` kind of a kernel's name, or "other"."""
+    return next((k for k, subs in KERNEL_KINDS if any(x in name for x in subs)), "other")
 
 
 def kernel_table(prof, wall_s: float) -> str:
@@ -383,8 +388,7 @@ def kernel_table(prof, wall_s: float) -> str:
     rows.sort(reverse=True)
     kinds: dict[str, float] = {}
     for s_, _, name in rows:
-        kind = next((k for k, subs in KERNEL_KINDS if any(x in name for x in subs)), "other")
-        kinds[kind] = kinds.get(kind, 0.0) + s_
+        kinds[kernel_kind(name)] = kinds.get(kernel_kind(name), 0.0) + s_
     total = sum(r[0] for r in rows)
     out = [f"wall {wall_s:.3f} s, kernels {total:.3f} s ({100 * total / wall_s:.1f}% of wall)", "", "by kind:"]
     out += [f"  {100 * v / wall_s:5.1f}%  {v:8.3f} s  {k}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])]

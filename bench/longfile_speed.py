@@ -7,7 +7,7 @@ host's drift falls on both sides (bench/accuracy.py runs each system once per fi
     .venv/bin/python bench/longfile_speed.py --beam 5 --minutes 20 --seed 15 --rounds 3 --cpu-threads 0,1
     .venv/bin/python bench/longfile_speed.py --beam 5 --minutes 20 --seed 15 --rounds 3 --without-resume
     .venv/bin/python bench/longfile_speed.py --beam 5 --minutes 20 --seed 15 --rounds 3 --encode-batch 1,8
-    .venv/bin/python bench/longfile_speed.py --beam 5 --minutes 20 --seed 15 --rounds 3 --without-timestamps
+    .venv/bin/python bench/longfile_speed.py --beam 5 --minutes 20 --seed 15 --rounds 3 --as-json
 
 ``--cpu-threads``: tideserve's intra-op threads per model instance, one tideserve system per
 value (0: the worker's default, ``worker.cores.intra_op_threads``; the local config's
@@ -52,12 +52,13 @@ def main() -> int:
     ap.add_argument("--cpu-threads", default="0", help="comma-separated; 0: the worker's default")
     ap.add_argument("--without-resume", action="store_true", help="also run tideserve without the resumed rest")
     ap.add_argument("--instances", default="0", help="comma-separated model instances; 0: the worker's default")
-    ap.add_argument("--without-timestamps", action="store_true",
+    ap.add_argument("--as-json", action="store_true",
                     help="tideserve as a json or text request at the endpoint's default (without_timestamps unset), "
-                         "the batched pipeline at its own default (without timestamp tokens)")
+                         "the batched pipeline at its own default (without timestamp tokens); named --without-timestamps "
+                         "in the first results")
     ap.add_argument("--encode-batch", default="", help="comma-separated windows per encoder pass (default: the backend's)")
     a = ap.parse_args()
-    d = Decoding(beam_size=a.beam, without_timestamps=None if a.without_timestamps else False)
+    d = Decoding(beam_size=a.beam, without_timestamps=None if a.as_json else False)
     clips = A.audio.load_en_clips()
     samples, ref = A.long_file(clips, a.minutes, a.seed)
     minutes = len(samples) / A.SR / 60
@@ -85,7 +86,7 @@ def main() -> int:
             if name in encode_batch:
                 fw.ENCODE_BATCH = encode_batch[name]
             t0 = time.perf_counter()
-            segs = systems[name](samples, timestamps=not a.without_timestamps) if name in ours else systems[name](samples)
+            segs = systems[name](samples, timestamps=not a.as_json) if name in ours else systems[name](samples)
             spm[name] = (time.perf_counter() - t0) / minutes
             wer = A.audio.wer(ref, " ".join(x[2].strip() for x in segs))
             row = {"round": r, "system": name, "s_per_audio_min": round(spm[name], 3), "wer": round(wer, 4)}
@@ -97,7 +98,7 @@ def main() -> int:
         for name in ours:
             ratios[name].append(spm[name] / spm["fw-batched"])
     for name, rs in ratios.items():
-        print(json.dumps({"system": name, "beam": a.beam, "minutes": round(minutes, 2), "timestamps": not a.without_timestamps,
+        print(json.dumps({"system": name, "beam": a.beam, "minutes": round(minutes, 2), "timestamps": not a.as_json,
                           "ratios": [round(x, 3) for x in rs], "median_ratio": round(statistics.median(rs), 3)}))
     return 0
 

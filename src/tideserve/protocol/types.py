@@ -53,7 +53,8 @@ class Segment:
 
 @dataclass(frozen=True)
 class TranscriptionResult:
-    """The text of a whole file; ``segments`` are filled when timestamps were asked for."""
+    """The text of a whole file; ``segments`` are filled when timestamps were asked for, or decoded
+    for a file of several windows at the endpoint's default (``Decoding.without_timestamps``)."""
 
     text: str
     language: str

@@ -112,10 +112,10 @@ class Decoding(_Strict):
     without_timestamps: bool | None = Field(
         None,
         description="Timestamp tokens in the decode. Unset (default): only where a response format needs them "
-        "(verbose_json, srt, vtt ask per request) or the audio is cut into more than one 30 s window, whose "
-        "long-form seek needs them (without them a 1-minute file of speech came back with WER 0.47 instead of "
-        "0.0, README Accuracy). true: only where a response format needs them (a long json or text request then "
-        "cannot seek). false: always.",
+        "(verbose_json, srt, vtt ask per request) or the audio is cut into more than one window (a file over "
+        "30 s, or one with a pause of 2 s or more), whose long-form seek needs them (without them a 1-minute "
+        "file of speech came back with WER 0.47 instead of 0.0, README Accuracy). true: only where a response "
+        "format needs them (a long json or text request then cannot seek). false: always.",
     )
     language: str | None = Field(
         None, description="Force a language code (multilingual models); None detects it."

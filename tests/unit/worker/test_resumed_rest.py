@@ -77,7 +77,7 @@ def test_the_rest_after_a_seek_is_decoded_over_the_windows_encoder_output(backen
 
 
 def test_a_resumed_window_decodes_in_one_batch_with_fresh_and_untimed_windows(window, en_clips):
-    """Found in review: with the default ``without_timestamps: true``, a resumed window's prompt
+    """Found in review: with ``without_timestamps: true`` (then the default), a resumed window's prompt
     (<|startoftranscript|> and its forced timestamp) was grouped with an untimed one
     (<|startoftranscript|><|notimestamps|>): the same length, but CTranslate2 counts only the
     second as a task token, and refused the whole batch."""

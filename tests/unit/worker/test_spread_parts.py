@@ -13,6 +13,7 @@ from tideserve.errors import BadInputError
 from tideserve.protocol.internal import joined, parse_part_options, part_options, result_from_json, result_to_json
 from tideserve.protocol.types import Segment, TranscriptionRequest, TranscriptionResult, Word
 from tideserve.worker.audio import SAMPLE_RATE, pcm16_wav, wav_file
+from tideserve.worker.backends.base import WindowResult
 from tideserve.worker.prep import Prepared, prepare_audio, spread
 
 SR = SAMPLE_RATE
@@ -148,3 +149,49 @@ def test_windows_given_with_a_part_are_checked_against_its_audio():
     with pytest.raises(BadInputError, match=r"42 windows given for 40\.0 s of audio"):
         prepare_audio(TranscriptionRequest(audio=wav), None, cuts=many)
     assert len(prepare_audio(TranscriptionRequest(audio=wav), None, cuts=many[:41]).cuts) == 41
+
+
+class _Engine:
+    """``EngineClient.transcribe`` only: records the options each request was decoded with."""
+
+    dead = False
+
+    def __init__(self) -> None:
+        self.options: list = []
+
+    async def transcribe(self, segments, options, on_segment=None):
+        self.options.append(options)
+        return [WindowResult(text="a", language="en")], 0.01
+
+
+def test_a_spread_files_parts_decode_with_timestamps_at_the_default_even_a_part_of_one_window():
+    # Found in review: the engine decodes a file of several windows with timestamp tokens (Whisper's
+    # seek), but a spread file's parts were judged each on its own windows, so a part of one window
+    # (parts under ~45 s, with a lowered spread_min_audio_s) decoded without them where the file in
+    # one piece would not: not "the same text as on one replica".
+    import asyncio
+    import json
+
+    from tideserve.metrics.triton import TritonMetrics
+    from tideserve.worker.api import WorkerService
+
+    def run(long_form: bool, timestamps: bool) -> tuple[list[bool], list[bool]]:
+        engine, sent = _Engine(), []
+        service = WorkerService("m", None, engine, TritonMetrics("m"), long_form_timestamps=long_form)  # type: ignore[arg-type]
+        service.languages = frozenset({"en"})
+
+        async def remote(url, part, options, usage, request_id):
+            sent.append(json.loads(options)["timestamps"])
+            return TranscriptionResult(text="b", language="en", duration_s=(part.end - part.start) / SR)
+
+        service._remote_part = remote  # type: ignore[method-assign]
+        p = spread(_prepared([20, 20]), parts=2, min_part_s=10)  # two parts of one window each
+        p = dataclasses.replace(p, request=TranscriptionRequest(audio=b"", timestamps=timestamps))
+        assert len(p.cuts) == 1 and len(p.remote) == 1
+        result = asyncio.run(service.transcribe(p, helpers=["http://helper"]))
+        assert result.text == "a b"
+        return [o.timestamps for o in engine.options], sent
+
+    assert run(long_form=True, timestamps=False) == ([True], [True])
+    assert run(long_form=False, timestamps=False) == ([False], [False])  # without_timestamps set: as asked
+    assert run(long_form=False, timestamps=True) == ([True], [True])
