@@ -167,7 +167,7 @@ def test_fetches_exactly_the_prefix_verified_then_hits_the_cache(aws_env, tmp_pa
         len(TINY["model.bin"]), hashlib.sha256(TINY["model.bin"]).hexdigest()
     )
     assert any("fetched model.bin" in r.getMessage() for r in caplog.records)  # a log line per file (no TTY)
-    assert any("(downloaded)" in r.getMessage() for r in caplog.records)
+    assert any("(fetched into the cache)" in r.getMessage() for r in caplog.records)
 
     caplog.clear()
     n = len(counter.keys)
@@ -364,7 +364,7 @@ def test_eight_replica_processes_download_once(aws_env, tmp_path):
     assert len(paths) == 1
     gets = counter.gets_under("models/tiny/")[before:]
     assert sorted(gets) == sorted(f"models/tiny/{n}" for n in [*TINY, "sha256sums"])  # each file once
-    assert sum("(downloaded)" in e for e in logs) == 1 and sum("(cache hit)" in e for e in logs) == 7
+    assert sum("(fetched into the cache)" in e for e in logs) == 1 and sum("(cache hit)" in e for e in logs) == 7
     assert sum("another process is fetching it; waiting" in e for e in logs) == 7
 
 

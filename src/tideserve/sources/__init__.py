@@ -93,7 +93,7 @@ def resolve_source(
         raise SourceError(f"{uri}: unknown source scheme '{scheme if sep else uri}'; use one of {known}")
     t0 = time.monotonic()
     path, hit = resolver(uri, list(allowed_file_roots or []), Path(cache_dir) if cache_dir else default_cache_dir())
-    how = "local" if hit is None else ("cache hit" if hit else "downloaded")
+    how = "local" if hit is None else ("cache hit" if hit else "fetched into the cache")
     log.info("resolved %s -> %s in %.3f s (%s)", uri, path, time.monotonic() - t0, how)
     return path
 
