@@ -91,6 +91,8 @@ def _problems(err: ValidationError, model: type[BaseModel], root: yaml.Node | No
             msg = "required field is missing"
         elif e["type"] == "literal_error":
             msg = f"{msg} (got {e.get('input')!r})"
+        elif e["type"] in ("bool_parsing", "bool_type"):
+            msg = f"{msg} (got {e.get('input')!r}); write true or false"
         line = _yaml_line(root, loc)
         path = _format_loc(loc) + (f" (line {line})" if line else "")
         problems.append((path, msg))

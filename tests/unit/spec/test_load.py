@@ -48,6 +48,13 @@ def test_out_of_range_value():
     assert "65535" in e.problems[0][1]
 
 
+def test_a_word_that_is_not_a_boolean_says_what_to_write():
+    # Found by a new user: "without_timestamps: maybe" gave only "Input should be a valid boolean".
+    e = _err(TEXT.replace("without_timestamps: false", "without_timestamps: maybe"))
+    assert f"spec.model.decoding.without_timestamps (line {line_of('without_timestamps')})" in str(e)
+    assert "(got 'maybe'); write true or false" in str(e)
+
+
 def test_target_that_does_not_run_on_the_accelerator():
     e = _err(TEXT.replace("accelerator: cpu", "accelerator: l40s").replace("cpu-x86_64-int8", "cuda-sm86-fp16"))
     path, msg = e.problems[0]
