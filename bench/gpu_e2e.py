@@ -343,7 +343,7 @@ def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: 
                for k in range(len(files)) if k in texts}
     graphed = type(backend.encode).__name__ == "GraphedEncoder"
     compiled = type(backend.encode).__name__ == "CompiledEncoder"
-    step_compiled = type(backend.decoder._model_step).__name__ == "CompiledStep"
+    step_compiled = backend.decoder.compiled
     ahead = backend.decoder.run_ahead
     attention = backend.model.attention
     del backend, loop

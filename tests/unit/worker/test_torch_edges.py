@@ -117,56 +117,54 @@ def test_compiled_encoder_equals_eager_for_every_batch_size_after_one_compilatio
 
 
 def test_compiled_step_decodes_as_the_eager_step_for_every_batch_size_after_one_compilation(monkeypatch) -> None:
-    # The decoder step through torch.compile (model.CompiledStep, GreedyDecoder(compile_step=True),
-    # the backend's compile_decoder): compiled once at construction for 2..max_batch rows, a single
-    # row eager; logits, the cache it writes and whole greedy decodes equal eager.
+    # The whole decoder step through torch.compile (GreedyDecoder(compile_step=True), the backend's
+    # compile_decoder: the model's step, the logit rules and the state update in one compiled
+    # function), compiled once at construction for 2..max_batch rows, a single row eager: after every
+    # step each state tensor and the self-attention cache equal the eager step's, with and without
+    # timestamps, and whole greedy decodes write the same tokens.
     from torch._dynamo.utils import counters
 
     from types import SimpleNamespace
 
-    from tideserve.worker.backends.torch_whisper.model import CompiledStep, KVCache, WhisperDims
+    from tideserve.worker.backends.torch_whisper.decode import _STATE
+    from tideserve.worker.backends.torch_whisper.model import WhisperDims
 
     monkeypatch.setattr(GreedyDecoder, "SPANS", ())  # one attention span: one compilation
     m = make_model("cpu")
     counters.clear()
     dec = GreedyDecoder(m, SPECIAL, max_batch=4, compile_step=True)
-    step = dec._model_step
-    assert isinstance(step, CompiledStep) and dec.spans == (448,)
+    assert dec.compiled and dec.spans == (448,)
     compiled = counters["stats"]["unique_graphs"]
     assert compiled >= 1
-    torch.manual_seed(5)
-    caches = [KVCache(DIMS, 4, torch.float32, torch.device("cpu")) for _ in range(2)]  # as the decoder's: not
-    with torch.no_grad():  # inference tensors (those would be compiled again: another dispatch key set)
-        for i in range(DIMS.decoder_layers):
-            for name in ("self_k", "self_v", "cross_k", "cross_v"):
-                x = torch.randn_like(getattr(caches[0], name)[i])
-                getattr(caches[0], name)[i].copy_(x)
-                getattr(caches[1], name)[i].copy_(x)
-    for n in (1, 2, 3, 4):
-        tokens = torch.randint(0, 50000, (n,))
-        positions = torch.tensor([3, 0, 17, 9][:n])
-        got = step(caches[0], tokens, positions, 448)
-        with torch.inference_mode():
-            want = m.step(caches[1], tokens, positions, 448)
-        assert got.shape == (n, DIMS.vocab_size)
-        assert torch.allclose(got, want, atol=1e-4), n
-        assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(caches[0].self_k, caches[1].self_k, strict=True)), n
-    with pytest.raises(ValueError, match="5 rows, but the cache holds 4"):
-        step(caches[0], torch.zeros(5, dtype=torch.long), torch.zeros(5, dtype=torch.long), 448)
     eager = GreedyDecoder(m, SPECIAL, max_batch=4)
+    assert not eager.compiled
     torch.manual_seed(1)
-    enc = torch.randn(3, 1500, DIMS.d_model)
-    prompts = [[SPECIAL.sot], [SPECIAL.sot, SPECIAL.no_timestamps], [SPECIAL.sot]]
-    for n in (1, 3):
-        args = (enc[:n], prompts[:n], [True, False, True][:n])
+    enc = torch.randn(4, 1500, DIMS.d_model)
+    prompts = [[SPECIAL.sot], [SPECIAL.sot, SPECIAL.no_timestamps]] * 2
+    timestamps = [True, False, True, False]
+    for n in (1, 2, 3, 4):
+        for d in (dec, eager):
+            d.admit(enc[:n], prompts[:n], timestamps[:n], max_new_tokens=40)
+        for step in range(12):
+            for d in (dec, eager):
+                d.run(1)
+            for name in _STATE:
+                got, want = getattr(dec, name)[:n], getattr(eager, name)[:n]
+                assert torch.allclose(got.float(), want.float(), atol=1e-4), (n, step, name)
+            assert all(torch.allclose(a[:n], b[:n], atol=1e-5) for a, b in zip(dec.cache.self_k, eager.cache.self_k,
+                                                                               strict=True)), (n, step)
+        assert bool(dec.tok[:n].ne(dec.hist[:n, 0]).any())  # it decoded: tokens past the first
+        for d in (dec, eager):
+            d.release(list(d.busy_slots))
+        args = (enc[:n], prompts[:n], timestamps[:n])
         assert [r.tokens for r in dec.decode(*args, max_new_tokens=60)] == \
             [r.tokens for r in eager.decode(*args, max_new_tokens=60)], n
     assert counters["stats"]["unique_graphs"] == compiled  # no compilation per size
     # On by default only on CUDA, for models too wide for the encoder graphs, with the Triton attention.
     wide = SimpleNamespace(dims=WhisperDims.large_v3(), attention="triton")
-    assert CompiledStep.enabled_for(wide, torch.device("cuda"))  # type: ignore[arg-type]
-    assert not CompiledStep.enabled_for(wide, torch.device("cpu"))  # type: ignore[arg-type]
+    assert GreedyDecoder.compiles_step_for(wide, torch.device("cuda"))  # type: ignore[arg-type]
+    assert not GreedyDecoder.compiles_step_for(wide, torch.device("cpu"))  # type: ignore[arg-type]
     sdpa = SimpleNamespace(dims=WhisperDims.large_v3(), attention="sdpa")
-    assert not CompiledStep.enabled_for(sdpa, torch.device("cuda"))  # type: ignore[arg-type]
+    assert not GreedyDecoder.compiles_step_for(sdpa, torch.device("cuda"))  # type: ignore[arg-type]
     narrow = SimpleNamespace(dims=DIMS, attention="triton")
-    assert not CompiledStep.enabled_for(narrow, torch.device("cuda"))  # type: ignore[arg-type]
+    assert not GreedyDecoder.compiles_step_for(narrow, torch.device("cuda"))  # type: ignore[arg-type]

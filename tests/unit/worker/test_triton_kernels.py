@@ -138,38 +138,39 @@ def test_fp8_on_the_cpu_without_the_interpreter_is_refused(monkeypatch: pytest.M
 
 
 def test_the_compiled_step_runs_the_triton_kernels_as_custom_operators() -> None:
-    # model.CompiledStep with FP8 keys and values and the Triton self-attention: traced through by
-    # torch.compile, the self-attention kernel failed to build on an H100 (a float64 scale); as
-    # custom operators (triton_kernels.self_attend_op / attend_op) the compiled step equals the
-    # eager one: logits and the self-attention cache it writes.
+    # The decoder's compiled step (GreedyDecoder(compile_step=True)) with FP8 keys and values and the
+    # Triton self-attention: traced through by torch.compile, the self-attention kernel failed to
+    # build on an H100 (a float64 scale); as custom operators (triton_kernels.self_attend_op /
+    # attend_op) the compiled step equals the eager one, step by step: the tokens, log-probabilities
+    # and no-speech probabilities, and the self-attention cache it writes.
     r = interpreted(f"""
         import json, sys, torch
         sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
-        from test_torch_backend import DIMS, make_model
-        from tideserve.worker.backends.torch_whisper.model import CompiledStep, KVCache
+        from test_torch_backend import DIMS, SPECIAL, make_model
+        from tideserve.worker.backends.torch_whisper.decode import GreedyDecoder
         m = make_model("cpu")
         m.attention = "triton"
         m.fuse_qkv()
         from torch._dynamo.utils import counters
-        cache = lambda: KVCache(DIMS, 4, torch.float32, torch.device("cpu"), cross_fp8=True)
-        step = CompiledStep(m, cache(), (448,))  # its warm-up writes that cache, not these
+        ours = GreedyDecoder(m, SPECIAL, max_batch=4, compile_step=True, cross_fp8=True)
+        theirs = GreedyDecoder(m, SPECIAL, max_batch=4, cross_fp8=True)
         torch.manual_seed(2)
-        encoded, earlier = torch.randn(3, 1500, DIMS.d_model), torch.randn(4, 4, 448, 16)
-        ours, theirs = cache(), cache()
-        with torch.no_grad():
-            for c in (ours, theirs):  # the same cross-attention keys and values, and earlier steps
-                m.fill_cross(c, encoded)
-                for t in (*c.self_k, *c.self_v):
-                    t.copy_(earlier)
-        tokens, positions = torch.tensor([7, 50257, 300]), torch.tensor([3, 0, 7])
-        got = step(ours, tokens, positions, 448)
-        with torch.inference_mode():
-            want = m.step(theirs, tokens, positions, 448)
-        print(json.dumps({{"logits": (got - want).abs().max().item(), "spread": want.std().item(),
-                          "shape": list(got.shape), "graph_breaks": sum(counters["graph_break"].values()),
-                          "cache": max((a - b).abs().max().item() for a, b in
-                                       zip((*ours.self_k, *ours.self_v), (*theirs.self_k, *theirs.self_v)))}}))
+        encoded = torch.randn(3, 1500, DIMS.d_model)
+        prompts = [[SPECIAL.sot], [SPECIAL.sot, SPECIAL.no_timestamps], [SPECIAL.sot]]
+        worst = {{"hist": 0.0, "sum_logprob": 0.0, "no_speech": 0.0, "cache": 0.0}}
+        for d in (ours, theirs):
+            d.admit(encoded, prompts, [True, False, True], max_new_tokens=20)
+        for _ in range(6):
+            for d in (ours, theirs):
+                d.run(1)
+            for name in ("hist", "sum_logprob", "no_speech"):
+                a, b = getattr(ours, name)[:3].float(), getattr(theirs, name)[:3].float()
+                worst[name] = max(worst[name], (a - b).abs().max().item())
+            worst["cache"] = max(worst["cache"], max((a[:3] - b[:3]).abs().max().item() for a, b in
+                zip((*ours.cache.self_k, *ours.cache.self_v), (*theirs.cache.self_k, *theirs.cache.self_v))))
+        print(json.dumps({{**worst, "compiled": ours.compiled, "logprob": ours.sum_logprob[:3].tolist(),
+                          "graph_breaks": sum(counters["graph_break"].values())}}))
     """)
-    assert r["shape"] == [3, 51864] and r["spread"] > 0.1  # logits that depend on the caches
-    assert r["logits"] < 1e-4 and r["cache"] < 1e-5
+    assert r["compiled"] and all(x < 0 for x in r["logprob"])  # it decoded: tokens of some probability
+    assert r["hist"] == 0 and r["sum_logprob"] < 1e-4 and r["no_speech"] < 1e-5 and r["cache"] < 1e-5
     assert r["graph_breaks"] == 0  # the operators are traced, not stepped around

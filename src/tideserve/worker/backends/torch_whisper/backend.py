@@ -30,7 +30,7 @@ from tideserve.worker.backends.base import PreviousText, WindowResult, WindowTas
 from tideserve.worker.backends.torch_whisper.decode import GreedyDecoder, SpecialTokens
 from tideserve.worker.backends.torch_whisper.features import LogMel
 from tideserve.worker.backends.torch_whisper.identify import Heard, LanguageIdentifier, language_tokens
-from tideserve.worker.backends.torch_whisper.model import (CompiledEncoder, CompiledStep, GraphedEncoder, Whisper,
+from tideserve.worker.backends.torch_whisper.model import (CompiledEncoder, GraphedEncoder, Whisper,
                                                            load_hf_dir, require_triton_device)
 from tideserve.worker.backends.whisper_text import MAX_LENGTH, previous_tokens, window_result
 from tideserve.worker.language_id import LanguageIdConfig
@@ -118,11 +118,12 @@ class TorchWhisperBackend:
     encoder through ``torch.compile`` (``model.CompiledEncoder``); default on for CUDA models too
     wide for the encoder's CUDA graphs (large-v3, H200, engine alone at batch 64 with FP8: 950
     audio-s/s against 887 eager, ``bench/results/gpu_e2e_large_v3_h200_fp8_compiled.json``); where
-    the encoder's CUDA graphs are on, they win and it is ignored. ``compile_decoder``: the decoder
-    step through ``torch.compile`` (``model.CompiledStep``); default on for the models whose encoder
-    is compiled by default (``CompiledEncoder.enabled_for``, whatever ``compile_encoder`` says)
-    when the attention is Triton's (large-v3 with FP8 keys and values: +3.6% engine alone on the
-    H200; ``CompiledStep.enabled_for``), off otherwise.
+    the encoder's CUDA graphs are on, they win and it is ignored. ``compile_decoder``: the whole decoder
+    step (the model's step, the logit rules, the state update) through ``torch.compile``
+    (``GreedyDecoder(compile_step=True)``); default on for the models whose encoder is compiled by
+    default (``CompiledEncoder.enabled_for``, whatever ``compile_encoder`` says) when the attention
+    is Triton's (large-v3 with FP8 keys and values; ``GreedyDecoder.compiles_step_for`` gives the
+    measurements), off otherwise.
     """
 
     def __init__(self, model_dir: Path, target: Target, decoding: Decoding, cpu_threads: int = 0,
@@ -172,7 +173,7 @@ class TorchWhisperBackend:
         self.decoding = decoding
         self.features = LogMel(self.model.dims.num_mel_bins, self.device)
         if compile_decoder is None:
-            compile_decoder = CompiledStep.enabled_for(self.model, self.device)
+            compile_decoder = GreedyDecoder.compiles_step_for(self.model, self.device)
         self.decoder = GreedyDecoder(self.model, self.special, max_batch=max_batch_size,
                                      use_cuda_graphs=use_cuda_graphs, run_ahead=run_ahead, cross_fp8=cross_fp8,
                                      compile_step=compile_decoder)

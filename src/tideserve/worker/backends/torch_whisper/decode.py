@@ -41,7 +41,8 @@ from typing import Any
 
 import torch
 
-from tideserve.worker.backends.torch_whisper.model import CompiledStep, KVCache, Whisper, pow2_bucket
+from tideserve.worker.backends.torch_whisper.model import (CompiledEncoder, KVCache, Whisper, compile_batch_dynamic,
+                                                         pow2_bucket)
 
 _NEG_INF = float("-inf")
 
@@ -84,8 +85,8 @@ class GreedyDecoder:
     """Decode batches of up to ``max_batch`` rows with ``model``.
 
     ``use_cuda_graphs`` (default: on CUDA) captures the step per (batch size, attention span)
-    bucket on first use. ``compile_step`` runs the model's step through ``torch.compile``
-    (``model.CompiledStep``: compiled here, once for every batch size).
+    bucket on first use. ``compile_step`` runs the whole step through ``torch.compile``: the
+    model's step with the logit rules and the state update (see ``compiles_step_for``).
     ``max_prompt`` bounds prompt length in tokens (Whisper: at most half the 448-token context is
     previous text). ``run_ahead`` (steps, >= 0): once ``finished`` knows which rows ended, it
     queues that many steps of the next ``run`` for the rows still decoding before it copies the
@@ -143,8 +144,16 @@ class GreedyDecoder:
         self.blank_eot[[s.blank, s.eot]] = True
         self.ids = ids
         self._graphs: dict[tuple[int, int, bool], torch.cuda.CUDAGraph] = {}
-        self._model_step: Callable[..., torch.Tensor] = \
-            CompiledStep(model, self.cache, self.spans) if compile_step else model.step
+        self._compiled: Callable[..., None] | None = None
+        if compile_step and max_batch >= 2:
+            self._compiled = compile_batch_dynamic(self._rows_step, max_batch)
+            # Compiled here, not on a request: one step of rows 0 and 1 (done, so the rules change
+            # nothing an admission does not set again; the model writes their self-attention
+            # cache at position 0, which an admission's first step overwrites) per span, under
+            # the grad mode of every later call (another mode would be compiled again).
+            with torch.inference_mode():
+                for span in self.spans:
+                    self._compiled(*(getattr(self, n)[:2] for n in _ROW_STATE), span)
         self._pool: Any = None  # a CUDA graph memory pool handle, shared by this decoder's graphs
         # Host bookkeeping of the slots: busy slot -> steps run since it was admitted (an upper
         # bound of its position, which picks the attention span), and the plen of each.
@@ -154,34 +163,71 @@ class GreedyDecoder:
         self.run_ahead = run_ahead
         self._ahead = 0  # steps of the next run() that finished() has already queued
 
+    @property
+    def compiled(self) -> bool:
+        """Whether the step runs through ``torch.compile`` (``compile_step``)."""
+        return self._compiled is not None
+
+    @staticmethod
+    def compiles_step_for(model: Whisper, device: torch.device) -> bool:
+        """The backend's default for ``compile_step``: on for the CUDA models whose encoder is
+        compiled (``CompiledEncoder.enabled_for``: medium and the large family) when the step's
+        attention is Triton's (the default with FP8 keys and values); off otherwise.
+
+        Why the whole step: Inductor fuses each residual add into the next layer norm and the
+        rest of a layer's elementwise work, and the logit rules' passes over ``[B, vocab]`` (masks,
+        log-sum-exps, maxima, argmax) into few kernels. Measured at large-v3 size, batch 64 (random
+        weights, FP8 keys and values, CUDA graphs; ``bench/gpu_autotune.py``, one H100 run,
+        ``bench/results/gpu_step_compile_h100.json``): 5.44 ms a step against 5.82 with the
+        model's step alone compiled (-6.5%); at tiny size 0.80 against 1.03 ms with the step
+        eager (-22%), but tiny's serving is bound by the host, not measured there, so it stays
+        off. The model's step alone compiled had given the engine 997 audio-s/s against 963
+        eager (H200, ``bench/results/gpu_e2e_large_v3_h200_step_compiled.json``). With PyTorch's
+        attention the cache scatters under Inductor are unchecked, and it stays off."""
+        return CompiledEncoder.enabled_for(model, device) and model.attention == "triton"
+
     # --- the step: static shapes, in-place state, no host sync ---------------------------------
 
     def _step(self, b: int, span: int, sampling: bool = False) -> None:
+        """One step of rows ``[:b]``: compiled (``compile_step``) for 2 or more rows without
+        sampling, eager otherwise (one row would be specialised and compiled again; sampling is
+        rare, Whisper's fallback)."""
+        rows = tuple(getattr(self, n)[:b] for n in _ROW_STATE)
+        if self._compiled is not None and b >= 2 and not sampling:
+            self._compiled(*rows, span)
+        else:
+            self._rows_step(*rows, span, sampling)
+
+    def _rows_step(self, tok: torch.Tensor, pos: torch.Tensor, plen: torch.Tensor, sot_index: torch.Tensor,
+                   max_len: torch.Tensor, min_new: torch.Tensor, timestamps: torch.Tensor, prompt: torch.Tensor,
+                   temperature: torch.Tensor, hist: torch.Tensor, done: torch.Tensor, ended: torch.Tensor,
+                   sum_logprob: torch.Tensor, no_speech: torch.Tensor, last_ts: torch.Tensor, span: int,
+                   sampling: bool = False) -> None:
+        """The step over the state's first B rows (``_ROW_STATE``, each ``[B, ...]``), updated in
+        place: the model's step, the logit rules (the module doc), the chosen token."""
         s = self.special
-        tok, pos, plen = self.tok[:b], self.pos[:b], self.prompt_len[:b]
-        done, hist = self.done[:b], self.hist[:b]
-        logits = self._model_step(self.cache, tok, pos, span)  # [b, V], predicts position pos + 1
+        b = tok.shape[0]
+        logits = self.model.step(self.cache, tok, pos, span)  # [b, V], predicts position pos + 1
         # p(no speech) = exp(logit - logsumexp(logits)): one reduction, no [B, V] log-softmax.
         raw_ns = logits[:, s.no_speech] - torch.logsumexp(logits, dim=-1)
-        at_sot = pos == self.sot_index[:b]
-        self.no_speech[:b] = torch.where(at_sot, raw_ns.exp(), self.no_speech[:b])
+        no_speech.copy_(torch.where(pos == sot_index, raw_ns.exp(), no_speech))
 
         n_gen = pos + 1 - plen  # tokens already sampled before the one chosen now
         mask = self.suppress[None, :].expand(b, -1)
         first = (n_gen == 0)[:, None]
         mask = mask | (first & self.blank_eot[None, :])
-        mask = mask | ((n_gen < self.min_new[:b])[:, None] & (self.ids == s.eot)[None, :])
-        ts_on = self.timestamps[:b][:, None]
+        mask = mask | ((n_gen < min_new)[:, None] & (self.ids == s.eot)[None, :])
+        ts_on = timestamps[:, None]
         mask = mask | (~ts_on & self.is_ts[None, :])
         # Timestamp rules (rows with timestamps on).
         prev = hist.gather(1, (pos - 1).clamp(min=0)[:, None])[:, 0]
-        last_ts = (n_gen >= 1) & (tok >= s.timestamp_begin)
+        after_ts = (n_gen >= 1) & (tok >= s.timestamp_begin)
         pen_ts = (n_gen < 2) | (prev >= s.timestamp_begin)
         rule = torch.zeros_like(mask)
-        rule |= (last_ts & pen_ts)[:, None] & self.is_ts[None, :]
-        rule |= (last_ts & ~pen_ts)[:, None] & self.is_text[None, :]
-        floor = torch.where(last_ts & ~pen_ts, self.last_ts[:b], self.last_ts[:b] + 1)
-        rule |= ((self.last_ts[:b] >= 0)[:, None] & self.is_ts[None, :] & (self.ids[None, :] < floor[:, None]))
+        rule |= (after_ts & pen_ts)[:, None] & self.is_ts[None, :]
+        rule |= (after_ts & ~pen_ts)[:, None] & self.is_text[None, :]
+        floor = torch.where(after_ts & ~pen_ts, last_ts, last_ts + 1)
+        rule |= ((last_ts >= 0)[:, None] & self.is_ts[None, :] & (self.ids[None, :] < floor[:, None]))
         rule |= first & ~self.is_ts[None, :]
         rule |= first & (self.ids[None, :] > s.timestamp_begin + self.max_initial_ts)
         mask = mask | (ts_on & rule)
@@ -193,28 +239,27 @@ class GreedyDecoder:
         force_ts = ts_on[:, 0] & (ts_mass > best_text)
         filtered = filtered.masked_fill(force_ts[:, None] & ~self.is_ts[None, :], _NEG_INF)
         if sampling:  # rows with T > 0 draw from softmax(filtered / T) (Gumbel-max); T == 0 rows take argmax
-            temp = self.temperature[:b]
             u = torch.rand_like(filtered).clamp_(min=1e-20, max=1.0 - 1e-7)
-            noisy = filtered / temp.clamp(min=1e-6)[:, None] - torch.log(-torch.log(u))
-            sample = torch.where(temp > 0, noisy.argmax(dim=-1), filtered.argmax(dim=-1))
+            noisy = filtered / temperature.clamp(min=1e-6)[:, None] - torch.log(-torch.log(u))
+            sample = torch.where(temperature > 0, noisy.argmax(dim=-1), filtered.argmax(dim=-1))
         else:
             sample = filtered.argmax(dim=-1)
         sample_lp = filtered.gather(1, sample[:, None])[:, 0] - torch.logsumexp(filtered, dim=-1)
 
         in_prompt = pos + 1 < plen
         active = ~done & ~in_prompt
-        forced = self.prompt[:b].gather(1, (pos + 1).clamp(max=self.max_prompt - 1)[:, None])[:, 0]
+        forced = prompt.gather(1, (pos + 1).clamp(max=self.max_prompt - 1)[:, None])[:, 0]
         nxt = torch.where(in_prompt, forced, sample)
         nxt = torch.where(done, tok, nxt)
         hist.scatter_(1, (pos + 1)[:, None], nxt[:, None])
-        self.sum_logprob[:b] += torch.where(active & (sample != s.eot), sample_lp, 0.0)
-        self.last_ts[:b] = torch.where(active & (sample >= s.timestamp_begin), sample, self.last_ts[:b])
+        sum_logprob += torch.where(active & (sample != s.eot), sample_lp, 0.0)
+        last_ts.copy_(torch.where(active & (sample >= s.timestamp_begin), sample, last_ts))
         hit_eot = active & (sample == s.eot)
-        self.ended[:b] |= hit_eot
-        new_done = done | hit_eot | (pos + 2 >= self.max_len[:b])
-        self.pos[:b] = torch.where(done, pos, pos + 1)
-        self.tok[:b] = nxt
-        self.done[:b] = new_done
+        ended |= hit_eot
+        new_done = done | hit_eot | (pos + 2 >= max_len)
+        pos.copy_(torch.where(done, pos, pos + 1))
+        tok.copy_(nxt)
+        done.copy_(new_done)
 
     def _run_step(self, b: int, span: int, sampling: bool = False) -> None:
         if not self.graphs_enabled:
@@ -441,3 +486,6 @@ class GreedyDecoder:
 
 
 _STATE = ("tok", "pos", "hist", "done", "ended", "sum_logprob", "no_speech", "last_ts")
+#: The per-row tensors a step reads and writes, in ``GreedyDecoder._rows_step``'s order.
+_ROW_STATE = ("tok", "pos", "prompt_len", "sot_index", "max_len", "min_new", "timestamps", "prompt", "temperature",
+              "hist", "done", "ended", "sum_logprob", "no_speech", "last_ts")

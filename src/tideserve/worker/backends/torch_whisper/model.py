@@ -412,7 +412,7 @@ def compile_batch_dynamic(fn: Callable[..., torch.Tensor], max_batch: int) -> Ca
     """``fn`` through ``torch.compile`` with dimension 0 of its tensor arguments marked dynamic over
     2..``max_batch``: one compilation for every batch size from 2 (a size of 1 would be
     specialised and compiled again, so callers run one row eagerly). Shared by ``CompiledEncoder``
-    and ``CompiledStep``."""
+    and the decoder's compiled step (``decode.GreedyDecoder``)."""
     compiled = torch.compile(fn)
 
     def call(*args: Any) -> torch.Tensor:
@@ -525,58 +525,3 @@ class CompiledEncoder:
         ``max_batch``."""
         n = check_encoder_batch(features.shape[0], self.max_batch)
         return self._eager(features) if n == 1 else self._compiled(features)
-
-
-class CompiledStep:
-    """``Whisper.step`` through ``torch.compile``: between the matrix products and the attention
-    kernels, Inductor fuses each residual add into the next layer norm and the rest of a layer's
-    elementwise work, so a step launches fewer, fuller kernels (the step is launch-bound at
-    serving batch sizes: at large-v3 size and batch 64, 4.5 of its 7.3 ms lay outside the FP8
-    cross-attention, which reads 7.9 GB, while its weights are 1.8 GB, H200,
-    ``bench/results/gpu_step_parts_fp8_h200.json``). The batch dimension is compiled as dynamic,
-    so one compilation serves 2 to ``max_batch`` rows (a CUDA graph per batch bucket is still
-    captured over it); one row runs eagerly (a size of 1 would be specialised and compiled
-    again). Compiled at construction, one step over ``cache`` rows 0 and 1 per attention span in
-    ``spans`` (positions 0; a later admission overwrites what it wrote), not on a request: one
-    compilation per span (Dynamo specialises the first span and the whole context; PyTorch's
-    attention reads three spans, the Triton self-attention one). Not checked: with PyTorch's
-    attention the step writes the self-attention cache by scatters, which Inductor may compile as
-    a copy of each layer's cache; the Triton self-attention writes it in place (a custom operator
-    under compilation, ``triton_kernels.self_attend_op``).
-
-    Call as ``Whisper.step``. Raises ValueError for more rows than the cache holds.
-    """
-
-    def __init__(self, model: Whisper, cache: KVCache, spans: tuple[int, ...]) -> None:
-        device = next(model.parameters()).device
-        if device != cache.self_k[0].device:
-            raise ValueError(f"the model is on {device}, its cache on {cache.self_k[0].device}")
-        self.max_batch = cache.max_batch
-        self._eager = model.step
-        self._compiled = compile_batch_dynamic(model.step, self.max_batch)
-        if self.max_batch >= 2:
-            # two tensors, not views of one: aliased inputs would be compiled again for real calls
-            tokens, positions = (torch.zeros(2, dtype=torch.long, device=device) for _ in range(2))
-            for span in spans:
-                self(cache, tokens, positions, span)
-
-    @classmethod
-    def enabled_for(cls, model: Whisper, device: torch.device) -> bool:
-        """The backend's default: on for the CUDA models ``CompiledEncoder.enabled_for`` picks
-        (wider than the encoder's CUDA graphs: medium and the large family) when the step's
-        attention is Triton's (the default with FP8 keys and values). Measured on large-v3 shapes
-        only (H200, one pair of runs): engine alone at batch 64, 997 audio-s/s compiled against 963
-        eager side by side (+3.6%), served 958 at 256 clients
-        (``bench/results/gpu_e2e_large_v3_h200_step_compiled.json``); the other wide models share
-        its layer shapes, not measured. Off otherwise, not measured there: with PyTorch's attention
-        the cache scatters under Inductor are unchecked (see the class), and narrower models were
-        not tried."""
-        return CompiledEncoder.enabled_for(model, device) and model.attention == "triton"
-
-    @torch.inference_mode()  # one grad mode for every call: another would be compiled again
-    def __call__(self, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor,
-                 span: int | None = None) -> torch.Tensor:
-        n = tokens.shape[0]
-        if n > self.max_batch:
-            raise ValueError(f"a decoder step of {n} rows, but the cache holds {self.max_batch}")
-        return (self._eager if n == 1 else self._compiled)(cache, tokens, positions, span)

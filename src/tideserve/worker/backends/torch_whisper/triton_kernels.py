@@ -253,7 +253,7 @@ def attend(q: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, k_scale: torch.T
     return o.view(b, h, d).to(q.dtype)
 
 
-# Under torch.compile (``model.CompiledStep``) the two decoder-step kernels are custom operators,
+# Under torch.compile (the decoder's compiled step, ``decode.GreedyDecoder``) the two decoder-step kernels are custom operators,
 # opaque to Inductor: traced through, Triton then compiled the self-attention kernel with a
 # float64 scale (its loop-carried sum changed type and the build failed, H100, torch 2.11).
 # ``model.Whisper.step`` calls these only while compiling; eagerly it calls the functions above
