@@ -144,7 +144,7 @@ class GreedyDecoder:
         self.blank_eot[[s.blank, s.eot]] = True
         self.ids = ids
         self._graphs: dict[tuple[int, int, bool], torch.cuda.CUDAGraph] = {}
-        self._compiled: Callable[..., None] | None = None
+        self._compiled: Callable[..., Any] | None = None
         if compile_step and max_batch >= 2:
             self._compiled = compile_batch_dynamic(self._rows_step, max_batch)
             # Compiled here, not on a request: one step of rows 0 and 1 (done, so the rules change
@@ -153,7 +153,7 @@ class GreedyDecoder:
             # the grad mode of every later call (another mode would be compiled again).
             with torch.inference_mode():
                 for span in self.spans:
-                    self._compiled(*(getattr(self, n)[:2] for n in _ROW_STATE), span)
+                    self._compiled(span, False, *(getattr(self, n)[:2] for n in _ROW_STATE))
         self._pool: Any = None  # a CUDA graph memory pool handle, shared by this decoder's graphs
         # Host bookkeeping of the slots: busy slot -> steps run since it was admitted (an upper
         # bound of its position, which picks the attention span), and the plen of each.
@@ -194,15 +194,15 @@ class GreedyDecoder:
         rare, Whisper's fallback)."""
         rows = tuple(getattr(self, n)[:b] for n in _ROW_STATE)
         if self._compiled is not None and b >= 2 and not sampling:
-            self._compiled(*rows, span)
+            self._compiled(span, False, *rows)
         else:
-            self._rows_step(*rows, span, sampling)
+            self._rows_step(span, sampling, *rows)
 
-    def _rows_step(self, tok: torch.Tensor, pos: torch.Tensor, plen: torch.Tensor, sot_index: torch.Tensor,
-                   max_len: torch.Tensor, min_new: torch.Tensor, timestamps: torch.Tensor, prompt: torch.Tensor,
-                   temperature: torch.Tensor, hist: torch.Tensor, done: torch.Tensor, ended: torch.Tensor,
-                   sum_logprob: torch.Tensor, no_speech: torch.Tensor, last_ts: torch.Tensor, span: int,
-                   sampling: bool = False) -> None:
+    def _rows_step(self, span: int, sampling: bool, tok: torch.Tensor, pos: torch.Tensor, plen: torch.Tensor,
+                   sot_index: torch.Tensor, max_len: torch.Tensor, min_new: torch.Tensor, timestamps: torch.Tensor,
+                   prompt: torch.Tensor, temperature: torch.Tensor, hist: torch.Tensor, done: torch.Tensor,
+                   ended: torch.Tensor, sum_logprob: torch.Tensor, no_speech: torch.Tensor,
+                   last_ts: torch.Tensor) -> None:
         """The step over the state's first B rows (``_ROW_STATE``, each ``[B, ...]``), updated in
         place: the model's step, the logit rules (the module doc), the chosen token."""
         s = self.special

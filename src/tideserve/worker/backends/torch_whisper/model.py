@@ -408,14 +408,14 @@ def pow2_bucket(n: int, cap: int) -> int:
     return min(b, cap)
 
 
-def compile_batch_dynamic(fn: Callable[..., torch.Tensor], max_batch: int) -> Callable[..., torch.Tensor]:
+def compile_batch_dynamic(fn: Callable[..., Any], max_batch: int) -> Callable[..., Any]:
     """``fn`` through ``torch.compile`` with dimension 0 of its tensor arguments marked dynamic over
     2..``max_batch``: one compilation for every batch size from 2 (a size of 1 would be
     specialised and compiled again, so callers run one row eagerly). Shared by ``CompiledEncoder``
     and the decoder's compiled step (``decode.GreedyDecoder``)."""
     compiled = torch.compile(fn)
 
-    def call(*args: Any) -> torch.Tensor:
+    def call(*args: Any) -> Any:
         for x in args:
             if isinstance(x, torch.Tensor):
                 torch._dynamo.mark_dynamic(x, 0, min=2, max=max(2, max_batch))
