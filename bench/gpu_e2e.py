@@ -8,7 +8,10 @@
    (NVML, sampled every 100 ms), CPU cores used per process of the replica.
 3. Engine in-process: the same requests' windows through ``worker.engine.EngineLoop`` and the same
    backend (all submitted at once, no HTTP, no other process).
-4. Hugging Face ``generate`` (and ``pipeline`` where it loads) on the same windows, batch 64.
+4. Hugging Face ``generate`` (and ``pipeline`` where it loads) on the same windows, batch 64, in
+   a fresh Python process (``in_fresh_process``): run in this process after the engine, large-v3's
+   ``generate`` measured 261 audio-s/s on an H100 where a process of its own measured 351-368 on the
+   same machine (2026-12-06), so every ratio to it before then was against a slowed baseline.
 5. Agreement: word error rate of the served transcripts against Hugging Face's on the same files.
 6. Head-of-line: the served p99 of normal requests with one request in the mix whose window is
    forced to the token limit, against the same load without it (in-process engine, fallback off).
@@ -398,6 +401,14 @@ def kernel_table(prof, wall_s: float) -> str:
     return "\n".join(out) + "\n"
 
 
+def in_fresh_process(fn, *args):
+    """``fn(*args)`` in a new Python process (multiprocessing's spawn: nothing of this process's
+    CUDA context, allocator, compiled code or threads), its (picklable) result returned; its
+    exceptions are raised here. ``fn`` must be a module-level function."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(fn, args)
+
+
 def hf_baselines(a, files: list[np.ndarray], pipeline: bool) -> dict:
     hb = a.hf_batch or a.batch
     import torch
@@ -551,8 +562,7 @@ def main() -> int:
             res["wer_served_vs_engine"] = statistics.mean(wer(e["texts"].get(k, ""), served_texts.get(k, ""))
                                                           for k in range(len(files)))
     if "hf" not in skip:
-        h = hf_baselines(a, files, "pipeline" not in skip)
-        torch.cuda.empty_cache()  # the HF model (held by its pipeline too) is freed only once hf_baselines returns
+        h = in_fresh_process(hf_baselines, a, files, "pipeline" not in skip)
         res["hf"] = {k: v for k, v in h.items() if k != "texts"}
         res["rtfx_hf_generate"] = h["rtfx_generate"]
         if "rtfx_pipeline" in h:
