@@ -181,8 +181,9 @@ class GreedyDecoder:
         ``bench/results/gpu_step_compile_h100.json``): 5.44 ms a step against 5.82 with the
         model's step alone compiled (-6.5%); at tiny size 0.80 against 1.03 ms with the step
         eager (-22%), but tiny's serving is bound by the host, not measured there, so it stays
-        off. The model's step alone compiled had given the engine 997 audio-s/s against 963
-        eager (H200, ``bench/results/gpu_e2e_large_v3_h200_step_compiled.json``). With PyTorch's
+        off. Large-v3's engine alone at batch 64: 964 audio-s/s against 886 with the step eager,
+        side by side (+8.8%; the model's step alone compiled had given +3.7%), served 949 (H100,
+        2,000 requests, ``bench/results/gpu_e2e_large_v3_h100_step_rules.json``). With PyTorch's
         attention the cache scatters under Inductor are unchecked, and it stays off."""
         return CompiledEncoder.enabled_for(model, device) and model.attention == "triton"
 
