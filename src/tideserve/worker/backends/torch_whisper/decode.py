@@ -146,14 +146,16 @@ class GreedyDecoder:
         self._graphs: dict[tuple[int, int, bool], torch.cuda.CUDAGraph] = {}
         self._compiled: Callable[..., Any] | None = None
         if compile_step and max_batch >= 2:
-            self._compiled = compile_batch_dynamic(self._rows_step, max_batch)
+            # the function, not the bound method: the decoder would hold itself through it, and
+            # ``del`` would not free its cache until the cyclic garbage collector ran
+            self._compiled = compile_batch_dynamic(GreedyDecoder._rows_step, max_batch)
             # Compiled here, not on a request: one step of rows 0 and 1 (done, so the rules change
             # nothing an admission does not set again; the model writes their self-attention
             # cache at position 0, which an admission's first step overwrites) per span, under
             # the grad mode of every later call (another mode would be compiled again).
             with torch.inference_mode():
                 for span in self.spans:
-                    self._compiled(span, False, *(getattr(self, n)[:2] for n in _ROW_STATE))
+                    self._compiled(self, span, False, *(getattr(self, n)[:2] for n in _ROW_STATE))
         self._pool: Any = None  # a CUDA graph memory pool handle, shared by this decoder's graphs
         # Host bookkeeping of the slots: busy slot -> steps run since it was admitted (an upper
         # bound of its position, which picks the attention span), and the plen of each.
@@ -177,14 +179,15 @@ class GreedyDecoder:
         Why the whole step: Inductor fuses each residual add into the next layer norm and the
         rest of a layer's elementwise work, and the logit rules' passes over ``[B, vocab]`` (masks,
         log-sum-exps, maxima, argmax) into few kernels. Measured at large-v3 size, batch 64 (random
-        weights, FP8 keys and values, CUDA graphs; ``bench/gpu_autotune.py``, one H100 run,
-        ``bench/results/gpu_step_compile_h100.json``): 5.44 ms a step against 5.82 with the
-        model's step alone compiled (-6.5%); at tiny size 0.80 against 1.03 ms with the step
-        eager (-22%), but tiny's serving is bound by the host, not measured there, so it stays
-        off. Large-v3's engine alone at batch 64: 964 audio-s/s against 886 with the step eager,
-        side by side (+8.8%; the model's step alone compiled had given +3.7%), served 949 (H100,
-        2,000 requests, ``bench/results/gpu_e2e_large_v3_h100_step_rules.json``). With PyTorch's
-        attention the cache scatters under Inductor are unchecked, and it stays off."""
+        weights, FP8 keys and values, CUDA graphs; ``bench/gpu_autotune.py`` as it was at a5eda9c,
+        one H100 run, ``bench/results/gpu_step_compile_h100.json``), the whole step compiled for a
+        static batch of 64: 5.44 ms a step against 5.82 with the model's step alone compiled
+        (-6.5%); at tiny size 0.80 against 1.03 ms with the step eager (-22%), but tiny's serving
+        is bound by the host, not measured there, so it stays off. As shipped (batch dimension
+        dynamic), large-v3's engine alone at batch 64 ran 964 audio-s/s against 886 with the step
+        eager, side by side (+8.7%; the model's step alone compiled had given +3.7%), and served
+        949 (H100, 2,000 requests, ``bench/results/gpu_e2e_large_v3_h100_step_rules.json``). With
+        PyTorch's attention the cache scatters under Inductor are unchecked, and it stays off."""
         return CompiledEncoder.enabled_for(model, device) and model.attention == "triton"
 
     # --- the step: static shapes, in-place state, no host sync ---------------------------------
@@ -195,7 +198,7 @@ class GreedyDecoder:
         rare, Whisper's fallback)."""
         rows = tuple(getattr(self, n)[:b] for n in _ROW_STATE)
         if self._compiled is not None and b >= 2 and not sampling:
-            self._compiled(span, False, *rows)
+            self._compiled(self, span, False, *rows)
         else:
             self._rows_step(span, sampling, *rows)
 
