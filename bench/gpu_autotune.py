@@ -5,17 +5,20 @@ FP8 cross keys and values, Triton attention; timing only).
 Variants, each compiled afresh (``torch._dynamo.reset``) with the batch dimension dynamic as the
 backend compiles it (``model.compile_batch_dynamic``), first called with ``--batch`` rows so that
 Inductor's size hint is the saturated batch:
-- ``default``: Inductor as the backend runs it (cuBLAS for every matrix product);
-- ``autotune``: ``max_autotune`` with ``ATEN,TRITON`` GEMM backends: each matrix product is
-  benchmarked against Triton templates, which can also take the bias, GELU or residual add into
-  their epilogue;
-- ``rules``: as ``default``, and the whole decoder step compiled, the logit rules (masks,
-  log-sum-exps, argmax, state update: ``GreedyDecoder._step``) with the model (batch size static:
-  one compilation per batch bucket).
+- ``default``: the model's step compiled alone, the logit rules eager (as served before
+  2026-12-06; large-v3 only, tiny's step eager), Inductor with cuBLAS for every matrix product;
+- ``autotune``: as ``default`` with ``max_autotune`` and ``ATEN,TRITON`` GEMM backends: each
+  matrix product is benchmarked against Triton templates, which can also take the bias, GELU or
+  residual add into their epilogue;
+- ``whole``: the whole step compiled, the logit rules and state update with the model's step,
+  as served since (``GreedyDecoder(compile_step=True)``, batch dimension dynamic). The committed
+  ``rules`` rows of ``bench/results/gpu_step_compile_h100.json`` came from this script at a5eda9c,
+  which compiled the decoder's old ``_step`` for a static batch of 64 instead; ``whole`` itself
+  has not run on a GPU yet.
 For each: ms per decoder step of a full batch (CUDA graph replays, as served; rows from position
 0, ``--steps`` steps), ms per window of the encoder at ``--batch`` windows, and compile seconds.
 
-    python3 bench/gpu_autotune.py --json $OUT/autotune.json [--variants default,rules] [--size tiny]
+    python3 bench/gpu_autotune.py --json $OUT/autotune.json [--variants default,whole] [--size tiny]
 """
 
 from __future__ import annotations
@@ -37,6 +40,16 @@ from gpu_overlap import timed
 from gpu_whisper import special_for
 
 
+class _StepOnly:
+    """``model`` with its ``step`` replaced by ``step`` (what the decoder's eager step calls)."""
+
+    def __init__(self, model: Whisper, step) -> None:
+        self._model, self.step = model, step
+
+    def __getattr__(self, name: str):
+        return getattr(self._model, name)
+
+
 def variant(name: str, model: Whisper, batch: int, steps: int, repeats: int) -> dict:
     import torch._inductor.config as ic
 
@@ -46,10 +59,9 @@ def variant(name: str, model: Whisper, batch: int, steps: int, repeats: int) -> 
     dims = model.dims
     special = special_for(dims.vocab_size)
     large = dims.d_model == 1280
-    dec = GreedyDecoder(model, special, max_batch=batch, cross_fp8=large, compile_step=False)
-    full = torch.randn(batch, dims.num_mel_bins, 3000, device="cuda", dtype=torch.bfloat16)
     out: dict = {"variant": name, "size": "large-v3" if large else f"d_model {dims.d_model}",
                  "batch": batch, "steps": steps}
+    full = torch.randn(batch, dims.num_mel_bins, 3000, device="cuda", dtype=torch.bfloat16)
     with torch.inference_mode():
         t0 = time.perf_counter()
         encode = compile_batch_dynamic(model.encode, batch)
@@ -57,14 +69,12 @@ def variant(name: str, model: Whisper, batch: int, steps: int, repeats: int) -> 
         torch.cuda.synchronize()
         out["encoder_compile_s"] = round(time.perf_counter() - t0, 1)
         t0 = time.perf_counter()
-        if name == "rules":  # model.step traced inside the whole step, compiled at its first call
-            dec._step = torch.compile(dec._step)
-            dec._step(batch, dims.max_target_positions)
-        elif large:  # as served: the model's step compiled (tiny's runs eagerly)
+        dec = GreedyDecoder(model, special, max_batch=batch, cross_fp8=large, compile_step=name == "whole")
+        if name != "whole" and large:  # the model's step alone compiled, called by the eager step
             step = compile_batch_dynamic(model.step, batch)
             zeros = [torch.zeros(batch, dtype=torch.long, device="cuda") for _ in range(2)]
             step(dec.cache, zeros[0], zeros[1], dims.max_target_positions)
-            dec._model_step = step
+            dec.model = _StepOnly(model, step)  # type: ignore[assignment]
         torch.cuda.synchronize()
         out["step_compile_s"] = round(time.perf_counter() - t0, 1)
         prompt = [special.sot, special.no_timestamps]

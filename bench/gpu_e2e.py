@@ -10,8 +10,9 @@
    backend (all submitted at once, no HTTP, no other process).
 4. Hugging Face ``generate`` (and ``pipeline`` where it loads) on the same windows, batch 64, in
    a fresh Python process (``in_fresh_process``): run in this process after the engine, large-v3's
-   ``generate`` measured 261 audio-s/s on an H100 where a process of its own measured 351-368 on the
-   same machine (2026-12-06), so every ratio to it before then was against a slowed baseline.
+   ``generate`` had measured 261 audio-s/s on an H100, where a process of its own measured 351-368
+   on another H100 (2026-12-06; process or machine not separated), so the ratios to it before then
+   may be too high.
 5. Agreement: word error rate of the served transcripts against Hugging Face's on the same files.
 6. Head-of-line: the served p99 of normal requests with one request in the mix whose window is
    forced to the token limit, against the same load without it (in-process engine, fallback off).
