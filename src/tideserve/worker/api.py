@@ -58,6 +58,7 @@ from tideserve.worker.timings import Usage
 from tideserve.worker.engine import RequestOptions
 from tideserve.worker.engine_client import EngineClient
 from tideserve.worker.language_id import mismatch_message
+from tideserve.worker.longform import decodes_timestamps
 from tideserve.worker.prep import (
     Prepared,
     PrepPool,
@@ -119,19 +120,18 @@ class WorkerService:
     replicas in ``SPREAD_HEADER``, is cut into parts of at least half this length whose later
     parts go to those replicas (``PART_PATH``, with ``token``); a part a replica fails, or has
     not answered ``spread_part_grace_s`` seconds after this replica's own part (or 3x its time,
-    when longer), is transcribed here instead. ``long_form_timestamps`` (the endpoint's
-    ``without_timestamps`` unset): a spread file's parts, this replica's included, decode with
-    timestamp tokens, as the engine decodes any file of several windows, so that a part of one
-    window reads as it would in one piece."""
+    when longer), is transcribed here instead. ``without_timestamps`` (the endpoint's): a spread
+    file's parts, this replica's included, decode with timestamp tokens when the whole file would
+    (``longform.decodes_timestamps``), so that a part of one window reads as it would in one piece."""
 
     def __init__(self, model_name: str, prep: PrepPool, engine: EngineClient, metrics: TritonMetrics,
                  max_audio_s: float | None = None, max_prompt_chars: int | None = None,
                  languages: frozenset[str] = frozenset(), max_audio_s_in_flight: float | None = None,
                  aliases: tuple[str, ...] = (), spread_min_audio_s: float = 0.0, spread_max_parts: int = 8,
                  token: str | None = None, spread_part_grace_s: float = PART_GRACE_MIN_S,
-                 long_form_timestamps: bool = False) -> None:
+                 without_timestamps: bool | None = True) -> None:
         self.model_name = model_name
-        self.long_form_timestamps = long_form_timestamps
+        self.without_timestamps = without_timestamps
         self.aliases = aliases
         self.max_audio_s = max_audio_s
         cap = max_audio_s_in_flight or (2 * max_audio_s if max_audio_s else None)
@@ -228,9 +228,9 @@ class WorkerService:
         except BadInputError:
             self.discard(prepared)
             raise
-        # A spread file is one file of several windows on several replicas: each part decodes as
-        # the engine decodes such a file in one piece (engine.EngineLoop.submit).
-        timestamps = req.timestamps or (self.long_form_timestamps and bool(prepared.remote))
+        # A spread file is one file on several replicas: each part decodes as the whole file would.
+        windows = len(prepared.cuts) + sum(len(p.cuts) for p in prepared.remote)
+        timestamps = decodes_timestamps(req.timestamps, windows, self.without_timestamps)
         options = RequestOptions(req.prompt, req.language, timestamps, req.task, req.words)
         parts: list[asyncio.Future[TranscriptionResult | None]] = []
         # An English-only model's parts are English, identified only in the part that holds the

@@ -66,8 +66,8 @@ from tideserve.worker.backends.base import PreviousText, Resume, WindowResult, W
 from tideserve.worker.cores import lower_thread_priority, usable_cores
 from tideserve.worker.language_id import LanguageIdConfig, mismatch_message, other_language
 from tideserve.worker.batching import NextBatch, QueuedItem, next_batch, round_robin
-from tideserve.worker.longform import (Accept, Split, conditioning_context, follow_up, is_digital_silence,
-                                       repeats_tail, resumed_rest_holds, tail_holds_speech)
+from tideserve.worker.longform import (Accept, Split, conditioning_context, decodes_timestamps, follow_up,
+                                       is_digital_silence, repeats_tail, resumed_rest_holds, tail_holds_speech)
 from tideserve.worker.windows import pause_middle, windows_of
 
 log = logging.getLogger("tideserve.worker.engine")
@@ -359,14 +359,8 @@ class EngineLoop:
         if not segments:
             self.emit(("error", rid, "BadInputError", "the request has no audio windows"))
             return
-        if len(segments) > 1 and not options.timestamps and self.decoding.without_timestamps is None:
-            # Long-form: Whisper's seek needs timestamp tokens, so at the default a file of several
-            # windows is decoded with them whatever its response format (json and text show only
-            # the text; an endpoint that sets without_timestamps decides for itself).
-            # Without them a window whose decode stops early loses the rest of its speech: on
-            # bench/accuracy.py's 1-minute file (3 windows) WER 0.47 against 0.0 with them, on its
-            # 20-minute file 0.081 against 0.005 (beam 5, 2 cores, README Accuracy).
-            options = replace(options, timestamps=True)
+        if decodes_timestamps(options.timestamps, len(segments), self.decoding.without_timestamps):
+            options = replace(options, timestamps=True)  # json and text show only the text
         now = self.clock()
         req = _Request(rid, len(segments))
         self.requests[rid] = req

@@ -109,7 +109,7 @@ async def serve(args: argparse.Namespace, phases: dict[str, float]) -> int:
                             spread_min_audio_s=spec.spread_min_audio_s,
                             spread_max_parts=spec.gateway.spread_max_parts, token=token,
                             spread_part_grace_s=spec.gateway.spread_part_grace_s,
-                            long_form_timestamps=spec.model.decoding.without_timestamps is None)
+                            without_timestamps=spec.model.decoding.without_timestamps)
     app = build_app(service, spec.gateway.max_body_bytes, token, platform=spec.model.backend)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()

@@ -177,7 +177,7 @@ def test_a_spread_files_parts_decode_with_timestamps_at_the_default_even_a_part_
 
     def run(long_form: bool, timestamps: bool) -> tuple[list[bool], list[bool]]:
         engine, sent = _Engine(), []
-        service = WorkerService("m", None, engine, TritonMetrics("m"), long_form_timestamps=long_form)  # type: ignore[arg-type]
+        service = WorkerService("m", None, engine, TritonMetrics("m"), without_timestamps=None if long_form else True)  # type: ignore[arg-type]
         service.languages = frozenset({"en"})
 
         async def remote(url, part, options, usage, request_id):
