@@ -83,15 +83,14 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(d_model, d_model, bias=False)
         self.v_proj = nn.Linear(d_model, d_model)
         self.out_proj = nn.Linear(d_model, d_model)
-        self.qkv_weight: torch.Tensor | None = None  # set by fuse_qkv
-        self.qkv_bias: torch.Tensor | None = None
+        self.qkv_proj: nn.Module | None = None  # set by fuse_qkv
 
     def fuse_qkv(self) -> None:
-        """Concatenate the q, k and v projections into one ``[3 * d_model, d_model]`` weight and
-        ``[3 * d_model]`` bias (k has none: zeros) for one matrix product per step, and make the
-        projections' weights and biases views into them (no second copy; loading weights in place,
-        e.g. ``load_state_dict``, updates both). Call it after the model's last ``.to()``: a dtype
-        or device change replaces the projections' tensors and leaves the fused ones behind."""
+        """Concatenate the q, k and v projections into one ``qkv_proj`` (``[3 * d_model, d_model]``
+        weight and ``[3 * d_model]`` bias; k has none: zeros) for one matrix product per step, and
+        make the projections' weights and biases views into it (no second copy; loading weights in
+        place, e.g. ``load_state_dict``, updates both). Call it after the model's last ``.to()``: a
+        dtype or device change replaces the projections' tensors and leaves the fused ones behind."""
         w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]).detach()
         bias = torch.cat([self.q_proj.bias, torch.zeros_like(self.q_proj.bias), self.v_proj.bias]).detach()
         d = self.q_proj.weight.shape[0]
@@ -99,7 +98,10 @@ class Attention(nn.Module):
             proj.weight = nn.Parameter(w[i * d:(i + 1) * d], requires_grad=False)
         self.q_proj.bias = nn.Parameter(bias[:d], requires_grad=False)
         self.v_proj.bias = nn.Parameter(bias[2 * d:], requires_grad=False)
-        self.qkv_weight, self.qkv_bias = w, bias
+        with torch.device("meta"):
+            self.qkv_proj = nn.Linear(w.shape[1], w.shape[0])
+        self.qkv_proj.weight = nn.Parameter(w, requires_grad=False)
+        self.qkv_proj.bias = nn.Parameter(bias, requires_grad=False)
 
     def split(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
@@ -309,8 +311,8 @@ class Whisper(nn.Module):
             a = layer.self_attn
             h = layer.self_attn_layer_norm(x)
             if self.attention == "triton":  # the cache write and the attention in one kernel
-                if a.qkv_weight is not None:  # one product (fuse_qkv); q, k, v strided views of it
-                    qkv = F.linear(h, a.qkv_weight, a.qkv_bias).view(b, 3, a.heads, a.head_dim)
+                if a.qkv_proj is not None:  # one product (fuse_qkv); q, k, v strided views of it
+                    qkv = a.qkv_proj(h).view(b, 3, a.heads, a.head_dim)
                     q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
                 else:
                     q, k, v = (p(h).view(b, a.heads, a.head_dim) for p in (a.q_proj, a.k_proj, a.v_proj))
