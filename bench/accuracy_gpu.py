@@ -6,6 +6,8 @@ machine (issue 13's "torch on the H200" row), in three steps:
     python3 bench/accuracy_gpu.py run .devdata/acc $OUT/acc_gpu.json --minutes 1,5,20   # there
         [--spaced 3:41,3:42,3:43,3:44,5:45,5:46]   # and bench/quiet_spans_ab.py's files with long gaps
         [--cross-fp8] [--attention triton]          # cross-attention keys and values in FP8; Triton self-attention
+        [--weights-fp8]                             # the layers' matrix products in FP8 (bench/fp8_linear.py)
+        [--compile-step]                            # the whole decoder step compiled (GreedyDecoder(compile_step=True))
         [--as verbose_json,json,json-never]         # requests as verbose_json (the default), as json at the
                                                     # endpoint's default without_timestamps, as json with it true
     python bench/accuracy_gpu.py score acc_gpu.json             # here: WER and segment checks
@@ -53,7 +55,8 @@ def prepare(out: Path) -> None:
 
 
 def run(packed: Path, result: Path, minutes: list[float], target: str, spaced: list[tuple[float, int]] = (),
-        cross_fp8: bool = False, attention: str = "sdpa", kinds: tuple[str, ...] = ("verbose_json",)) -> None:
+        cross_fp8: bool = False, attention: str = "sdpa", kinds: tuple[str, ...] = ("verbose_json",),
+        weights_fp8: bool = False, compile_step: bool | None = None) -> None:
     from gpu_parity import unpack
     from inproc import REQUEST_KINDS, Tideserve
     from longfiles import long_file, spaced_file
@@ -76,8 +79,13 @@ def run(packed: Path, result: Path, minutes: list[float], target: str, spaced: l
     for kind in kinds:
         without, asked = REQUEST_KINDS[kind]
         t = Tideserve("torch", target, Decoding(beam_size=1, without_timestamps=without), 64, model_dir=model,
-                      cross_fp8=cross_fp8, attention=attention)
-        system = f"tideserve-torch-{target}" + ("-fp8kv" if cross_fp8 else "") + \
+                      cross_fp8=cross_fp8, attention=attention, compile_decoder=compile_step)
+        if weights_fp8:  # before any decode: the encoder's graphs and the step's are captured on first use
+            from fp8_linear import quantize_fp8
+
+            quantize_fp8(t.backend.model)
+        system = f"tideserve-torch-{target}" + ("-fp8kv" if cross_fp8 else "") + ("-fp8w" if weights_fp8 else "") + \
+            ("-compiled-step" if compile_step else "") + \
             ("" if attention == "sdpa" else f"-{attention}") + ("" if kind == "verbose_json" else f"-as-{kind}")
         for name, samples, ref in files:
             t(samples[: 16_000 * 2], timestamps=asked)  # warm-up
@@ -121,7 +129,7 @@ def main() -> int:
         attention = sys.argv[sys.argv.index("--attention") + 1] if "--attention" in sys.argv else "sdpa"
         kinds = tuple(sys.argv[sys.argv.index("--as") + 1].split(",")) if "--as" in sys.argv else ("verbose_json",)
         run(path, Path(sys.argv[3]), minutes, target, spaced, cross_fp8="--cross-fp8" in sys.argv, attention=attention,
-            kinds=kinds)
+            kinds=kinds, weights_fp8="--weights-fp8" in sys.argv, compile_step=True if "--compile-step" in sys.argv else None)
     elif cmd == "score":
         score(path)
     else:

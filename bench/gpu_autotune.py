@@ -13,8 +13,10 @@ Inductor's size hint is the saturated batch:
 - ``whole``: the whole step compiled, the logit rules and state update with the model's step,
   as served since (``GreedyDecoder(compile_step=True)``, batch dimension dynamic). The committed
   ``rules`` rows of ``bench/results/gpu_step_compile_h100.json`` came from this script at a5eda9c,
-  which compiled the decoder's old ``_step`` for a static batch of 64 instead; ``whole`` itself
-  has not run on a GPU yet.
+  which compiled the decoder's old ``_step`` for a static batch of 64 instead (``whole`` on an H100,
+  2026-12-06: 5.46 ms, ``bench/results/gpu_fp8_products_h100.json``);
+- ``whole-fp8w``: as ``whole``, on the same random model built again with its layers' matrix products in FP8
+  (``bench/fp8_linear.py``'s ``quantize_fp8``), the encoder's included.
 For each: ms per decoder step of a full batch (CUDA graph replays, as served; rows from position
 0, ``--steps`` steps), ms per window of the encoder at ``--batch`` windows, and compile seconds.
 
@@ -36,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tideserve.worker.backends.torch_whisper.decode import GreedyDecoder
 from tideserve.worker.backends.torch_whisper.model import Whisper, WhisperDims, compile_batch_dynamic
+from fp8_linear import quantize_fp8
 from gpu_overlap import timed
 from gpu_whisper import special_for
 
@@ -69,8 +72,9 @@ def variant(name: str, model: Whisper, batch: int, steps: int, repeats: int) -> 
         torch.cuda.synchronize()
         out["encoder_compile_s"] = round(time.perf_counter() - t0, 1)
         t0 = time.perf_counter()
-        dec = GreedyDecoder(model, special, max_batch=batch, cross_fp8=large, compile_step=name == "whole")
-        if name != "whole" and large:  # the model's step alone compiled, called by the eager step
+        whole = name.startswith("whole")
+        dec = GreedyDecoder(model, special, max_batch=batch, cross_fp8=large, compile_step=whole)
+        if not whole and large:  # the model's step alone compiled, called by the eager step
             step = compile_batch_dynamic(model.step, batch)
             zeros = [torch.zeros(batch, dtype=torch.long, device="cuda") for _ in range(2)]
             step(dec.cache, zeros[0], zeros[1], dims.max_target_positions)
@@ -108,14 +112,25 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = Whisper(WhisperDims.large_v3() if a.size == "large-v3" else WhisperDims.tiny())
-    model = model.to(torch.bfloat16).eval()
-    if a.size == "large-v3":  # as served (tiny: bf16 keys and values, PyTorch's attention, eager step)
-        model.fuse_qkv()
-        model.attention = "triton"
-    rows = [variant(v, model, a.batch, a.steps, a.repeats) for v in a.variants.split(",")]
+
+    def build(fp8_weights: bool) -> Whisper:
+        torch.manual_seed(0)
+        with torch.device("cuda"):
+            model = Whisper(WhisperDims.large_v3() if a.size == "large-v3" else WhisperDims.tiny())
+        model = model.to(torch.bfloat16).eval()
+        if a.size == "large-v3":  # as served (tiny: bf16 keys and values, PyTorch's attention, eager step)
+            model.fuse_qkv()
+            model.attention = "triton"
+        if fp8_weights:
+            quantize_fp8(model)
+        return model
+
+    rows = []
+    for v in a.variants.split(","):
+        model = build(v.endswith("-fp8w"))
+        rows.append(variant(v, model, a.batch, a.steps, a.repeats))
+        del model
+        torch.cuda.empty_cache()
     if a.json:
         a.json.write_text(json.dumps(rows, indent=1))
     return 0

@@ -9,10 +9,10 @@
 3. Engine in-process: the same requests' windows through ``worker.engine.EngineLoop`` and the same
    backend (all submitted at once, no HTTP, no other process).
 4. Hugging Face ``generate`` (and ``pipeline`` where it loads) on the same windows, batch 64, in
-   a fresh Python process (``in_fresh_process``): run in this process after the engine, large-v3's
-   ``generate`` had measured 261 audio-s/s on an H100, where a process of its own measured 351-368
-   on another H100 (2026-12-06; process or machine not separated), so the ratios to it before then
-   may be too high.
+   a fresh Python process (``in_fresh_process``; ``--hf-also-in-process`` runs ``generate`` again in
+   this process after the engine: on one H100 363.9 against 363.8 audio-s/s, so the process does
+   not matter; an earlier H100's 261 was that machine's, ``generate`` at batch 64 being bound by its
+   host work).
 5. Agreement: word error rate of the served transcripts against Hugging Face's on the same files.
 6. Head-of-line: the served p99 of normal requests with one request in the mix whose window is
    forced to the token limit, against the same load without it (in-process engine, fallback off).
@@ -270,7 +270,8 @@ def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: 
                      capture_all: bool = False, batch: int | None = None, chunk_steps: int | None = None,
                      encoder_graphs: bool | None = None, run_ahead: int | None = None, cross_fp8: bool = False,
                      attention: str | None = None, compile_encoder: bool | None = None,
-                     compile_decoder: bool | None = None, profile_to: Path | None = None) -> dict:
+                     compile_decoder: bool | None = None, profile_to: Path | None = None,
+                     weights_fp8: bool = False) -> dict:
     """All ``n_requests`` (file k % len(files)) submitted at once to an EngineLoop over the backend.
     ``profile_to``: the timed part runs under PyTorch's profiler (CUDA kernels only) and its
     kernel time by kind and by kernel goes to that file (``kernel_table``); the profiler slows the
@@ -300,6 +301,10 @@ def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: 
                                   compile_decoder=compile_decoder,
                                   **({} if attention is None else {"attention": attention}),
                                   **({} if run_ahead is None else {"run_ahead": run_ahead}))
+    if weights_fp8:  # after load: a model compiled at load (large-v3) compiles again on first use
+        from fp8_linear import quantize_fp8
+
+        quantize_fp8(backend.model)
     if capture_all:
         backend.decoder.capture_all()
     prepared = [prepare_audio(TranscriptionRequest(audio=wav_bytes(f)), None) for f in files]
@@ -356,7 +361,7 @@ def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: 
     return {"requests": n_requests, "batch": batch, "chunk_steps": steps,
             "encoder_graphs": graphed, "run_ahead": ahead, "cross_fp8": cross_fp8,
             "attention": attention, "compiled_encoder": compiled, "compiled_step": step_compiled,
-            "wall_s": wall,
+            "weights_fp8": weights_fp8, "wall_s": wall,
             "rtfx": audio_s / wall, "p50_s": pct(lat, 50), "p99_s": pct(lat, 99), "gpu_busy": gpu.busy,
             "texts": text_of}
 
@@ -515,11 +520,15 @@ def main() -> int:
                     help="after the rest, this many requests through the in-process engine under PyTorch's profiler: "
                          "kernel time by kind and kernel in OUT/engine_kernels.txt (slower than the unprofiled engine)")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: served,engine,hf,pipeline,hol")
+    ap.add_argument("--hf-also-in-process", action="store_true",
+                    help="after Hugging Face's baselines in a fresh process, run generate again in this process "
+                         "(after the engine, as before 2026-12-06), to compare the two on one machine")
     ap.add_argument("--engine-sweep", default="",
-                    help="comma list of BATCHxCHUNK_STEPS[:nograph][:aheadN][:fp8][:triton|:sdpa][:nocompile]"
+                    help="comma list of BATCHxCHUNK_STEPS[:nograph][:aheadN][:fp8][:fp8w][:triton|:sdpa][:nocompile]"
                          "[:stepcompile|:nostepcompile] for extra in-process engine runs (nograph: no encoder CUDA graphs; "
                          "aheadN: N run-ahead decoder steps; "
-                         "fp8: cross-attention keys and values in FP8; triton / sdpa: the step's attention kernels, "
+                         "fp8: cross-attention keys and values in FP8; fp8w: the layers' matrix products in FP8 "
+                         "(bench/fp8_linear.py, applied after load); triton / sdpa: the step's attention kernels, "
                          "else the backend's default; nocompile: the encoder eager where the backend would compile it; "
                          "stepcompile / nostepcompile: the decoder step compiled or not, else the backend's default)")
     a = ap.parse_args()
@@ -556,6 +565,7 @@ def main() -> int:
     if "engine" not in skip:
         e = engine_inprocess(a, files, a.requests, cross_fp8=a.kv_cache_dtype == "fp8")
         res["engine"] = {k: v for k, v in e.items() if k != "texts"}
+        engine_texts = e["texts"]
         res["rtfx_engine"] = e["rtfx"]
         print(json.dumps(res["engine"]), flush=True)
         save()
@@ -569,6 +579,11 @@ def main() -> int:
         if "rtfx_pipeline" in h:
             res["rtfx_hf_pipeline"] = h["rtfx_pipeline"]
         print(json.dumps(res["hf"]), flush=True)
+        if a.hf_also_in_process:
+            here = hf_baselines(a, files, False)
+            res["hf_in_this_process"] = {k: v for k, v in here.items() if k != "texts"}
+            print(json.dumps({"hf_in_this_process": res["hf_in_this_process"]}), flush=True)
+        save()
         if "served" not in skip and not a.fixed_tokens:
             per = {k: wer(h["texts"].get(k, ""), served_texts.get(k, "")) for k in range(len(files))}
             res["wer_served_vs_hf_generate"] = statistics.mean(per.values())
@@ -587,8 +602,11 @@ def main() -> int:
                                  attention=next((f for f in flags if f in ("triton", "sdpa")), None),
                                  compile_encoder=False if "nocompile" in flags else None,
                                  compile_decoder=False if "nostepcompile" in flags else
-                                 True if "stepcompile" in flags else None)
+                                 True if "stepcompile" in flags else None, weights_fp8="fp8w" in flags)
             res["engine_sweep"].append({k: v for k, v in e.items() if k != "texts"})
+            if "engine" not in skip:  # the same requests' text against the default engine's (word error rate)
+                res["engine_sweep"][-1]["wer_vs_engine"] = statistics.mean(
+                    wer(engine_texts.get(k, ""), e["texts"].get(k, "")) for k in range(len(files)))
             print(json.dumps(res["engine_sweep"][-1]), flush=True)
             save()
     if "hol" not in skip:

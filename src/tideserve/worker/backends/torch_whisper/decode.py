@@ -182,11 +182,14 @@ class GreedyDecoder:
         weights, FP8 keys and values, CUDA graphs; ``bench/gpu_autotune.py`` as it was at a5eda9c,
         one H100 run, ``bench/results/gpu_step_compile_h100.json``), the whole step compiled for a
         static batch of 64: 5.44 ms a step against 5.82 with the model's step alone compiled
-        (-6.5%); at tiny size 0.80 against 1.03 ms with the step eager (-22%), but tiny's serving
-        is bound by the host, not measured there, so it stays off. As shipped (batch dimension
+        (-6.5%); at tiny size 0.80 against 1.03 ms with the step eager (-22%). Tiny stays off: its
+        engine alone ran 10,405 audio-s/s against 8,159 eager (real weights, batch 64, H100), but
+        served at 256 clients, taking turns, 7,267 and 6,693 against 7,289 and 6,559 (its serving
+        is bound by the host; ``bench/results/gpu_fp8_products_h100.json``). As shipped (batch dimension
         dynamic), large-v3's engine alone at batch 64 ran 964 audio-s/s against 886 with the step
         eager, side by side (+8.7%; the model's step alone compiled had given +3.7%), and served
-        949 (H100, 2,000 requests, ``bench/results/gpu_e2e_large_v3_h100_step_rules.json``). With
+        949 (H100, 2,000 requests, ``bench/results/gpu_e2e_large_v3_h100_step_rules.json``); its step
+        5.46 ms at batch 64 (``bench/gpu_autotune.py --variants whole``). With
         PyTorch's attention the cache scatters under Inductor are unchecked, and it stays off."""
         return CompiledEncoder.enabled_for(model, device) and model.attention == "triton"
 
