@@ -12,12 +12,16 @@ alternates with the seed); files from bench/accuracy.py's generator. Rules
 - ``rest-quiet-level``: a rest's speech is measured against the window's ``windows.quiet_level``
   (the quietest and loudest second; before: ``frame_guard_sound_s``, the level ``sound_s`` took
   until 2026-12-05: the quietest frame + 10 dB or -50 dBFS, under the loudest frame - 30 dB;
-  broadband levels on this side, so since ``windows.band_rms`` the A/B also swaps the band).
+  broadband levels on this side, so since ``windows.band_rms`` the A/B also swaps the band);
+- ``resumed-rest-tail``: a resumed rest whose text is the end of the last segment before the seek
+  is decoded again from its own audio (``resumed_rest_holds``; before: only one whose text is that
+  whole segment, ``resumed_rest_holds_whole_segment``).
 
     .venv/bin/python bench/longform_rule_ab.py --rule quiet-tail --beam 1
     .venv/bin/python bench/longform_rule_ab.py --rule repeated-rest --beam 5
     .venv/bin/python bench/longform_rule_ab.py --rule resumed-rest --beam 5
     .venv/bin/python bench/longform_rule_ab.py --rule rest-quiet-level --beam 1
+    .venv/bin/python bench/longform_rule_ab.py --rule resumed-rest-tail --beam 1
 
 Prints one JSON line per file (WER and seconds of each, and how often the rule decided) and
 the totals.
@@ -59,13 +63,29 @@ def frame_guard_sound_s(samples: np.ndarray, reference: np.ndarray, sample_rate:
     return int(np.count_nonzero(frames > 10.0 ** (limit_db / 20.0))) * hop / sample_rate
 
 
+def resumed_rest_holds_whole_segment(window: np.ndarray, result, d: Decoding, sample_rate: int = 16_000,
+                                     sought=None) -> bool:
+    """``longform.resumed_rest_holds`` as it was until 2026-12-06 (the A/B's "before" of
+    ``resumed-rest-tail``): a resumed rest was decoded again for copying the last segment only
+    when its text was that whole segment."""
+    if not result.text.strip() or result.last_word_end_s is None or longform.needs_fallback(result, d):
+        return False
+    text = longform._squashed(result.text)
+    if sought is not None and text and longform._squashed(sought.last_segment_text) == text:
+        return False
+    return not longform.tail_holds_speech(window, max(0.0, result.last_word_end_s), sample_rate,
+                                          result.unfinished_from_s)
+
+
 #: rule -> (the engine's name for it, what it answers when switched off, its EngineStats counter);
 #: a name starting "backend." is an attribute of the backend, set to the second value to switch it
-#: off; one starting "longform." a function of ``worker.longform`` replaced by the second value
+#: off; one starting "longform." a function of ``worker.longform`` replaced by the second value; an
+#: engine name whose second value is a function is replaced by that function
 RULES = {"quiet-tail": ("tail_holds_speech", True, "quiet_rests"),
          "repeated-rest": ("repeats_tail", False, "repeated_rests"),
          "resumed-rest": ("backend.resumes", False, "resumed_rests"),
-         "rest-quiet-level": ("longform.sound_s", frame_guard_sound_s, "quiet_rests")}
+         "rest-quiet-level": ("longform.sound_s", frame_guard_sound_s, "quiet_rests"),
+         "resumed-rest-tail": ("resumed_rest_holds", resumed_rest_holds_whole_segment, "redone_rests")}
 
 
 def main() -> int:
@@ -91,7 +111,7 @@ def main() -> int:
         samples, ref = A.long_file(clips, minutes, seed)
         row: dict = {"minutes": minutes, "seed": seed}
         for side in ("before", "after") if seed % 2 else ("after", "before"):
-            before = off if owner is not engine else (lambda *_, v=off: v)
+            before = off if owner is not engine or callable(off) else (lambda *_, v=off: v)
             setattr(owner, attr, before if side == "before" else rule)
             t0 = time.perf_counter()
             segs = t(samples)

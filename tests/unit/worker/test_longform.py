@@ -321,6 +321,17 @@ def test_a_resumed_rest_is_kept_only_when_no_speech_follows_its_last_word() -> N
     assert resumed_rest_holds(window, again, d)  # nothing to compare with
     assert resumed_rest_holds(window, replace(done, text=" The quick brown fox. Hello."), d, sought=sought)
     assert resumed_rest_holds(window, replace(done, text=" ..."), d, sought=replace(sought, last_segment_text=""))
+    # Found on bench/accuracy.py's 20-minute file at beam 1: after "Hello World. 1-2-3-4-5-6-7-8-9-10."
+    # the rest wrote the count again over 5 s of "The quick brown fox jumps over the lazy dog" (WER
+    # 0.0073; decoded from its own audio 0.000). The end of the segment counts, from a word's start.
+    counted = replace(sought, text="Hello World. 1-2-3-4-5-6-7-8-9-10.",
+                      last_segment_text="Hello World. 1-2-3-4-5-6-7-8-9-10.")
+    assert not resumed_rest_holds(window, replace(done, text=" 1, 2, 3, 4, 5, 6, 7, 8, 9, 10."), d, sought=counted)
+    hello = WindowResult(text="Hello World.", language="en", last_segment_text="Hello World.")
+    assert not resumed_rest_holds(window, replace(done, text=" World."), d, sought=hello)
+    assert resumed_rest_holds(window, replace(done, text=" The quick brown fox jumps over the lazy dog."), d,
+                              sought=counted)
+    assert resumed_rest_holds(window, replace(done, text=" 0."), d, sought=counted)  # "10" ends in 0, not a word
 
 
 def test_a_resumed_decode_never_writes_a_time_before_its_start() -> None:
