@@ -10,9 +10,9 @@
    backend (all submitted at once, no HTTP, no other process).
 4. Hugging Face ``generate`` (and ``pipeline`` where it loads) on the same windows, batch 64, in
    a fresh Python process (``in_fresh_process``; ``--hf-also-in-process`` runs ``generate`` again in
-   this process after the engine: on one H100 363.9 against 363.8 audio-s/s, so the process does
-   not matter; an earlier H100's 261 was that machine's, ``generate`` at batch 64 being bound by its
-   host work).
+   this process after the engine: on one H100 363.9 against 363.8 audio-s/s, so the process made no
+   difference there; an earlier H100's 261 in this process was most likely that machine's, not
+   measured there).
 5. Agreement: word error rate of the served transcripts against Hugging Face's on the same files.
 6. Head-of-line: the served p99 of normal requests with one request in the mix whose window is
    forced to the token limit, against the same load without it (in-process engine, fallback off).

@@ -11,8 +11,7 @@
 #    python bench/accuracy_gpu.py score FILE), and the engine alone, the compiled step and FP8
 #    products each against the default engine's text (gpu_e2e.py's engine sweep, wer_vs_engine);
 # 3. large-v3 shapes, engine alone at batch 64 with FP8 keys and values, then Hugging Face
-#    generate in a fresh process and again in this process (--hf-also-in-process), then the
-#    engine with FP8 products.
+#    generate in a fresh process and again in this process (--hf-also-in-process).
 # 4. real tiny.en with the whole decoder step compiled (off by default at its size): the long files'
 #    segments, then served at 256 clients against the default, taking turns (bench/gpu_served_ab.sh).
 # Results land in $OUT. Env: REQS (large-v3 requests, default 600), ROUNDS (part 4, default 2).
@@ -33,12 +32,12 @@ timeout 180 python3 bench/gpu_e2e.py --model-dir /tmp/tiny-en --clips .devdata/c
   --skip served,hf,pipeline,hol --engine-sweep 64x16:stepcompile,64x16:fp8w 2>&1 | grep -v "^\[transformers\]\|Warning\|warn("
 fi
 if [[ $PARTS == *,3,* ]]; then
-echo "== 3. large-v3 shapes: engine, generate both ways, engine with FP8 products"
+echo "== 3. large-v3 shapes: engine, generate both ways"
 python3 bench/make_whisper_dir.py --size large-v3 --vocab-size 51864 --tokenizer /tmp/tiny-en/tokenizer.json \
   --out /tmp/large-v3-random >/dev/null
 timeout 560 python3 bench/gpu_e2e.py --model-dir /tmp/large-v3-random --clips .devdata/clips --out "$OUT/large" \
   --fixed-tokens 100 --requests "${REQS:-600}" --kv-cache-dtype fp8 --skip served,pipeline,hol --hf-also-in-process \
-  --engine-sweep 64x16:fp8:fp8w 2>&1 | grep -v "^\[transformers\]\|Warning\|warn("
+  2>&1 | grep -v "^\[transformers\]\|Warning\|warn("
 fi
 if [[ $PARTS == *,4,* ]]; then
 echo "== 4. tiny.en, the whole step compiled: accuracy, then served against the default (ab)"

@@ -90,7 +90,9 @@ class Attention(nn.Module):
         weight and ``[3 * d_model]`` bias; k has none: zeros) for one matrix product per step, and
         make the projections' weights and biases views into it (no second copy; loading weights in
         place, e.g. ``load_state_dict``, updates both). Call it after the model's last ``.to()``: a
-        dtype or device change replaces the projections' tensors and leaves the fused ones behind."""
+        dtype or device change converts ``qkv_proj`` and the projections separately, and they no
+        longer share storage. After it ``state_dict()`` and ``parameters()`` hold ``qkv_proj`` too
+        (the same storage as q, k and v), so loading an unfused state dict needs ``strict=False``."""
         w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]).detach()
         bias = torch.cat([self.q_proj.bias, torch.zeros_like(self.q_proj.bias), self.v_proj.bias]).detach()
         d = self.q_proj.weight.shape[0]
