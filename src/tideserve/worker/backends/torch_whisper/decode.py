@@ -191,7 +191,7 @@ class GreedyDecoder:
         949 (H100, 2,000 requests, ``bench/results/gpu_e2e_large_v3_h100_step_rules.json``); its step
         5.46 ms at batch 64 (``bench/gpu_autotune.py --variants whole``). With
         PyTorch's attention the cache scatters under Inductor are checked on the CPU (tests) and at
-        tiny size on an H100 only (long files WER 0.000 as eager); the default leaves it off with it."""
+        tiny size on an H100 only (long files WER 0.000 as eager); by default it is off with that attention."""
         return CompiledEncoder.enabled_for(model, device) and model.attention == "triton"
 
     # --- the step: static shapes, in-place state, no host sync ---------------------------------
