@@ -84,6 +84,23 @@ def test_french_speech_is_flagged_on_every_api(flag):
     assert ks.json()["parameters"]["detected_language"] == "fr" and ks.json()["parameters"]["language_mismatch"]
 
 
+def test_the_cli_warns_when_the_speech_is_in_another_language(flag, tmp_path):
+    # Found by a new user's try: `tideserve invoke` printed the invented English and nothing else.
+    import subprocess
+    import sys
+
+    clip = tmp_path / "fr.wav"
+    clip.write_bytes(_wav("fr", "bonjour_monde"))
+    en = tmp_path / "en.wav"
+    en.write_bytes(_wav("en", "quick_brown_fox"))
+    run = [sys.executable, "-m", "tideserve", "invoke", str(flag.file), "--url", flag.url]
+    r = subprocess.run([*run, str(clip)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr  # the answer is still printed
+    assert "warning:" in r.stderr and "sounds like fr" in r.stderr and "cannot transcribe" in r.stderr
+    r = subprocess.run([*run, str(en)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "quick brown fox" in r.stdout.lower() and "warning" not in r.stderr
+
+
 def test_english_speech_is_not_flagged_and_a_named_language_skips_identification(flag):
     with flag.client() as c:
         oa, sm, ks = _three_apis(c, _wav("en", "quick_brown_fox"))

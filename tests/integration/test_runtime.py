@@ -244,9 +244,15 @@ def test_gateway_port_in_use_is_a_clear_error(tmp_path):
     s.listen()
     port = s.getsockname()[1]
     path = write_endpoint(tmp_path, gateway={"port": port})
-    r = subprocess.run([sys.executable, "-m", "tideserve", "up", str(path)], capture_output=True, text=True, timeout=60)
+    tmp = tmp_path / "tmp"  # the run directory's parent (tempfile honours TMPDIR)
+    tmp.mkdir()
+    r = subprocess.run([sys.executable, "-m", "tideserve", "up", str(path)], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "TMPDIR": str(tmp)})
     s.close()
     assert r.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in r.stderr
+    assert "pass --port" in r.stderr  # the flag a user of `up` has at hand
+    # Found by a new user's try: the failed start left its run directory (only owner.pid in it).
+    assert not list(tmp.glob("tideserve-*"))
 
 
 def test_losing_the_zygote_restarts_it_and_the_replicas(tmp_path, en_clips):

@@ -243,6 +243,12 @@ def invoke(
         result = _request(base + "/invocations", body, api_key, _cacert(cacert, config, base), timeout)
         text = result.get("transcribe_text", "")
         print(f"{path}: {text}" if len(audio) > 1 else text)
+        if result.get("language_mismatch"):  # the endpoint's language-ID model heard another language
+            lang, p = result.get("detected_language") or "another language", result.get("detected_language_probability")
+            err.print(f"[yellow]warning:[/yellow] {path}: the speech sounds like {lang}"
+                      + (f" (probability {p:.2f})" if isinstance(p, (int, float)) else "")
+                      + ", which the endpoint's model cannot transcribe; the text above may be invented "
+                      "(README, Languages: use a multilingual model)", highlight=False)
 
 
 @app.command()

@@ -76,8 +76,9 @@ async def run_endpoint(
         await site.start()
     except OSError as exc:
         await runner.cleanup()
+        runtime.discard_run_dir()
         print(f"tideserve: cannot listen on {gw.host}:{gw.port}: {exc.strerror}; "
-              "stop what uses that port or set spec.gateway.port", file=sys.stderr)
+              "stop what uses that port, or pass --port (or set spec.gateway.port)", file=sys.stderr)
         return 1
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     scheme = "https" if ctx else "http"
@@ -92,6 +93,7 @@ async def run_endpoint(
             app["grpc_port"] = await grpc_server.start(gw.host, gw.grpc_port, tls)
         except (OSError, RuntimeError) as exc:
             await runner.cleanup()
+            runtime.discard_run_dir()
             print(f"tideserve: cannot listen for gRPC on {gw.host}:{gw.grpc_port}: {exc}; "
                   "stop what uses that port or set spec.gateway.grpc_port", file=sys.stderr)
             return 1

@@ -38,6 +38,10 @@ def parse_invocation(body: bytes, content_type: str | None = None) -> Transcript
             "(or application/octet-stream)")
     if ctype == "application/x-www-form-urlencoded":  # curl -d's default type
         hint += "; with curl: --data-binary @clip.wav -H 'Content-Type: audio/wav'"
+    elif ctype == "multipart/form-data":  # curl -F, the OpenAI habit
+        hint = ("; /invocations takes no multipart form: send the audio file itself with Content-Type audio/* "
+                "(curl --data-binary @clip.wav -H 'Content-Type: audio/wav'), or post the form to "
+                "/v1/audio/transcriptions (OpenAI's API) instead")
     data = loads_json(body, "request body", hint)
     if not isinstance(data, dict):
         raise BadInputError(f"request body must be a JSON object, got {type(data).__name__}")

@@ -339,3 +339,7 @@ def test_invocation_form_urlencoded_body_says_how_to_send_a_file():
     with pytest.raises(BadInputError) as exc:
         sagemaker.parse_invocation(b"RIFF\x80\x00", "application/json")
     assert "--data-binary" not in str(exc.value)
+    # Found by a new user's try: curl -F file=@clip.wav (the OpenAI habit) got only "not valid JSON".
+    form = b"--x\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\r\nRIFF\x80\r\n--x--\r\n"
+    with pytest.raises(BadInputError, match=r"no multipart form.*Content-Type audio/\*.*/v1/audio/transcriptions"):
+        sagemaker.parse_invocation(form, "multipart/form-data; boundary=x")
