@@ -6,6 +6,7 @@ right status, and echo or create ``X-Request-Id`` on every response.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import uuid
@@ -142,3 +143,35 @@ def add_api_routes(router: web.UrlDispatcher, h: ApiHandlers) -> None:
     router.add_get("/v1/models", h.models)
     router.add_get("/v1/models/{model}", h.models)
     router.add_get("/metrics", h.metrics)
+
+
+#: Longest error message the gateway's request log carries (``log_error_text``).
+LOG_ERROR_CHARS = 200
+
+
+def log_error_text(message: str | None) -> str | None:
+    """``message`` for one field of a log line: its whitespace (newlines included, so a message
+    holding client text cannot forge a line of a text log) collapsed to single spaces, cut to
+    ``LOG_ERROR_CHARS``; None for None or an empty message."""
+    if not message:
+        return None
+    flat = " ".join(str(message).split())
+    return (flat[:LOG_ERROR_CHARS - 1] + "…") if len(flat) > LOG_ERROR_CHARS else flat or None
+
+
+def error_body_message(body: bytes) -> str | None:
+    """The message of an error answer's JSON body, whatever its API's shape: OpenAI's and
+    tideserve's ``{"error": {"message": ...}}``, KServe's ``{"error": "..."}``, SageMaker's
+    ``{"error": "<code>", "message": ...}`` (the message); None when the body is not such JSON."""
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    err, message = data.get("error"), data.get("message")
+    if isinstance(err, dict) and isinstance(err.get("message"), str):
+        return err["message"]
+    if isinstance(message, str):  # SageMaker's, beside its error code
+        return message
+    return err if isinstance(err, str) else None

@@ -236,6 +236,13 @@ def test_request_log_line_is_structured(observed):
         assert x["duration_ms"] > 0 and x["hold_ms"] >= 0
     worker_lines = [x for x in lines if x.get("component") == "worker" and x.get("msg") == "transcribed"]
     assert {x["request_id"] for x in worker_lines} == {x["request_id"] for x in ok}
+    # Each error's reason is logged with its status (found by a new user's try: the status alone).
+    failed = [x for x in requests if x["status"] != 200]
+    assert sorted(x["status"] for x in failed) == [400, 400, 400, 404, 413]
+    assert all(x.get("error") for x in failed), failed
+    assert any("not valid JSON" in x["error"] for x in failed if x["status"] == 400), [x["error"] for x in failed]
+    assert "other" in next(x["error"] for x in failed if x["status"] == 404)
+    assert all("error" not in x for x in ok)
 
 
 def test_top_shows_pools_rate_and_pending(observed):

@@ -45,7 +45,9 @@ from tideserve.httpcommon import (
     REQUEST_ID,
     ApiHandlers,
     add_api_routes,
+    error_body_message,
     error_response,
+    log_error_text,
     request_id_and_errors,
 )
 from tideserve.protocol import kserve, openai, sagemaker
@@ -177,10 +179,14 @@ def build_gateway_app(
                                 ctx.get("ready_at_arrival"))
         metrics.requests.labels(ep_name, ctx.get("pool", "none"), api, str(status)).inc()
         metrics.latency.labels(ep_name, api).observe(total_s)
+        # An error's reason goes to the log too (before, only its status: the reason reached the
+        # client alone; found by a new user's try).
+        error = {"error": ctx["error"]} if status >= 400 and ctx.get("error") else {}
         log.info(
             "request",
             extra={"endpoint": ep_name, "api": api, "status": status, "pool": ctx.get("pool"),
-                   "replica": ctx.get("replica"), "duration_ms": round(total_s * 1000, 1), "hold_ms": ctx.get("hold_ms")},
+                   "replica": ctx.get("replica"), "duration_ms": round(total_s * 1000, 1), "hold_ms": ctx.get("hold_ms"),
+                   **error},
         )
 
     @web.middleware
@@ -200,6 +206,7 @@ def build_gateway_app(
             try:
                 return await handler(request)
             except TideserveError as err:
+                request["error"] = log_error_text(err.message)
                 return error_response(request, err)
 
         return wrapped
@@ -249,6 +256,8 @@ def build_gateway_app(
         if isinstance(out, web.StreamResponse):
             return out
         status, out_headers, data = out
+        if status >= 400:  # a replica's error answer, relayed: its reason for the request log
+            request["error"] = log_error_text(error_body_message(data))
         return web.Response(status=status, body=data, headers=out_headers)
 
     async def call(ctx: Ctx, method: str, path: str, body: bytes, headers: dict[str, str],

@@ -206,3 +206,21 @@ def test_an_http2_preface_is_one_warning_line_not_a_traceback(caplog):
     records = [r for r in caplog.records if r.name == "aiohttp.server"]
     assert len(records) == 1 and records[0].levelno == logging.WARNING and records[0].exc_info is None
     assert "spec.gateway.grpc_port" in records[0].getMessage()
+
+
+def test_an_error_answer_s_reason_is_one_flat_log_field_whatever_its_api():
+    # Found by a new user's try: the gateway's request log gave a 400 without its reason.
+    import json
+
+    from tideserve.httpcommon import LOG_ERROR_CHARS, error_body_message, log_error_text
+
+    assert error_body_message(json.dumps({"error": {"message": "bad audio", "type": "x"}}).encode()) == "bad audio"
+    assert error_body_message(json.dumps({"error": "no input AUDIO"}).encode()) == "no input AUDIO"  # KServe
+    assert error_body_message(json.dumps({"error": "bad_input", "message": "not valid JSON"}).encode()) == "not valid JSON"
+    assert error_body_message(b"<html>") is None and error_body_message(b"[1]") is None
+    assert error_body_message(json.dumps({"error": {"code": 3}}).encode()) is None
+    # a client's text in the message cannot start a forged line of a text log
+    assert log_error_text("unknown model 'a\nfake 200 line'") == "unknown model 'a fake 200 line'"
+    long = log_error_text("x" * 500)
+    assert long is not None and len(long) == LOG_ERROR_CHARS and long.endswith("…")
+    assert log_error_text("") is None and log_error_text(None) is None
