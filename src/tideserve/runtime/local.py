@@ -404,15 +404,14 @@ class LocalRuntime:
             await self._zygote.stop()
         if self._session:
             await self._session.close()
-        if self._own_run_dir:  # a temporary directory of ours: replica logs go with it
-            shutil.rmtree(self.run_dir, ignore_errors=True)
+        self.discard_run_dir()  # a temporary directory of ours: replica logs go with it
         self._notify()
 
     def discard_run_dir(self) -> None:
-        """Remove the run directory this runtime made (a temporary one) when it is given up before
-        ``start`` (e.g. the gateway's port is taken); a directory from ``config.run_dir`` stays.
-        Before, such a failed start left ``/tmp/tideserve-*`` holding only ``owner.pid``, until
-        the next start's stale sweep (found by a new user's try)."""
+        """Remove the run directory this runtime made (a temporary one): at ``stop``, or when the
+        runtime is given up before ``start`` (e.g. the gateway's port is taken); a directory from
+        ``config.run_dir`` stays. Before, such a failed start left ``/tmp/tideserve-*`` holding
+        only ``owner.pid``, until the next start's stale sweep (found by a new user's try)."""
         if self._own_run_dir:
             shutil.rmtree(self.run_dir, ignore_errors=True)
 
