@@ -318,7 +318,7 @@ def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: 
                 done[msg[1]] = time.perf_counter()
 
     loop = EngineLoop(backend, decoding, batch, 0.005, emit, **({"chunk_steps": chunk_steps} if chunk_steps else {}))
-    steps = loop.chunk_steps
+    steps = loop.chunk_steps or ("paced" if backend.decoder.paced else loop.steps_per_round())
     # Warm-up (CUDA graph captures).
     for k in range(len(files) * min(a.warmup, 4)):
         loop.submit(10_000 + k, prepared[k % len(files)].segments(), RequestOptions())
@@ -353,13 +353,16 @@ def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: 
     graphed = type(backend.encode).__name__ == "GraphedEncoder"
     compiled = type(backend.encode).__name__ == "CompiledEncoder"
     step_compiled = backend.decoder.compiled
-    ahead = backend.decoder.run_ahead
+    dec = backend.decoder
+    ahead = "paced" if dec.paced else dec.run_ahead
+    # the measured step time per batch bucket and the (chunk, run ahead) it gave (decode_pace)
+    pace = {b: {"step_ms": round(x * 1e3, 3), "pace": dec.pace.pace(b)} for b, x in sorted(dec.pace.step_s.items())}
     attention = backend.model.attention
     del backend, loop
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return {"requests": n_requests, "batch": batch, "chunk_steps": steps,
-            "encoder_graphs": graphed, "run_ahead": ahead, "cross_fp8": cross_fp8,
+            "encoder_graphs": graphed, "run_ahead": ahead, "pace_by_bucket": pace, "cross_fp8": cross_fp8,
             "attention": attention, "compiled_encoder": compiled, "compiled_step": step_compiled,
             "weights_fp8": weights_fp8, "wall_s": wall,
             "rtfx": audio_s / wall, "p50_s": pct(lat, 50), "p99_s": pct(lat, 99), "gpu_busy": gpu.busy,

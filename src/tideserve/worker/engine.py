@@ -88,6 +88,8 @@ MIN_SPLIT_S = 10.0
 #: than 16 (6,264 against 6,725 audio-s/s at 256 clients, 4,812 against 5,866 at 64:
 #: gpu_e2e_h200_chunk32.json, gpu_e2e_h200_encoder_graphs_first.json): each request waits longer for its last rows,
 #: so fewer are in flight. A row that ends mid-chunk holds its slot until the chunk ends.
+#: A backend with a ``chunk_steps`` attribute (not None) sets the chunk instead: the torch
+#: backend's follows its measured step time (``torch_whisper.decode.decode_pace``).
 DEFAULT_CHUNK_STEPS = 16
 
 
@@ -268,10 +270,12 @@ class EngineLoop:
     a batch runs in, ``transcribe_batch(tasks, background=True)``); ``wake()`` is
     called from the instance's thread when a batch ends, so the caller's wait for messages
     returns (the results are handled by the next ``run_once`` on the loop's thread).
+    Continuous backends: ``chunk_steps`` decoder steps run per round (``steps_per_round``;
+    None: the backend's own, else ``DEFAULT_CHUNK_STEPS``).
     """
 
     def __init__(self, backend: Any, decoding: Decoding, max_batch_size: int, max_queue_delay_s: float,
-                 emit: Emit, clock: Callable[[], float] = time.monotonic, chunk_steps: int = DEFAULT_CHUNK_STEPS,
+                 emit: Emit, clock: Callable[[], float] = time.monotonic, chunk_steps: int | None = None,
                  instances: int = 1, start: Starter | None = None, wake: Callable[[], None] = lambda: None,
                  language_id: LanguageIdConfig | None = None, model_name: str = "",
                  background_nice: int = 0) -> None:
@@ -558,7 +562,7 @@ class EngineLoop:
         if self.active:
             rows = len(self.active)
             t0 = self.clock()
-            b.run(self.chunk_steps)
+            b.run(self.steps_per_round())
             done, detok_s = b.finished()
             elapsed = self.clock() - t0
             self.stats.chunks += 1
@@ -572,6 +576,11 @@ class EngineLoop:
                     self._on_result(finished, r)
             worked = True
         return worked
+
+    def steps_per_round(self) -> int:
+        """Decoder steps in this round's chunk: ``chunk_steps`` when given, else the backend's
+        (its ``chunk_steps``, when it has one now), else ``DEFAULT_CHUNK_STEPS``."""
+        return self.chunk_steps or getattr(self.backend, "chunk_steps", None) or DEFAULT_CHUNK_STEPS
 
     def _charge(self, parts: list[_Part], seconds: float) -> None:
         """Share ``seconds`` of model time equally among ``parts`` (their requests' compute)."""
@@ -697,7 +706,8 @@ class EngineConfig:
     max_batch_size: int
     max_queue_delay_s: float
     cpu_threads: int = 0
-    chunk_steps: int = DEFAULT_CHUNK_STEPS
+    #: Decoder steps per round; None: the backend's (``chunk_steps``), else DEFAULT_CHUNK_STEPS.
+    chunk_steps: int | None = None
     #: Model instances executing batches at once (static backends; ``batching.instances``).
     instances: int = 1
     #: ``(AF_UNIX path, authkey)`` of the socket on which prep processes hand over decoded audio

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from test_torch_backend import DEVICES, DIMS, SPECIAL, make_model
-from tideserve.worker.backends.torch_whisper.decode import GreedyDecoder
+from tideserve.worker.backends.torch_whisper.decode import MAX_AHEAD_STEPS, GreedyDecoder, StepPace, decode_pace
 from tideserve.worker.backends.torch_whisper.features import HOP, N_FFT, N_FRAMES, LogMel
 
 
@@ -158,6 +158,64 @@ def test_consecutive_feature_calls_through_the_reused_host_buffer_equal_fresh_on
     got = [mel(c) for c in calls]
     for c, g in zip(calls, got, strict=True):
         assert torch.equal(g, LogMel(80, torch.device("cpu"))(c))
+
+
+def test_decode_pace_counts_the_steps_in_device_time() -> None:
+    """Steps ahead cover about 8 ms of device time (1..8), a chunk is twice that."""
+    assert decode_pace(0.00103) == (16, 8)  # tiny.en's step on an H100: its measured best
+    assert decode_pace(0.0005) == (16, 8)  # at most 8 ahead
+    assert decode_pace(0.00546) == (4, 2)  # large-v3's step (FP8 keys and values, batch 64)
+    assert decode_pace(0.004) == (4, 2)
+    assert decode_pace(0.008) == (2, 1)
+    assert decode_pace(0.05) == (2, 1)  # at least 1
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="positive"):
+            decode_pace(bad)
+
+
+def test_step_pace_is_a_weighted_mean_per_bucket() -> None:
+    p = StepPace(alpha=0.25)
+    assert p.pace(64) is None
+    p.observe(64, 4, 0.004)  # 1 ms a step
+    p.observe(64, 2, 0.0)  # no time: ignored
+    p.observe(64, 0, 0.5)  # no steps: ignored
+    assert p.step_s == {64: pytest.approx(0.001)}
+    p.observe(64, 1, 0.005)
+    assert p.step_s[64] == pytest.approx(0.002)  # 0.001 + 0.25 * (0.005 - 0.001)
+    assert p.pace(64) == (8, 4) and p.pace(32) is None
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_paced_decoder_runs_ahead_by_its_step_time_and_changes_no_token(device: str) -> None:
+    """``run_ahead=None``: before a bucket's step is measured the decoder runs 8 steps ahead and
+    asks for no chunk; then both follow ``decode_pace``. On a GPU its chunks time themselves."""
+    m = make_model(device)
+    ref = GreedyDecoder(m, SPECIAL, max_batch=4, max_prompt=8)
+    dec = GreedyDecoder(m, SPECIAL, max_batch=4, max_prompt=8, run_ahead=None)
+    p = [SPECIAL.sot, SPECIAL.no_timestamps]
+    steps = []
+    real = dec._run_step
+    dec._run_step = lambda b, span, sampling=False: (steps.append(b), real(b, span, sampling))[1]  # type: ignore[method-assign]
+    torch.manual_seed(7)
+    with torch.inference_mode():
+        enc = m.encode(torch.randn(2, 80, 3000, device=device))
+        want = [_alone(ref, enc[i], p, cap, min_new=3) for i, cap in enumerate((3, 30))]
+        short, long_ = dec.admit(enc, [p, p], [False, False], [3, 30], min_new_tokens=3)
+        assert dec.paced and dec.chunk_steps is None and dec.run_ahead == MAX_AHEAD_STEPS
+        dec.pace.observe(2, 1, 0.004)  # bucket 2 (slots 0 and 1): 4 ms a step
+        assert (dec.chunk_steps, dec.run_ahead) == (4, 2)
+        dec.run(4)
+        first = dec.finished()  # the 3-token row (1 prompt step + 3) has ended; 2 steps ahead for the other
+        assert [s for s, _ in first] == [short] and len(steps) == 6
+        got = dict(first)
+        while dec.busy_slots:
+            dec.run(dec.chunk_steps or 16)
+            got.update(dec.finished())
+    assert [got[short].tokens, got[long_].tokens] == [w.tokens for w in want]
+    if device == "cuda":  # measured: the test model's step is far under the 4 ms fed in
+        assert dec.pace.step_s[2] < 0.004
+    else:  # no CUDA graphs, no timing
+        assert dec.pace.step_s == {2: 0.004}
 
 
 def test_run_ahead_queues_the_next_chunks_first_steps_and_changes_no_token() -> None:

@@ -149,6 +149,23 @@ def test_continuous_windows_leave_and_join_independently() -> None:
     assert [len(a) for a in be.admitted] == [2, 1, 1]
 
 
+def test_a_round_runs_the_backends_chunk_unless_the_loop_was_given_one() -> None:
+    """The torch backend paces its chunk by its measured step time (``chunk_steps``); an explicit
+    ``chunk_steps`` wins, and a backend without one (or None: not measured yet) gets 16."""
+    runs = []
+    for backend_chunk, loop_chunk, want in ((3, None, 3), (3, 5, 5), (None, None, 16), ("absent", None, 16)):
+        be = SlotBackend(1, steps_of=lambda t: 40)
+        if backend_chunk != "absent":
+            be.chunk_steps = backend_chunk  # type: ignore[attr-defined]
+        loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=1, max_queue_delay_s=0.0, emit=[].append,
+                          clock=Clock(), chunk_steps=loop_chunk)
+        loop.submit(1, [(pcm(5), 0.0)], RequestOptions())
+        loop.run_once()
+        runs.append(be.steps_run)
+        assert loop.steps_per_round() == want
+    assert runs == [3, 5, 16, 16]
+
+
 def test_fallback_retries_at_the_next_temperature_and_keeps_the_passing_decode() -> None:
     clock, out = Clock(), []
 

@@ -44,7 +44,6 @@ _NON_SPEECH = ([*list('"#()*+/:;<=>@[\\]^_`{|}~「」『』'), "<<", ">>", "<<<"
                 "((", "))", "(((", ")))", "[[", "]]", "{{", "}}", "♪♪", "♪♪♪", "♩", "♪", "♫", "♬", "♭", "♮", "♯"])
 
 _LANGS_EN_ONLY = frozenset({"en"})
-RUN_AHEAD_STEPS = 8  # decoder steps queued while the host reads ended rows and admits (GreedyDecoder; README "Serving path")
 
 
 def _token(tok: Tokenizer, text: str) -> int:
@@ -101,7 +100,8 @@ class TorchWhisperBackend:
 
     Raises EngineMismatchError when the target's device, architecture or compute type cannot
     run here, ValueError when the directory is not a Whisper model or decoding asks for beam
-    search. ``run_ahead``: see ``GreedyDecoder`` (0 turns it off). ``language_id``: beside an
+    search. ``run_ahead``: see ``GreedyDecoder`` (0 turns it off; None, the default, paces it by the
+    measured step time, and ``chunk_steps`` gives the engine the chunk that goes with it). ``language_id``: beside an
     English-only model, a multilingual one that hears the language of the windows that ask
     (``WindowTask.identify_language``; ``identify.LanguageIdentifier``, on the same device and
     dtype); a multilingual model identifies languages itself and ignores it. ``cross_fp8``: the
@@ -128,7 +128,7 @@ class TorchWhisperBackend:
 
     def __init__(self, model_dir: Path, target: Target, decoding: Decoding, cpu_threads: int = 0,
                  max_batch_size: int = 64, use_cuda_graphs: bool | None = None,
-                 encoder_graphs: bool | None = None, instances: int = 1, run_ahead: int = RUN_AHEAD_STEPS,
+                 encoder_graphs: bool | None = None, instances: int = 1, run_ahead: int | None = None,
                  language_id: LanguageIdConfig | None = None, background_nice: int = 0,
                  cross_fp8: bool = False, attention: str | None = None,
                  compile_encoder: bool | None = None, compile_decoder: bool | None = None) -> None:
@@ -203,6 +203,12 @@ class TorchWhisperBackend:
     @property
     def free_slots(self) -> int:
         return self.decoder.free_slots
+
+    @property
+    def chunk_steps(self) -> int | None:
+        """Decoder steps per round the measured step time asks for (``GreedyDecoder.chunk_steps``);
+        None: the engine's default."""
+        return self.decoder.chunk_steps
 
     def _prompts(self, tasks: list[WindowTask]) -> tuple[list[str], list[bool], list[list[int]]]:
         languages = [t.language or self.decoding.language or "en" for t in tasks]

@@ -35,6 +35,8 @@ to Whisper's decoder; ``decode`` (one static batch) is the same machinery run to
 
 from __future__ import annotations
 
+import collections
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +47,57 @@ from tideserve.worker.backends.torch_whisper.model import (CompiledEncoder, KVCa
                                                          pow2_bucket)
 
 _NEG_INF = float("-inf")
+
+#: Seconds of device work the steps run ahead should cover: the engine thread's host work
+#: between two chunks (reading ended rows, turning them into text, admitting). Calibrated on
+#: tiny.en (an eager step of about 1.0 ms at batch 64 on an H100), where 8 steps ahead served
+#: the most through HTTP against 4, 12 and 16 (README "Serving path", (4) and (9)).
+HOST_ROUND_S = 0.008
+#: The most steps run ahead and in a chunk: longer chunks served less at tiny size (32-step
+#: chunks against 16, ``worker.engine.DEFAULT_CHUNK_STEPS``).
+MAX_AHEAD_STEPS = 8
+
+
+def decode_pace(step_s: float, host_round_s: float = HOST_ROUND_S, max_ahead: int = MAX_AHEAD_STEPS) -> tuple[int, int]:
+    """``(chunk_steps, run_ahead)`` for a decoder step of ``step_s`` seconds of device time.
+
+    Run ahead enough steps to cover ``host_round_s`` (at least 1, at most ``max_ahead``) and
+    make a chunk twice that, so that the host's round is hidden behind the device while a row
+    that ends waits at most a chunk plus the steps run ahead before its slot takes a new window.
+    A row's idle steps cost the same device time whatever the model, so steps are counted in
+    time, not number: tiny.en's ~1 ms step keeps 16 and 8 (the measured best); large-v3's 5.5
+    ms step gets 4 and 2, where 16 and 8 left each freed slot idle for 8 steps of 100: its
+    engine alone at batch 64 (FP8 keys and values, H100) ran 1,004 audio-s/s at 4 and 2 against
+    949-955 at 16 and 8 (600 requests; 1,002-1,017 with chunks of 2-8 and 1-2 ahead), and paced
+    1,015 against 971 in one run of 2,000 requests (``bench/results/gpu_engine_pace_h100.json``).
+    Raises ValueError for a step_s that is not > 0."""
+    if not step_s > 0:
+        raise ValueError(f"a step takes a positive time; got {step_s} s")
+    ahead = max(1, min(max_ahead, math.ceil(host_round_s / step_s - 1e-9)))
+    return 2 * ahead, ahead
+
+
+class StepPace:
+    """The measured device time of one decoder step per batch bucket (an exponentially weighted
+    mean, weight ``alpha`` on the newest sample), and the pace it gives (``decode_pace``).
+    ``pace(b)`` is None until bucket ``b`` has been measured."""
+
+    def __init__(self, alpha: float = 0.25) -> None:
+        self.alpha = alpha
+        self.step_s: dict[int, float] = {}
+
+    def observe(self, bucket: int, steps: int, seconds: float) -> None:
+        """``steps`` steps of ``bucket`` rows took ``seconds`` of device time."""
+        if steps <= 0 or seconds <= 0:
+            return
+        x = seconds / steps
+        old = self.step_s.get(bucket)
+        self.step_s[bucket] = x if old is None else old + self.alpha * (x - old)
+
+    def pace(self, bucket: int) -> tuple[int, int] | None:
+        """``(chunk_steps, run_ahead)`` for ``bucket`` rows, or None when not measured yet."""
+        s = self.step_s.get(bucket)
+        return None if s is None else decode_pace(s)
 
 
 def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -94,6 +147,11 @@ class GreedyDecoder:
     results into text and admits new windows (the next ``run(n)`` runs ``n - run_ahead``). The
     gap it fills: on the H200 serving tiny.en the device idled while the engine thread did
     exactly that host work after each chunk (GPU busy 62-74%, README "Serving path").
+    ``run_ahead=None`` paces the decoder: with CUDA graphs, each chunk's steps are timed with
+    CUDA events (read once done, without waiting), and the steps run ahead and the chunk the
+    engine asks for (``chunk_steps``) follow the measured step time of the current batch bucket
+    (``decode_pace``); before a bucket is measured, and without CUDA graphs, it runs
+    ``MAX_AHEAD_STEPS`` ahead and ``chunk_steps`` is None (the engine's default).
     ``cross_fp8``: keep the cross-attention keys and values in FP8 (``KVCache``).
     """
 
@@ -101,8 +159,8 @@ class GreedyDecoder:
 
     def __init__(self, model: Whisper, special: SpecialTokens, max_batch: int = 64, max_prompt: int = 228,
                  max_initial_timestamp_s: float = 1.0, use_cuda_graphs: bool | None = None,
-                 compile_step: bool = False, run_ahead: int = 0, cross_fp8: bool = False) -> None:
-        if run_ahead < 0:
+                 compile_step: bool = False, run_ahead: int | None = 0, cross_fp8: bool = False) -> None:
+        if run_ahead is not None and run_ahead < 0:
             raise ValueError(f"run_ahead is a number of decoder steps >= 0, got {run_ahead}")
         p = next(model.parameters())
         self.model, self.special, self.device, self.dtype = model, special, p.device, p.dtype
@@ -162,8 +220,37 @@ class GreedyDecoder:
         self._busy: dict[int, int] = {}
         self._plen: dict[int, int] = {}
         self._sampling: set[int] = set()
-        self.run_ahead = run_ahead
+        self._fixed_ahead = run_ahead
+        self.pace = StepPace()
+        # (start, end, bucket, steps) of timed chunks not yet read (paced, CUDA graphs only)
+        self._timed: collections.deque[tuple[Any, Any, int, int]] = collections.deque()
+        self._captured = False  # a graph was captured inside the chunk being timed (its time is not a step's)
         self._ahead = 0  # steps of the next run() that finished() has already queued
+
+    @property
+    def paced(self) -> bool:
+        """Whether the steps run ahead and the chunk follow the measured step time."""
+        return self._fixed_ahead is None
+
+    def _pace(self) -> tuple[int, int] | None:
+        if not self.paced or not self._busy:
+            return None
+        return self.pace.pace(self.bucket(max(self._busy) + 1))
+
+    @property
+    def run_ahead(self) -> int:
+        """Steps ``finished`` queues for the rows still decoding (see the class)."""
+        if self._fixed_ahead is not None:
+            return self._fixed_ahead
+        p = self._pace()
+        return MAX_AHEAD_STEPS if p is None else p[1]
+
+    @property
+    def chunk_steps(self) -> int | None:
+        """The decode chunk the measured step time asks for (``decode_pace``), or None when
+        not paced or not yet measured for the current batch bucket."""
+        p = self._pace()
+        return None if p is None else p[0]
 
     @property
     def compiled(self) -> bool:
@@ -293,6 +380,7 @@ class GreedyDecoder:
             for n, v in saved.items():
                 getattr(self, n).copy_(v)
             self._graphs[key] = graph
+            self._captured = True
         graph.replay()
 
     @torch.inference_mode()
@@ -400,12 +488,27 @@ class GreedyDecoder:
         t = self.dims.max_target_positions
         b = self.bucket(max(self._busy) + 1)
         sampling = bool(self._sampling)
+        timed = self.paced and self.graphs_enabled
+        if timed:
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            self._captured = False
         for _ in range(steps):
             longest = max(self._busy.values())
             span = next(s for s in self.spans if s >= min(longest + 2, t))
             self._run_step(b, span, sampling)
             for s in self._busy:
                 self._busy[s] += 1
+        if timed and not self._captured:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._timed.append((start, end, b, steps))
+
+    def _read_timings(self) -> None:
+        """Feed the chunks whose timing events the device has passed to ``pace``."""
+        while self._timed and self._timed[0][1].query():
+            start, end, b, n = self._timed.popleft()
+            self.pace.observe(b, n, start.elapsed_time(end) / 1000.0)
 
     @torch.inference_mode()
     def finished(self) -> list[tuple[int, RowResult]]:
@@ -417,6 +520,7 @@ class GreedyDecoder:
             return []
         b = self.bucket(max(self._busy) + 1)
         done = self.done[:b].cpu().tolist()
+        self._read_timings()  # after that wait, every chunk queued before it has its times
         slots = [s for s in sorted(self._busy) if done[s]]
         plens = [self._plen.pop(s) for s in slots]
         for s in slots:
@@ -452,9 +556,10 @@ class GreedyDecoder:
         return out
 
     def _queue_ahead(self) -> None:
-        if self.run_ahead and self._busy and not self._ahead:
-            self._steps(self.run_ahead)
-            self._ahead = self.run_ahead
+        ahead = self.run_ahead
+        if ahead and self._busy and not self._ahead:
+            self._steps(ahead)
+            self._ahead = ahead
 
     def release(self, slots: list[int]) -> None:
         """Stop the rows in ``slots`` now (their caller went away); the slots are free again."""
