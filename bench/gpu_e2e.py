@@ -356,7 +356,8 @@ def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: 
     dec = backend.decoder
     ahead = "paced" if dec.paced else dec.run_ahead
     # the measured step time per batch bucket and the (chunk, run ahead) it gave (decode_pace)
-    pace = {b: {"step_ms": round(x * 1e3, 3), "pace": dec.pace.pace(b)} for b, x in sorted(dec.pace.step_s.items())}
+    pace = {b: {"step_ms": round(x * 1e3, 3), "pace": dec.step_times.pace_for(b)}
+            for b, x in sorted(dec.step_times.step_s.items())}
     attention = backend.model.attention
     del backend, loop
     if torch.cuda.is_available():
@@ -529,7 +530,7 @@ def main() -> int:
     ap.add_argument("--engine-sweep", default="",
                     help="comma list of BATCHxCHUNK_STEPS[:nograph][:aheadN][:fp8][:fp8w][:triton|:sdpa][:nocompile]"
                          "[:stepcompile|:nostepcompile] for extra in-process engine runs (nograph: no encoder CUDA graphs; "
-                         "aheadN: N run-ahead decoder steps; "
+                         "aheadN: N run-ahead decoder steps, else paced by the step time (decode_pace); "
                          "fp8: cross-attention keys and values in FP8; fp8w: the layers' matrix products in FP8 "
                          "(bench/fp8_linear.py, applied after load); triton / sdpa: the step's attention kernels, "
                          "else the backend's default; nocompile: the encoder eager where the backend would compile it; "

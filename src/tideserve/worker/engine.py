@@ -271,7 +271,8 @@ class EngineLoop:
     called from the instance's thread when a batch ends, so the caller's wait for messages
     returns (the results are handled by the next ``run_once`` on the loop's thread).
     Continuous backends: ``chunk_steps`` decoder steps run per round (``steps_per_round``;
-    None: the backend's own, else ``DEFAULT_CHUNK_STEPS``).
+    None: the backend's own, else ``DEFAULT_CHUNK_STEPS``); a chunk given here leaves the
+    backend's own run-ahead as it is (the torch backend's is paced by its step time).
     """
 
     def __init__(self, backend: Any, decoding: Decoding, max_batch_size: int, max_queue_delay_s: float,
@@ -706,7 +707,8 @@ class EngineConfig:
     max_batch_size: int
     max_queue_delay_s: float
     cpu_threads: int = 0
-    #: Decoder steps per round; None: the backend's (``chunk_steps``), else DEFAULT_CHUNK_STEPS.
+    #: Decoder steps per round; None: the backend's (``chunk_steps``), else DEFAULT_CHUNK_STEPS
+    #: (the backend's run-ahead is its own either way).
     chunk_steps: int | None = None
     #: Model instances executing batches at once (static backends; ``batching.instances``).
     instances: int = 1

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from test_torch_backend import DEVICES, DIMS, SPECIAL, make_model
-from tideserve.worker.backends.torch_whisper.decode import MAX_AHEAD_STEPS, GreedyDecoder, StepPace, decode_pace
+from tideserve.worker.backends.torch_whisper.decode import MAX_AHEAD_STEPS, GreedyDecoder, StepTimes, decode_pace
 from tideserve.worker.backends.torch_whisper.features import HOP, N_FFT, N_FRAMES, LogMel
 
 
@@ -173,16 +173,21 @@ def test_decode_pace_counts_the_steps_in_device_time() -> None:
             decode_pace(bad)
 
 
-def test_step_pace_is_a_weighted_mean_per_bucket() -> None:
-    p = StepPace(alpha=0.25)
-    assert p.pace(64) is None
-    p.observe(64, 4, 0.004)  # 1 ms a step
-    p.observe(64, 2, 0.0)  # no time: ignored
-    p.observe(64, 0, 0.5)  # no steps: ignored
-    assert p.step_s == {64: pytest.approx(0.001)}
-    p.observe(64, 1, 0.005)
-    assert p.step_s[64] == pytest.approx(0.002)  # 0.001 + 0.25 * (0.005 - 0.001)
-    assert p.pace(64) == (8, 4) and p.pace(32) is None
+def test_step_times_keep_the_least_time_per_step_of_recent_chunks_per_bucket() -> None:
+    """A chunk's events also count the device waiting for the host, which only lengthens it:
+    the estimate is the least time per step over a bucket's last ``keep`` chunks."""
+    t = StepTimes(keep=3)
+    assert t.pace_for(64) is None
+    t.observe(64, 4, 0.004)  # 1 ms a step
+    t.observe(64, 2, 0.0)  # no time: ignored
+    t.observe(64, 0, 0.5)  # no steps: ignored
+    assert t.step_s == {64: pytest.approx(0.001)} and t.pace_for(64) == (16, 8)
+    t.observe(64, 1, 0.005)  # a chunk held up by the host
+    assert t.step_s[64] == pytest.approx(0.001)
+    t.observe(64, 2, 0.008)
+    t.observe(64, 2, 0.008)  # the 1 ms chunk is now older than the last 3
+    assert t.step_s[64] == pytest.approx(0.004) and t.pace_for(64) == (4, 2)
+    assert t.pace_for(32) is None
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -202,20 +207,21 @@ def test_a_paced_decoder_runs_ahead_by_its_step_time_and_changes_no_token(device
         want = [_alone(ref, enc[i], p, cap, min_new=3) for i, cap in enumerate((3, 30))]
         short, long_ = dec.admit(enc, [p, p], [False, False], [3, 30], min_new_tokens=3)
         assert dec.paced and dec.chunk_steps is None and dec.run_ahead == MAX_AHEAD_STEPS
-        dec.pace.observe(2, 1, 0.004)  # bucket 2 (slots 0 and 1): 4 ms a step
+        dec.step_times.observe(2, 1, 0.004)  # bucket 2 (slots 0 and 1): 4 ms a step
         assert (dec.chunk_steps, dec.run_ahead) == (4, 2)
-        dec.run(4)
+        dec.run(4)  # on a GPU these steps capture the bucket's graph: not timed
         first = dec.finished()  # the 3-token row (1 prompt step + 3) has ended; 2 steps ahead for the other
         assert [s for s, _ in first] == [short] and len(steps) == 6
+        assert dec.step_times.step_s == {2: 0.004}
         got = dict(first)
         while dec.busy_slots:
             dec.run(dec.chunk_steps or 16)
             got.update(dec.finished())
     assert [got[short].tokens, got[long_].tokens] == [w.tokens for w in want]
-    if device == "cuda":  # measured: the test model's step is far under the 4 ms fed in
-        assert dec.pace.step_s[2] < 0.004
+    if device == "cuda":  # the later chunks were timed: the test model's step is far under the 4 ms fed in
+        assert dec.step_times.step_s[2] < 0.004
     else:  # no CUDA graphs, no timing
-        assert dec.pace.step_s == {2: 0.004}
+        assert dec.step_times.step_s == {2: 0.004}
 
 
 def test_run_ahead_queues_the_next_chunks_first_steps_and_changes_no_token() -> None:

@@ -36,6 +36,7 @@ to Whisper's decoder; ``decode`` (one static batch) is the same machinery run to
 from __future__ import annotations
 
 import collections
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,26 +51,30 @@ _NEG_INF = float("-inf")
 
 #: Seconds of device work the steps run ahead should cover: the engine thread's host work
 #: between two chunks (reading ended rows, turning them into text, admitting). Calibrated on
-#: tiny.en (an eager step of about 1.0 ms at batch 64 on an H100), where 8 steps ahead served
-#: the most through HTTP against 4, 12 and 16 (README "Serving path", (4) and (9)).
+#: tiny.en (an eager step of about 1.0 ms at batch 64 on an H100): served at 256 clients, 8
+#: steps ahead gave 8,006 audio-s/s against 7,338 with 4 on one machine, and 12 or 16 were
+#: within the machines' noise of 8 (README "Serving path", (4) and (9)).
 HOST_ROUND_S = 0.008
-#: The most steps run ahead and in a chunk: longer chunks served less at tiny size (32-step
-#: chunks against 16, ``worker.engine.DEFAULT_CHUNK_STEPS``).
+#: The most steps run ahead (a paced chunk is twice the steps ahead, so at most 16): 32-step
+#: chunks served less than 16 at tiny size (``worker.engine.DEFAULT_CHUNK_STEPS``).
 MAX_AHEAD_STEPS = 8
+
+log = logging.getLogger("tideserve.worker.torch")
 
 
 def decode_pace(step_s: float, host_round_s: float = HOST_ROUND_S, max_ahead: int = MAX_AHEAD_STEPS) -> tuple[int, int]:
     """``(chunk_steps, run_ahead)`` for a decoder step of ``step_s`` seconds of device time.
 
     Run ahead enough steps to cover ``host_round_s`` (at least 1, at most ``max_ahead``) and
-    make a chunk twice that, so that the host's round is hidden behind the device while a row
-    that ends waits at most a chunk plus the steps run ahead before its slot takes a new window.
-    A row's idle steps cost the same device time whatever the model, so steps are counted in
-    time, not number: tiny.en's ~1 ms step keeps 16 and 8 (the measured best); large-v3's 5.5
-    ms step gets 4 and 2, where 16 and 8 left each freed slot idle for 8 steps of 100: its
-    engine alone at batch 64 (FP8 keys and values, H100) ran 1,004 audio-s/s at 4 and 2 against
-    949-955 at 16 and 8 (600 requests; 1,002-1,017 with chunks of 2-8 and 1-2 ahead), and paced
-    1,015 against 971 in one run of 2,000 requests (``bench/results/gpu_engine_pace_h100.json``).
+    make a chunk twice that, so that the host's round is hidden behind the device. A slot whose
+    row ends idles from the steps run ahead to a chunk plus them, less one (the rest of the
+    chunk it ended in, then the steps queued before the next admission), and an idle step
+    costs the same device time whatever the model, so both are counted in time, not steps:
+    tiny.en's ~1 ms step keeps 16 and 8 (as tuned there); large-v3's 5.5 ms step gets 4 and 2
+    (a freed slot idles 2-5 steps, where 16 and 8 left it 8-23 of a window's ~100): its engine
+    alone at batch 64 (FP8 keys and values, H100) ran 1,004 audio-s/s at 4 and 2 against 949-955
+    at 16 and 8 (600 requests; 1,002-1,017 with chunks of 2-8 and 1-2 ahead), and paced 1,015
+    against 971 in one run of 2,000 requests (``bench/results/gpu_engine_pace_h100.json``).
     Raises ValueError for a step_s that is not > 0."""
     if not step_s > 0:
         raise ValueError(f"a step takes a positive time; got {step_s} s")
@@ -77,24 +82,28 @@ def decode_pace(step_s: float, host_round_s: float = HOST_ROUND_S, max_ahead: in
     return 2 * ahead, ahead
 
 
-class StepPace:
-    """The measured device time of one decoder step per batch bucket (an exponentially weighted
-    mean, weight ``alpha`` on the newest sample), and the pace it gives (``decode_pace``).
-    ``pace(b)`` is None until bucket ``b`` has been measured."""
+class StepTimes:
+    """The device time of one decoder step per batch bucket, from timed chunks: the least
+    time per step over a bucket's last ``keep`` chunks. The least, because a chunk's events
+    also count any gap in which the device waited for the host (the engine thread held up
+    between two launches): such gaps only lengthen a chunk, and would otherwise shorten the
+    steps run ahead exactly when the host is slow. ``pace_for(b)`` is ``decode_pace`` of that
+    time, or None until bucket ``b`` has been measured."""
 
-    def __init__(self, alpha: float = 0.25) -> None:
-        self.alpha = alpha
+    def __init__(self, keep: int = 16) -> None:
+        self._recent: dict[int, collections.deque[float]] = {}
+        self.keep = keep
         self.step_s: dict[int, float] = {}
 
     def observe(self, bucket: int, steps: int, seconds: float) -> None:
-        """``steps`` steps of ``bucket`` rows took ``seconds`` of device time."""
-        if steps <= 0 or seconds <= 0:
+        """``steps`` steps of ``bucket`` rows took ``seconds``; ignored unless both are > 0."""
+        if steps <= 0 or not seconds > 0:
             return
-        x = seconds / steps
-        old = self.step_s.get(bucket)
-        self.step_s[bucket] = x if old is None else old + self.alpha * (x - old)
+        recent = self._recent.setdefault(bucket, collections.deque(maxlen=self.keep))
+        recent.append(seconds / steps)
+        self.step_s[bucket] = min(recent)
 
-    def pace(self, bucket: int) -> tuple[int, int] | None:
+    def pace_for(self, bucket: int) -> tuple[int, int] | None:
         """``(chunk_steps, run_ahead)`` for ``bucket`` rows, or None when not measured yet."""
         s = self.step_s.get(bucket)
         return None if s is None else decode_pace(s)
@@ -148,10 +157,12 @@ class GreedyDecoder:
     gap it fills: on the H200 serving tiny.en the device idled while the engine thread did
     exactly that host work after each chunk (GPU busy 62-74%, README "Serving path").
     ``run_ahead=None`` paces the decoder: with CUDA graphs, each chunk's steps are timed with
-    CUDA events (read once done, without waiting), and the steps run ahead and the chunk the
-    engine asks for (``chunk_steps``) follow the measured step time of the current batch bucket
-    (``decode_pace``); before a bucket is measured, and without CUDA graphs, it runs
-    ``MAX_AHEAD_STEPS`` ahead and ``chunk_steps`` is None (the engine's default).
+    CUDA events (read once done, without waiting; a chunk that captured a graph is not), and the
+    steps run ahead and the chunk the engine asks for (``chunk_steps``) follow the measured step
+    time of the current batch bucket (``StepTimes``, ``decode_pace``; logged at INFO when a
+    bucket's pace changes); before a bucket is measured, and without CUDA graphs, it runs
+    ``MAX_AHEAD_STEPS`` ahead and ``chunk_steps`` is None (the engine's default). A chunk the
+    engine fixes itself leaves the steps run ahead paced.
     ``cross_fp8``: keep the cross-attention keys and values in FP8 (``KVCache``).
     """
 
@@ -221,9 +232,10 @@ class GreedyDecoder:
         self._plen: dict[int, int] = {}
         self._sampling: set[int] = set()
         self._fixed_ahead = run_ahead
-        self.pace = StepPace()
+        self.step_times = StepTimes()
+        self._paces: dict[int, tuple[int, int]] = {}  # the pace last logged per bucket
         # (start, end, bucket, steps) of timed chunks not yet read (paced, CUDA graphs only)
-        self._timed: collections.deque[tuple[Any, Any, int, int]] = collections.deque()
+        self._timed: collections.deque[tuple[torch.cuda.Event, torch.cuda.Event, int, int]] = collections.deque()
         self._captured = False  # a graph was captured inside the chunk being timed (its time is not a step's)
         self._ahead = 0  # steps of the next run() that finished() has already queued
 
@@ -232,24 +244,24 @@ class GreedyDecoder:
         """Whether the steps run ahead and the chunk follow the measured step time."""
         return self._fixed_ahead is None
 
-    def _pace(self) -> tuple[int, int] | None:
+    def _current_pace(self) -> tuple[int, int] | None:
         if not self.paced or not self._busy:
             return None
-        return self.pace.pace(self.bucket(max(self._busy) + 1))
+        return self.step_times.pace_for(self.bucket(max(self._busy) + 1))
 
     @property
     def run_ahead(self) -> int:
         """Steps ``finished`` queues for the rows still decoding (see the class)."""
         if self._fixed_ahead is not None:
             return self._fixed_ahead
-        p = self._pace()
+        p = self._current_pace()
         return MAX_AHEAD_STEPS if p is None else p[1]
 
     @property
     def chunk_steps(self) -> int | None:
         """The decode chunk the measured step time asks for (``decode_pace``), or None when
         not paced or not yet measured for the current batch bucket."""
-        p = self._pace()
+        p = self._current_pace()
         return None if p is None else p[0]
 
     @property
@@ -477,7 +489,10 @@ class GreedyDecoder:
     @torch.inference_mode()  # the engine loop calls it outside: no autograd history across steps
     def run(self, steps: int) -> None:
         """Run ``steps`` decoder steps over the busy slots (no host sync), less the steps the
-        last ``finished`` ran ahead. Does nothing when no slot is busy."""
+        last ``finished`` ran ahead. Does nothing when no slot is busy. When the pace changed in
+        between (a bucket measured for the first time, or admissions that moved the bucket),
+        the round runs the larger of the two; rows admitted since then may wait for the next
+        round's steps ahead."""
         ahead, self._ahead = self._ahead, 0
         steps -= ahead
         if not self._busy or steps <= 0:
@@ -505,10 +520,16 @@ class GreedyDecoder:
             self._timed.append((start, end, b, steps))
 
     def _read_timings(self) -> None:
-        """Feed the chunks whose timing events the device has passed to ``pace``."""
+        """Feed the chunks whose timing events the device has passed to ``step_times``; log a
+        bucket's pace when it changes."""
         while self._timed and self._timed[0][1].query():
             start, end, b, n = self._timed.popleft()
-            self.pace.observe(b, n, start.elapsed_time(end) / 1000.0)
+            self.step_times.observe(b, n, start.elapsed_time(end) / 1000.0)
+            pace = self.step_times.pace_for(b)
+            if pace is not None and self._paces.get(b) != pace:
+                self._paces[b] = pace
+                log.info("decode pace for %d rows: %.2f ms a step -> chunks of %d steps, %d run ahead",
+                         b, self.step_times.step_s[b] * 1e3, *pace)
 
     @torch.inference_mode()
     def finished(self) -> list[tuple[int, RowResult]]:
