@@ -74,7 +74,8 @@ def decode_pace(step_s: float, host_round_s: float = HOST_ROUND_S, max_ahead: in
     (a freed slot idles 2-5 steps, where 16 and 8 left it 8-23 of a window's ~100): its engine
     alone at batch 64 (FP8 keys and values, H100) ran 1,004 audio-s/s at 4 and 2 against 949-955
     at 16 and 8 (600 requests; 1,002-1,017 with chunks of 2-8 and 1-2 ahead), and paced 1,015
-    against 971 in one run of 2,000 requests (``bench/results/gpu_engine_pace_h100.json``).
+    against 971 in one run of 2,000 requests, 996 against 953 in another (600 requests;
+    ``bench/results/gpu_engine_pace_h100.json``).
     Raises ValueError for a step_s that is not > 0."""
     if not step_s > 0:
         raise ValueError(f"a step takes a positive time; got {step_s} s")
