@@ -190,6 +190,37 @@ def test_step_times_keep_the_least_time_per_step_of_recent_chunks_per_bucket() -
     assert t.pace_for(32) is None
 
 
+class _Event:
+    """A CUDA event pair's stand-in: ``query`` says whether the device has passed it."""
+
+    def __init__(self, at_ms: float, passed: bool = True) -> None:
+        self.at_ms, self.passed = at_ms, passed
+
+    def query(self) -> bool:
+        return self.passed
+
+    def elapsed_time(self, end: _Event) -> float:
+        return end.at_ms - self.at_ms
+
+
+def test_timed_chunks_are_read_once_passed_and_a_buckets_first_pace_is_logged(caplog) -> None:
+    dec = GreedyDecoder(make_model("cpu"), SPECIAL, max_batch=4, max_prompt=8, run_ahead=None)
+    later = _Event(30.0, passed=False)
+    dec._timed.extend([(_Event(0.0), _Event(8.0), 4, 8),  # 1 ms a step
+                       (_Event(8.0), _Event(12.0), 4, 2),  # 2 ms a step: the least stays 1 ms
+                       (_Event(12.0), later, 4, 4)])  # not yet passed: left for the next read
+    with caplog.at_level("DEBUG", logger="tideserve.worker.torch"):
+        dec._read_timings()
+        assert dec.step_times.step_s == {4: 0.001} and len(dec._timed) == 1
+        assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+            ("INFO", "decode pace for 4 rows: 1.00 ms a step -> chunks of 16 steps, 8 run ahead")]
+        later.passed = True
+        dec.step_times = StepTimes(keep=1)  # the newest chunk alone: its 4.5 ms a step changes the pace
+        dec._read_timings()
+        assert dec.step_times.step_s == {4: 0.0045} and not dec._timed
+        assert caplog.records[-1].levelname == "DEBUG" and "chunks of 4 steps, 2 run ahead" in caplog.records[-1].getMessage()
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_paced_decoder_runs_ahead_by_its_step_time_and_changes_no_token(device: str) -> None:
     """``run_ahead=None``: before a bucket's step is measured the decoder runs 8 steps ahead and

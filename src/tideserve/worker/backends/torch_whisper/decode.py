@@ -160,8 +160,8 @@ class GreedyDecoder:
     ``run_ahead=None`` paces the decoder: with CUDA graphs, each chunk's steps are timed with
     CUDA events (read once done, without waiting; a chunk that captured a graph is not), and the
     steps run ahead and the chunk the engine asks for (``chunk_steps``) follow the measured step
-    time of the current batch bucket (``StepTimes``, ``decode_pace``; logged at INFO when a
-    bucket's pace changes); before a bucket is measured, and without CUDA graphs, it runs
+    time of the current batch bucket (``StepTimes``, ``decode_pace``; a bucket's first pace is
+    logged at INFO, its changes at DEBUG); before a bucket is measured, and without CUDA graphs, it runs
     ``MAX_AHEAD_STEPS`` ahead and ``chunk_steps`` is None (the engine's default). A chunk the
     engine fixes itself leaves the steps run ahead paced.
     ``cross_fp8``: keep the cross-attention keys and values in FP8 (``KVCache``).
@@ -522,15 +522,17 @@ class GreedyDecoder:
 
     def _read_timings(self) -> None:
         """Feed the chunks whose timing events the device has passed to ``step_times``; log a
-        bucket's pace when it changes."""
+        bucket's first pace at INFO and its later changes at DEBUG (a step time near a boundary
+        of ``decode_pace`` may flip it from one round to the next)."""
         while self._timed and self._timed[0][1].query():
             start, end, b, n = self._timed.popleft()
             self.step_times.observe(b, n, start.elapsed_time(end) / 1000.0)
             pace = self.step_times.pace_for(b)
             if pace is not None and self._paces.get(b) != pace:
+                log.log(logging.DEBUG if b in self._paces else logging.INFO,
+                        "decode pace for %d rows: %.2f ms a step -> chunks of %d steps, %d run ahead",
+                        b, self.step_times.step_s[b] * 1e3, *pace)
                 self._paces[b] = pace
-                log.info("decode pace for %d rows: %.2f ms a step -> chunks of %d steps, %d run ahead",
-                         b, self.step_times.step_s[b] * 1e3, *pace)
 
     @torch.inference_mode()
     def finished(self) -> list[tuple[int, RowResult]]:
