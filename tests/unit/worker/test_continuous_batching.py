@@ -190,6 +190,18 @@ def test_step_times_keep_the_least_time_per_step_of_recent_chunks_per_bucket() -
     assert t.pace_for(32) is None
 
 
+def _counting_steps(device: str, run_ahead: int | None):
+    """A test model, a reference decoder, a decoder with ``run_ahead`` whose steps are counted
+    (the batch size of each appended to the returned list)."""
+    m = make_model(device)
+    ref = GreedyDecoder(m, SPECIAL, max_batch=4, max_prompt=8)
+    dec = GreedyDecoder(m, SPECIAL, max_batch=4, max_prompt=8, run_ahead=run_ahead)
+    steps: list[int] = []
+    real = dec._run_step
+    dec._run_step = lambda b, span, sampling=False: (steps.append(b), real(b, span, sampling))[1]  # type: ignore[method-assign]
+    return m, ref, dec, steps
+
+
 class _Event:
     """A CUDA event pair's stand-in: ``query`` says whether the device has passed it."""
 
@@ -225,13 +237,8 @@ def test_timed_chunks_are_read_once_passed_and_a_buckets_first_pace_is_logged(ca
 def test_a_paced_decoder_runs_ahead_by_its_step_time_and_changes_no_token(device: str) -> None:
     """``run_ahead=None``: before a bucket's step is measured the decoder runs 8 steps ahead and
     asks for no chunk; then both follow ``decode_pace``. On a GPU its chunks time themselves."""
-    m = make_model(device)
-    ref = GreedyDecoder(m, SPECIAL, max_batch=4, max_prompt=8)
-    dec = GreedyDecoder(m, SPECIAL, max_batch=4, max_prompt=8, run_ahead=None)
+    m, ref, dec, steps = _counting_steps(device, run_ahead=None)
     p = [SPECIAL.sot, SPECIAL.no_timestamps]
-    steps = []
-    real = dec._run_step
-    dec._run_step = lambda b, span, sampling=False: (steps.append(b), real(b, span, sampling))[1]  # type: ignore[method-assign]
     torch.manual_seed(7)
     with torch.inference_mode():
         enc = m.encode(torch.randn(2, 80, 3000, device=device))
@@ -258,13 +265,8 @@ def test_a_paced_decoder_runs_ahead_by_its_step_time_and_changes_no_token(device
 def test_run_ahead_queues_the_next_chunks_first_steps_and_changes_no_token() -> None:
     """finished() runs ``run_ahead`` steps for the rows still decoding (the device keeps working
     while the host builds results and admits); the next run(n) runs n - run_ahead; no token moves."""
-    m = make_model("cpu")
-    ref = GreedyDecoder(m, SPECIAL, max_batch=4, max_prompt=8)
-    dec = GreedyDecoder(m, SPECIAL, max_batch=4, max_prompt=8, run_ahead=3)
+    m, ref, dec, steps = _counting_steps("cpu", run_ahead=3)
     p = [SPECIAL.sot, SPECIAL.no_timestamps]
-    steps = []
-    real = dec._run_step
-    dec._run_step = lambda b, span, sampling=False: (steps.append(b), real(b, span, sampling))[1]  # type: ignore[method-assign]
     torch.manual_seed(6)
     with torch.inference_mode():
         enc = m.encode(torch.randn(3, 80, 3000))
