@@ -11,6 +11,7 @@ import torch
 from test_torch_backend import DEVICES, DIMS, SPECIAL, make_model
 from tideserve.worker.backends.torch_whisper.decode import MAX_AHEAD_STEPS, GreedyDecoder, StepTimes, decode_pace
 from tideserve.worker.backends.torch_whisper.features import HOP, N_FFT, N_FRAMES, LogMel
+from tideserve.worker.backends.torch_whisper.model import Whisper
 
 
 def _alone(dec: GreedyDecoder, enc: torch.Tensor, prompt: list[int], cap: int, min_new: int = 0):
@@ -190,7 +191,7 @@ def test_step_times_keep_the_least_time_per_step_of_recent_chunks_per_bucket() -
     assert t.pace_for(32) is None
 
 
-def _counting_steps(device: str, run_ahead: int | None):
+def _counting_steps(device: str, run_ahead: int | None) -> tuple[Whisper, GreedyDecoder, GreedyDecoder, list[int]]:
     """A test model, a reference decoder, a decoder with ``run_ahead`` whose steps are counted
     (the batch size of each appended to the returned list)."""
     m = make_model(device)
