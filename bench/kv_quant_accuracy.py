@@ -43,12 +43,14 @@ from tideserve.spec.models import Decoding  # noqa: E402
 from tideserve.worker.backends.torch_whisper.model import Whisper  # noqa: E402
 
 SR = 16_000
-E4M3_MAX = 448.0
 
 
 def _fp8_row_head(x: torch.Tensor) -> torch.Tensor:
-    scale = x.abs().amax(dim=(2, 3), keepdim=True).clamp(min=1e-12) / E4M3_MAX
-    return (x / scale).to(torch.float8_e4m3fn).to(x.dtype) * scale
+    """The served FP8 cache's rounding (``triton_kernels.quantize``, plain PyTorch), undone."""
+    from tideserve.worker.backends.torch_whisper.triton_kernels import quantize
+
+    x8, scale = quantize(x)
+    return (x8.float() * scale[:, :, None, None]).to(x.dtype)
 
 
 def _int4(x: torch.Tensor, dims: tuple[int, ...], fp16_scale: bool = False) -> torch.Tensor:
