@@ -37,7 +37,7 @@ def two(tmp_path_factory):
 def long_audio(en_clips):
     from audio import join_clips
 
-    clip = join_clips(en_clips, repeat=7, name="spread")  # about 70 s, windows cut at the 1 s gaps
+    clip = join_clips(en_clips, repeat=8, name="spread")  # about 80 s, windows cut at the 1 s gaps: two stretches
     assert clip.duration_s > 60
     return clip
 
@@ -78,7 +78,7 @@ def test_a_long_file_is_spread_over_the_idle_replica_with_the_same_transcript(tw
     with two.client() as c:
         spread = c.post("/v1/audio/transcriptions", **_form(long_audio.wav))
     assert spread.status_code == 200, spread.text
-    assert spread.headers[PARTS] == "2"  # two replicas, 70 s, parts of at least 10 s
+    assert spread.headers[PARTS] == "2"  # two replicas, 80 s in two stretches, parts of at least 10 s
     assert _parts_metric(two, "helper") == 1 and _parts_metric(two, "here") == 0
     body = spread.json()
     _same_transcript(body, alone.json())
@@ -142,7 +142,7 @@ def test_a_file_that_opens_with_silence_is_identified_in_the_part_that_holds_its
 
     french = _decode_wav_file(Path(next(iter(pytest_audioeval.__path__))) / "samples" / "audio" / "fr" / "pangrama.wav")
     gap = np.zeros(SR, np.float32)
-    samples = np.concatenate([np.zeros(25 * SR, np.float32), *([french, gap] * 14)])  # windows 24.6-50.7-77.6 s
+    samples = np.concatenate([np.zeros(25 * SR, np.float32), *([french, gap] * 22)])  # three windows past 75 s: two stretches
     wav = encode(samples, "wav")
     workers = _workers(two)
     alone = _direct(two, workers[0], wav)

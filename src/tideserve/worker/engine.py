@@ -7,11 +7,15 @@ for the interpreter lock behind request handling (the cause of the served path r
 of the engine on an H200; issue 12). vLLM V1 splits its API server and engine core the same way.
 
 Units of work: a request arrives as *segments* (cuts of its audio at quiet points, each <= 30 s,
-int16 PCM). Each segment is decoded as a chain of *parts*: a part is one decode of the audio
-from a seek point to the segment's end at one temperature. After each decode Whisper's
-long-form rules (``worker.longform.follow_up``) decide: decode again at a higher temperature
-(fallback), continue from the seek point (a new part), or accept. Parts of one segment run one
-after another; segments and requests run side by side. Follow-up parts go to the front of the
+int16 PCM). When it decodes with timestamps, consecutive segments are joined into *stretches*
+of up to ``windows.STRETCH_S`` (``_stretches``). Each segment or stretch is decoded as a chain of
+*parts*: a part is one decode of a window, up to 30 s of the audio from a seek point, at one
+temperature. After each decode Whisper's long-form rules (``worker.longform.follow_up``)
+decide: decode again at a higher temperature (fallback), continue from the seek point (a new
+part: the next 30 s of the stretch from there, as openai/whisper's ``transcribe`` does, or the
+rest of the window alone at a stretch's end), go on after the window (a stretch's next 30 s),
+or accept. Parts of one segment run one after another; segments, stretches and requests run side
+by side. Follow-up parts go to the front of the
 queue, so a request that has started finishes before newer ones start.
 
 Two ways to run a backend, chosen by what it offers:
@@ -68,13 +72,16 @@ from tideserve.worker.language_id import LanguageIdConfig, mismatch_message, oth
 from tideserve.worker.batching import NextBatch, QueuedItem, next_batch, round_robin
 from tideserve.worker.longform import (Accept, Split, conditioning_context, decodes_timestamps, follow_up,
                                        is_digital_silence, repeats_tail, resumed_rest_holds, tail_holds_speech)
-from tideserve.worker.windows import pause_middle, windows_of
+from tideserve.worker import windows
+from tideserve.worker.windows import pause_middle, stretch_starts, windows_of
 
 log = logging.getLogger("tideserve.worker.engine")
 SAMPLE_RATE = 16_000
 #: Most parts one segment may take (seeks and fallbacks). Each seek moves forward by at least
 #: a timestamp step, so this only bounds pathological outputs.
 MAX_PARTS_PER_SEGMENT = 32
+#: Samples in one decoder window (Whisper's 30 s).
+WINDOW = 30 * SAMPLE_RATE
 #: The loop split (``longform.Split``): a part is split at most this many times over its
 #: lineage, and only when it holds at least ``MIN_SPLIT_S`` of audio (halves of >= 1/3 each).
 MAX_SPLITS = 2
@@ -173,6 +180,10 @@ class _Part:
     resume: Resume | None = None
     #: Run in a batch of its own: a batch this part was in failed (``EngineLoop._finish_static``).
     alone: bool = False
+    #: The segment's audio after this part's window (int16 PCM, contiguous with it), when the
+    #: segment is longer than one window: decoded next, from the seek point, as the windows of
+    #: openai/whisper's ``transcribe`` follow one another. Empty otherwise.
+    after: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int16))
 
     def successor(self, samples: np.ndarray, offset_s: float, temperature: float, now: float, **changes: Any) -> _Part:
         """The next part of this segment: ``samples`` from ``offset_s``, queued at ``now``, with
@@ -181,6 +192,11 @@ class _Part:
         changes.setdefault("resume", None)
         return replace(self, samples=samples, offset_s=offset_s, temperature=temperature, enqueued_s=now,
                        attempts=[], compute_s=0.0, parts_so_far=self.parts_so_far + 1, identify=False, **changes)
+
+    def over(self, audio: np.ndarray, offset_s: float, temperature: float, now: float, **changes: Any) -> _Part:
+        """The next part of this segment over ``audio`` (the rest of the segment, from
+        ``offset_s``): its first window, the remainder in ``after``."""
+        return self.successor(audio[:WINDOW], offset_s, temperature, now, after=audio[WINDOW:], **changes)
 
     def task(self) -> WindowTask:
         o = self.options
@@ -209,6 +225,9 @@ class _Request:
     #: The decode that identified the spoken language, until its fields ride on an accepted
     #: result (the identifying decode itself may be split or fall back and not be accepted).
     heard: WindowResult | None = None
+    #: Stretches: the first segment's index -> the indices of the segments joined to it
+    #: (answered empty when the stretch is complete; its results hold their text).
+    joined: dict[int, list[int]] = field(default_factory=dict)
 
 
 Emit = Callable[[tuple], None]
@@ -279,7 +298,7 @@ class EngineLoop:
                  emit: Emit, clock: Callable[[], float] = time.monotonic, chunk_steps: int | None = None,
                  instances: int = 1, start: Starter | None = None, wake: Callable[[], None] = lambda: None,
                  language_id: LanguageIdConfig | None = None, model_name: str = "",
-                 background_nice: int = 0) -> None:
+                 background_nice: int = 0, stretch_s: float | None = None) -> None:
         if instances < 1:
             raise ValueError(f"instances {instances} must be >= 1")
         self.backend = backend
@@ -289,6 +308,7 @@ class EngineLoop:
         self.emit = emit
         self.clock = clock
         self.chunk_steps = chunk_steps
+        self.stretch_s = windows.STRETCH_S if stretch_s is None else stretch_s  # None: the module's, read now
         # Language identification (``worker.language_id``): asked of each request's first speech
         # window when the backend can and the request names no language.
         self.language_id = language_id if getattr(backend, "identifies_language", False) else None
@@ -371,12 +391,14 @@ class EngineLoop:
         self.requests[rid] = req
         silent = []
         queued = False
-        for k, (samples, offset, *flag) in enumerate(segments):
-            if flag[0] if flag and flag[0] is not None else is_digital_silence(samples):
+        seeks = options.timestamps or self.decoding.without_timestamps is False  # only then can a window seek
+        for k, samples, offset, is_silent in _stretches(segments, self.stretch_s if seeks else 0.0, req.joined):
+            if is_silent:
                 silent.append(k)
             else:
-                part = _Part(rid, k, samples, offset, options, self.decoding.temperatures[0], now,
-                             identify=self.language_id is not None and options.language is None and not queued)
+                part = _Part(rid, k, samples[:WINDOW], offset, options, self.decoding.temperatures[0], now,
+                             identify=self.language_id is not None and options.language is None and not queued,
+                             after=samples[WINDOW:])
                 # Conditioning on previous text: one segment at a time, in order.
                 if self.decoding.condition_on_previous_text and queued:
                     req.later.append(part)
@@ -657,6 +679,13 @@ class EngineLoop:
         seek = action.seek_s
         if seek is not None and part.parts_so_far < MAX_PARTS_PER_SEGMENT:
             start = round(seek * SAMPLE_RATE)
+            if 0 < start < len(part.samples) and len(part.after) and not part.rest:
+                # The next window starts at the seek point and runs on into the segment (transcribe).
+                self.stats.seeks += 1
+                self.queue.appendleft(part.over(np.concatenate([part.samples[start:], part.after]),
+                                                part.offset_s + start / SAMPLE_RATE, t0, now, context=req.context,
+                                                after_seek=True))
+                return
             if 0 < start < len(part.samples):
                 if tail_holds_speech(part.samples, seek, SAMPLE_RATE):
                     self.stats.seeks += 1
@@ -674,9 +703,17 @@ class EngineLoop:
             self.queue.appendleft(part.successor(samples, offset, t0, now, context=req.context, rest=tuple(rest),
                                                  splits=splits))
             return
+        if len(part.after):  # the next window of a segment longer than one
+            self.queue.appendleft(part.over(part.after, part.offset_s + len(part.samples) / SAMPLE_RATE, t0, now,
+                                            context=req.context))
+            return
         self.emit(("segment", part.rid, part.segment, chain, req.compute_s))
         req.compute_s = 0.0
         req.done.add(part.segment)
+        for k in req.joined.get(part.segment, ()):  # their audio was decoded in this stretch
+            req.results[k] = [WindowResult(text="", language=chain[-1].language)]
+            req.done.add(k)
+            self.emit(("segment", part.rid, k, req.results[k], 0.0))
         if req.later:  # conditioning: the next segment starts from this one's text
             nxt = req.later.popleft()
             nxt.context, nxt.enqueued_s = req.context, now
@@ -691,6 +728,28 @@ class EngineLoop:
         if rid in self.requests:
             self.cancel(rid, client_gone=False)
             self.emit(("error", rid, type(exc).__name__, str(exc)))
+
+
+def _stretches(segments: list[tuple], max_s: float, joined: dict[int, list[int]]
+               ) -> list[tuple[int, np.ndarray, float, bool]]:
+    """``(index, samples, offset_s, silent)`` per stretch to decode: ``segments`` (``(int16 PCM,
+    offset_s[, silent])``, as ``EngineLoop.submit`` takes them) joined by ``windows.stretch_starts``
+    (``max_s`` 0: none joined). ``joined`` gets, per stretch of several, its first index -> the
+    indices joined to it."""
+    silent = [bool(flag[0]) if flag and flag[0] is not None else is_digital_silence(samples)
+              for samples, _, *flag in segments]
+    starts = [round(offset * SAMPLE_RATE) for _, offset, *_ in segments]
+    cuts = [(a, a + len(seg[0])) for a, seg in zip(starts, segments, strict=True)]
+    out: list[tuple[int, np.ndarray, float, bool]] = []
+    for k, begins in enumerate(stretch_starts(cuts, silent, max_s, SAMPLE_RATE)):
+        samples, offset = segments[k][0], segments[k][1]
+        if begins:
+            out.append((k, samples, offset, silent[k]))
+        else:
+            k0, prev, prev_offset, _ = out[-1]
+            out[-1] = (k0, np.concatenate([prev, samples]), prev_offset, False)
+            joined.setdefault(k0, []).append(k)
+    return out
 
 
 # --- the engine process ---------------------------------------------------------------------

@@ -11,6 +11,10 @@ faster-whisper's ``generate_with_fallback``:
   log-probability among those under the compression threshold (faster-whisper), else the last;
 - an accepted window that left speech after its last completed segment (``unfinished_from_s``)
   continues from there as a new part (the seek), starting again at the first temperature;
+- inside a stretch (``windows.STRETCH_S``: consecutive windows of a file joined) the rest after a
+  seek is not decoded alone: the next window starts at the seek point and runs on into the
+  stretch, as ``transcribe``'s do, and the quiet-tail and resumed-rest rules below do not apply
+  there; they apply to a rest decoded alone, at the end of a stretch or of a window decoded apart;
 - tideserve's addition, the quiet tail: a seek is taken only when the rest of the window holds
   at least ``MIN_SPEECH_S`` of sound (``tail_holds_speech``); otherwise the window is done, and
   the text its decode wrote after the last completed segment, which lies over that rest (dropped

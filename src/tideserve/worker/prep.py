@@ -39,7 +39,8 @@ from tideserve.worker import handoff
 from tideserve.worker.cores import usable_cores
 from tideserve.worker.audio import SAMPLE_RATE, decode_pcm16, wav_file
 from tideserve.worker.longform import is_digital_silence
-from tideserve.worker.windows import WINDOW_S, window_cuts, windows_of
+from tideserve.worker import windows
+from tideserve.worker.windows import WINDOW_S, stretch_starts, window_cuts, windows_of
 
 
 @dataclass(frozen=True)
@@ -140,25 +141,32 @@ def prepare_infer(body: bytes, header_length: str | None, max_audio_s: float | N
     return prepare_audio(parsed.request, max_audio_s, extra=slim)
 
 
-def spread(prepared: Prepared, parts: int, min_part_s: float) -> Prepared:
+def spread(prepared: Prepared, parts: int, min_part_s: float, stretch_s: float | None = None) -> Prepared:
     """``prepared`` cut into at most ``parts`` parts of whole windows (so at pauses, where the
     windows were cut), each about the same audio to decode and at least ``min_part_s`` of it
     (the windows' lengths; quiet left out of them does not count): the first stays in
     ``prepared`` (its ``pcm``, ``cuts``, ``silent``), the others go to ``remote`` as WAV files. A
     file under two parts' length, or of one window, is returned as it is.
 
-    The parts' boundaries are the window ends nearest to the even split; each later part goes
-    with its windows (``RemotePart.cuts``), so its helper decodes the same windows, and so
-    writes the same text, as in one piece."""
+    The parts' boundaries are the window ends nearest to the even split where a stretch begins
+    (``windows.stretch_starts``; a file of one stretch is not spread); each later part goes with
+    its windows (``RemotePart.cuts``), so its helper decodes the same windows in the same
+    stretches, and so writes the same text, as in one piece. ``stretch_s``: the stretches'
+    length (None: ``windows.STRETCH_S``; 0: any window end)."""
     n = len(prepared.cuts)
     ends = list(itertools.accumulate(b - a for a, b in prepared.cuts))  # audio to decode up to each window's end
     total = ends[-1] if ends else 0
     k = min(parts, int(total / SAMPLE_RATE // min_part_s)) if min_part_s > 0 else parts
     if k < 2 or n < 2 or prepared.remote:
         return prepared
+    begins = stretch_starts(prepared.cuts, prepared.silent, windows.STRETCH_S if stretch_s is None else stretch_s,
+                            SAMPLE_RATE)
+    candidates = [w for w in range(n - 1) if begins[w + 1]]  # a part may end before a stretch begins
+    if not candidates:
+        return prepared
     last: list[int] = []  # index of each part's last window
     for i in range(1, k):
-        j = min(range(n - 1), key=lambda w: abs(ends[w] - i * total / k))
+        j = min(candidates, key=lambda w: abs(ends[w] - i * total / k))
         if not last or j > last[-1]:
             last.append(j)
     last.append(n - 1)

@@ -6,7 +6,7 @@ seconds before the 30 s limit: 100 ms frames whose RMS level is within ``QUIET_A
 the quietest frame there, or under ``QUIET_FLOOR_DBFS``. The longest pause is where a sentence
 ends; the quietest single frame (the rule before) was often a short pause between two words of
 one phrase, and a cut there lost words (bench/accuracy.py; README "Accuracy"). The windows of
-one file are then decoded in parallel.
+one file are then decoded side by side, or joined into stretches (``STRETCH_S``).
 
 Long quiet stretches are left out first (``window_cuts``): Whisper placed speech that followed
 many seconds of silence in its window at the wrong time (a clip at 60-63 s after a minute of
@@ -33,6 +33,35 @@ import numpy as np
 
 WINDOW_S = 30.0
 SAMPLE_RATE = 16_000
+#: Consecutive windows of a request that decodes with timestamps are joined into one *stretch*
+#: of at most this many seconds (``stretch_starts``), decoded as openai/whisper's ``transcribe``
+#: decodes a file: a 30 s window from the start, each next window from the last one's seek point
+#: (its last timestamp) or, when it was done, from its end (``worker.engine``). A file up to this
+#: long is decoded in transcribe's windows; a longer one in stretches side by side (the 20-minute
+#: file of bench/accuracy.py: 22, which still fill two model instances' batches of 8), and a
+#: spread file is cut between stretches (``worker.prep.spread``). Why: with windows decoded
+#: apart, each began at a pause of the cut and a seek left a rest decoded alone; tiny.en's greedy
+#: reading of a counting clip turned on where its window began, and the torch backend (fp32)
+#: missed one word of the 1-minute file at beam 1 (WER 0.017 against transcribe's 0.000) where
+#: transcribe's windows read it right; as stretches it writes 0.000 (README, Accuracy: stretches).
+STRETCH_S = 75.0
+
+
+def stretch_starts(cuts: Sequence[tuple[int, int]], silent: Sequence[bool], max_s: float,
+                   sample_rate: int = SAMPLE_RATE) -> list[bool]:
+    """Per window (``cuts``: ``(start, end)`` sample indices in order; ``silent``: digital
+    silence, answered without the model), whether it begins a stretch (``STRETCH_S``). A window
+    joins the stretch before it when neither is silent, it follows it without a gap, and the
+    stretch stays within ``max_s`` seconds; ``max_s`` 0: every window begins one. Deterministic,
+    so a spread file's parts, cut where a stretch begins, hold the stretches of the whole file."""
+    out: list[bool] = []
+    length = 0
+    for i, (a, b) in enumerate(cuts):
+        joins = (max_s > 0 and i > 0 and not silent[i] and not silent[i - 1] and a == cuts[i - 1][1]
+                 and length + (b - a) <= max_s * sample_rate)
+        out.append(not joins)
+        length = length + (b - a) if joins else b - a
+    return out
 
 
 @dataclass(frozen=True)

@@ -111,7 +111,7 @@ def segments_of(out: list[tuple], rid: int) -> dict[int, list[str]]:
 
 def test_static_backend_batches_by_size_or_delay_and_round_robin_over_requests() -> None:
     clock, out, be = Clock(), [], StaticBackend()
-    loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=3, max_queue_delay_s=0.5, emit=out.append, clock=clock)
+    loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=3, max_queue_delay_s=0.5, emit=out.append, clock=clock, stretch_s=0.0)
     loop.submit(1, [(pcm(30, 1), 0.0), (pcm(30, 2), 30.0), (pcm(30, 3), 60.0)], RequestOptions())
     assert loop.wait_s() == 0.0  # three windows = max_batch_size: a batch now
     loop.submit(2, [(pcm(2, 9), 0.0)], RequestOptions())
@@ -286,7 +286,7 @@ def test_seek_parts_batched_together_each_complete_their_segment_on_a_static_bac
                     for t in tasks], ExecutionTimings()
 
     be = Seeking()
-    loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=8, max_queue_delay_s=0.0, emit=out.append, clock=clock)
+    loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=8, max_queue_delay_s=0.0, emit=out.append, clock=clock, stretch_s=0.0)
     loop.submit(1, [(pcm(30), 0.0), (pcm(30), 30.0), (pcm(30), 60.0), (pcm(10), 90.0)], RequestOptions())
     run_until_idle(loop, clock)
     assert segments_of(out, 1) == {0: ["head", "tail@26"], 1: ["head", "tail@56"], 2: ["head", "tail@86"], 3: ["tail@90"]}
@@ -297,7 +297,7 @@ def test_seek_parts_batched_together_each_complete_their_segment_on_a_static_bac
 def test_cancel_drops_queued_windows_and_stops_decoding_rows() -> None:
     clock, out = Clock(), []
     be = SlotBackend(1, steps_of=lambda t: 50)
-    loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=1, max_queue_delay_s=0.0, emit=out.append, clock=clock)
+    loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=1, max_queue_delay_s=0.0, emit=out.append, clock=clock, stretch_s=0.0)
     loop.submit(1, [(pcm(30, 1), 0.0), (pcm(30, 2), 30.0)], RequestOptions())
     loop.submit(2, [(pcm(3, 5), 0.0)], RequestOptions())
     loop.run_once()  # request 1's first window decoding; its second and request 2's queued
@@ -335,7 +335,7 @@ def test_a_file_of_several_windows_is_decoded_with_timestamps_whatever_its_respo
     for explicit, long_file in ((None, True), (True, False), (False, False)):
         clock, out, be = Clock(), [], StaticBackend()
         loop = EngineLoop(be, Decoding(beam_size=1, without_timestamps=explicit), max_batch_size=4,
-                          max_queue_delay_s=0.0, emit=out.append, clock=clock)
+                          max_queue_delay_s=0.0, emit=out.append, clock=clock, stretch_s=0.0)
         loop.submit(1, [(pcm(30, 1), 0.0), (pcm(20, 2), 30.0)], RequestOptions())
         loop.submit(2, [(pcm(5, 3), 0.0)], RequestOptions())
         loop.submit(3, [(pcm(5, 4), 0.0)], RequestOptions(timestamps=True))
@@ -404,7 +404,7 @@ def _handed(loop: EngineLoop, rid: int, marks: list[int]) -> None:
 def test_audio_from_a_prep_process_joins_its_start_in_either_order() -> None:
     clock, out = Clock(), []
     be = SlotBackend(4, steps_of=lambda t: 2)
-    loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=4, max_queue_delay_s=0.0, emit=out.append, clock=clock)
+    loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=4, max_queue_delay_s=0.0, emit=out.append, clock=clock, stretch_s=0.0)
     _handed(loop, 1, [3, 4])  # audio first
     assert loop.idle and loop.waiting_halves == 1
     loop.handle(("start", 1, RequestOptions()))
@@ -473,7 +473,7 @@ def test_instances_run_batches_at_once_and_keep_the_last_one_for_a_newcomer():
     be, out, clock = LaneBackend(), [], Clock()
     starter, woken = ManualStarter(), []
     loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=2, max_queue_delay_s=0.0, emit=out.append,
-                      clock=clock, instances=3, start=starter, wake=lambda: woken.append(1))
+                      clock=clock, instances=3, start=starter, wake=lambda: woken.append(1), stretch_s=0.0)
     loop.submit(1, [(pcm(30, 1), 30.0 * k) for k in range(4)], RequestOptions())
     assert loop.run_once()
     assert len(starter.pending) == 2 and len(loop.executing) == 2
@@ -501,7 +501,7 @@ def test_instances_run_batches_at_once_and_keep_the_last_one_for_a_newcomer():
 def test_a_backend_without_a_background_lane_is_called_as_before():
     be, out, clock, starter = StaticBackend(), [], Clock(), ManualStarter()
     loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=1, max_queue_delay_s=0.0, emit=out.append,
-                      clock=clock, instances=2, start=starter)
+                      clock=clock, instances=2, start=starter, stretch_s=0.0)
     loop.submit(1, [(pcm(30, 1), 0.0), (pcm(30, 1), 30.0)], RequestOptions())
     loop.run_once()
     assert starter.lanes == [True]  # a long caller's batch, on the background thread
@@ -626,7 +626,7 @@ def test_conditioning_on_previous_text_decodes_a_files_windows_in_order_each_pro
 
     be, out, clock = Seeking(), [], Clock()
     loop = EngineLoop(be, Decoding(beam_size=1, condition_on_previous_text=True), max_batch_size=8,
-                      max_queue_delay_s=0.0, emit=out.append, clock=clock)
+                      max_queue_delay_s=0.0, emit=out.append, clock=clock, stretch_s=0.0)
     loop.submit(1, [(pcm(30, 1), 0.0), (pcm(30, 2), 30.0), (pcm(30, 3), 60.0)], RequestOptions(prompt="Glossary:"))
     loop.submit(2, [(pcm(5, 4), 0.0)], RequestOptions())
     run_until_idle(loop, clock)
@@ -643,7 +643,7 @@ def two_conditioned_windows(backend, out: list) -> None:
     the temperatures 0.0 and 0.6; messages into ``out``."""
     clock = Clock()
     loop = EngineLoop(backend, Decoding(beam_size=1, condition_on_previous_text=True, temperatures=[0.0, 0.6]),
-                      max_batch_size=8, max_queue_delay_s=0.0, emit=out.append, clock=clock)
+                      max_batch_size=8, max_queue_delay_s=0.0, emit=out.append, clock=clock, stretch_s=0.0)
     loop.submit(1, [(pcm(30, 1), 0.0), (pcm(30, 2), 30.0)], RequestOptions())
     run_until_idle(loop, clock)
 
@@ -832,3 +832,95 @@ def test_the_thread_starters_background_lane_runs_lowered():
     finally:
         starter.close()
     assert seen == [base, min(19, base + 4), base]
+
+
+# --- stretches: a file's windows as transcribe lays them (engine.STRETCH_S) ---------------------
+
+
+class SeeksAt26(StaticBackend):
+    """Every full 30 s window ends its decode at 26 s (an unfinished last segment: Whisper's seek);
+    a shorter one is done."""
+
+    def transcribe_batch(self, tasks):
+        self.batches.append(tasks)
+        return [ok(t, f"w@{t.offset_s:g}+{t.duration_s:g}", unfinished_from_s=26.0 if t.duration_s >= 30 else None)
+                for t in tasks], ExecutionTimings(0.1, 0.2, 0.0)
+
+
+def test_a_stretch_is_decoded_in_transcribes_windows_each_from_the_last_ones_seek_point() -> None:
+    # Three contiguous 25 s segments (75 s): one stretch. transcribe's windows: 0-30, seek 26 ->
+    # 26-56, seek 52 -> 52-75 (done). Apart, each segment would be decoded from its own start.
+    clock, out, be = Clock(), [], SeeksAt26()
+    loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=8, max_queue_delay_s=0.0, emit=out.append,
+                      clock=clock, stretch_s=75.0)
+    loop.submit(1, [(pcm(25, 1), 0.0), (pcm(25, 1), 25.0), (pcm(25, 1), 50.0)], RequestOptions(timestamps=True))
+    run_until_idle(loop, clock)
+    assert [[(t.offset_s, t.duration_s) for t in b] for b in be.batches] == [[(0.0, 30.0)], [(26.0, 30.0)],
+                                                                           [(52.0, 23.0)]]
+    assert segments_of(out, 1) == {0: ["w@0+30", "w@26+30", "w@52+23"], 1: [""], 2: [""]}
+    # The joined segments are answered when their stretch is complete, after it, not at submit.
+    order = [m[2] for m in out if m[0] == "segment"]
+    assert order == [0, 1, 2]
+    assert sum(m[1].seeks for m in out if m[0] == "stats") == 2 and not loop.requests
+
+
+def test_stretches_join_only_contiguous_speech_up_to_their_length_and_only_with_timestamps() -> None:
+    clock, out, be = Clock(), [], StaticBackend()
+    loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=8, max_queue_delay_s=0.0, emit=out.append,
+                      clock=clock, stretch_s=60.0)
+    silent = np.zeros(2 * SR, np.int16)
+    # 20+20 s joined (40 s); the next 25 s would make 65 > 60: a stretch of its own; a gap
+    # (75 -> 80 s) and a silent segment each end a stretch.
+    loop.submit(1, [(pcm(20, 1), 0.0), (pcm(20, 2), 20.0), (pcm(25, 3), 40.0), (pcm(10, 4), 65.0),
+                    (pcm(10, 5), 80.0), (silent, 90.0), (pcm(5, 6), 92.0)], RequestOptions(timestamps=True))
+    run_until_idle(loop, clock)
+    starts = sorted((t.offset_s, t.duration_s) for b in be.batches for t in b)
+    assert starts == [(0.0, 30.0), (30.0, 10.0), (40.0, 30.0), (70.0, 5.0), (80.0, 10.0), (92.0, 5.0)]
+    assert segments_of(out, 1) == {0: ["w1@0", "w2@30"], 1: [""], 2: ["w3@40", "w4@70"], 3: [""], 4: ["w5@80"],
+                                   5: [""], 6: ["w6@92"]}
+    # Without timestamp tokens a window cannot seek: every segment is decoded apart, as cut.
+    be2, out2 = StaticBackend(), []
+    loop2 = EngineLoop(be2, Decoding(beam_size=1, without_timestamps=True), max_batch_size=8, max_queue_delay_s=0.0,
+                       emit=out2.append, clock=clock, stretch_s=60.0)
+    loop2.submit(1, [(pcm(20, 1), 0.0), (pcm(20, 2), 20.0)], RequestOptions(timestamps=False))
+    run_until_idle(loop2, clock)
+    assert sorted((t.offset_s, t.duration_s) for b in be2.batches for t in b) == [(0.0, 20.0), (20.0, 20.0)]
+
+
+def test_a_segment_longer_than_a_window_is_decoded_to_its_end_not_cut_at_30_s() -> None:
+    # Before stretches a part longer than 30 s went to the backend whole, which reads 30 s of it.
+    clock, out, be = Clock(), [], StaticBackend()
+    loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=8, max_queue_delay_s=0.0, emit=out.append,
+                      clock=clock, stretch_s=0.0)
+    loop.submit(1, [(pcm(70, 1), 0.0)], RequestOptions(timestamps=True))
+    run_until_idle(loop, clock)
+    assert [(t.offset_s, t.duration_s) for b in be.batches for t in b] == [(0.0, 30.0), (30.0, 30.0), (60.0, 10.0)]
+    assert segments_of(out, 1) == {0: ["w1@0", "w1@30", "w1@60"]}
+
+
+def test_a_loop_split_inside_a_stretch_decodes_both_halves_then_goes_on_into_the_stretch() -> None:
+    # The stretch's first window loops (compression 7.6, one segment repeating): it is decoded
+    # again as two halves cut at its pause, and the stretch then continues from 30 s.
+    speech = np.concatenate([pcm(12, 5), np.zeros(SR, np.int16), pcm(17, 5), pcm(20, 6)])
+
+    class LoopsOnce(StaticBackend):
+        def transcribe_batch(self, tasks):
+            self.batches.append(tasks)
+            res = []
+            for t in tasks:
+                if t.offset_s == 0.0 and t.duration_s == 30.0:
+                    res.append(WindowResult(text="loop", language="en", avg_logprob=-0.2, compression_ratio=7.6,
+                                            temperature=t.temperature, looping_segment=True))
+                else:
+                    res.append(ok(t, f"w@{t.offset_s:g}+{t.duration_s:g}"))
+            return res, ExecutionTimings(0.1, 0.2, 0.0)
+
+    clock, out, be = Clock(), [], LoopsOnce()
+    loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=8, max_queue_delay_s=0.0, emit=out.append,
+                      clock=clock, stretch_s=60.0)
+    loop.submit(1, [(speech[: 30 * SR], 0.0), (speech[30 * SR:], 30.0)], RequestOptions(timestamps=True))
+    run_until_idle(loop, clock)
+    parts = [(t.offset_s, round(t.duration_s, 1)) for b in be.batches for t in b]
+    assert parts == [(0.0, 30.0), (0.0, 12.5), (12.5, 17.5), (30.0, 20.0)]  # cut in the middle of the pause
+    assert segments_of(out, 1) == {0: ["w@0+12.5", "w@12.5+17.5", "w@30+20"], 1: [""]}
+    assert sum(m[1].splits for m in out if m[0] == "stats") == 1

@@ -29,7 +29,7 @@ def _prepared(window_s: list[float]) -> Prepared:
 
 def test_a_file_is_cut_at_window_ends_nearest_the_even_split():
     p = _prepared([30, 30, 20, 30, 10, 30])  # 150 s
-    out = spread(p, parts=3, min_part_s=30)
+    out = spread(p, parts=3, min_part_s=30, stretch_s=0.0)
     # Window ends 30, 60, 80, 110, 120, 150 s; the even split is 50 s and 100 s: nearest ends 60 s and 110 s.
     assert [c for c in out.cuts] == list(p.cuts[:2])
     assert [(r.start / SR, r.end / SR) for r in out.remote] == [(60.0, 110.0), (110.0, 150.0)]
@@ -103,9 +103,9 @@ def test_part_options_round_trip_and_bad_ones_are_refused_as_every_api_refuses_t
 def test_the_part_holding_the_files_first_sound_identifies_its_language():
     p = _prepared([30, 30, 20, 30, 10, 30])
     silent = dataclasses.replace(p, silent=(True, True, True, False, False, False))  # sound from 80 s
-    out = spread(silent, parts=3, min_part_s=30)
+    out = spread(silent, parts=3, min_part_s=30, stretch_s=0.0)
     assert [r.identify for r in out.remote] == [True, False]  # the part of 60-110 s holds the window at 80 s
-    assert [r.identify for r in spread(p, parts=3, min_part_s=30).remote] == [False, False]  # sound in part 0
+    assert [r.identify for r in spread(p, parts=3, min_part_s=30, stretch_s=0.0).remote] == [False, False]  # sound in part 0
 
 
 def test_the_identification_comes_from_the_first_part_that_has_one():
@@ -123,7 +123,7 @@ def test_a_part_goes_with_its_files_windows_and_the_file_keeps_its_length():
     gaps = ((0, 10 * SR), *(((60 + 10 * i) * SR, (70 + 10 * i) * SR) for i in range(5)))  # 50 s left out after 10 s
     pcm = (np.arange(120 * SR) % 30_000).astype(np.int16)
     p = Prepared(TranscriptionRequest(audio=b""), pcm, gaps, silent=(False,) * 6, samples=len(pcm))
-    out = spread(p, parts=2, min_part_s=30)
+    out = spread(p, parts=2, min_part_s=30, stretch_s=0.0)
     # 60 s to decode: the even split is after 30 s of windows (the third window's end, at 80 s),
     # not at the file's middle (55 s: after the second, 20 s against 40 s).
     (part,) = out.remote
@@ -131,7 +131,7 @@ def test_a_part_goes_with_its_files_windows_and_the_file_keeps_its_length():
     assert part.cuts == ((0, 10 * SR), (10 * SR, 20 * SR), (20 * SR, 30 * SR))
     assert np.array_equal(pcm16_wav(part.wav), pcm[80 * SR: 110 * SR])
     assert out.duration_s == 120.0  # the quiet end left out of the windows still counts
-    assert spread(p, parts=2, min_part_s=31) is p  # 60 s to decode: under two parts of 31 s
+    assert spread(p, parts=2, min_part_s=31, stretch_s=0.0) is p  # 60 s to decode: under two parts of 31 s
 
 
 def test_windows_given_with_a_part_are_checked_against_its_audio():
@@ -185,7 +185,7 @@ def test_a_spread_files_parts_decode_with_timestamps_at_the_default_even_a_part_
             return TranscriptionResult(text="b", language="en", duration_s=(part.end - part.start) / SR)
 
         service._remote_part = remote  # type: ignore[method-assign]
-        p = spread(_prepared([20, 20]), parts=2, min_part_s=10)  # two parts of one window each
+        p = spread(_prepared([20, 20]), parts=2, min_part_s=10, stretch_s=0.0)  # two parts of one window each
         p = dataclasses.replace(p, request=TranscriptionRequest(audio=b"", timestamps=timestamps))
         assert len(p.cuts) == 1 and len(p.remote) == 1
         result = asyncio.run(service.transcribe(p, helpers=["http://helper"]))
@@ -195,3 +195,29 @@ def test_a_spread_files_parts_decode_with_timestamps_at_the_default_even_a_part_
     assert run(long_form=True, timestamps=False) == ([True], [True])
     assert run(long_form=False, timestamps=False) == ([False], [False])  # without_timestamps set: as asked
     assert run(long_form=False, timestamps=True) == ([True], [True])
+
+
+def test_a_spread_file_is_cut_only_where_a_stretch_begins_and_one_stretch_is_not_cut():
+    # Stretches of up to 75 s (windows.stretch_starts): windows 30+30 joined (60 s), the third
+    # (20 s) silent alone, then 30+10+30 joined (70 s). A part may end only before a stretch
+    # begins: after 60 s or after 80 s. So the helper decodes the same stretches, and writes the
+    # same text, as the file in one piece (the engine's stretches begin at a part's start).
+    p = _prepared([30, 30, 20, 30, 10, 30])
+    out = spread(p, parts=3, min_part_s=10, stretch_s=75.0)
+    assert [(r.start / SR, r.end / SR) for r in out.remote] == [(60.0, 80.0), (80.0, 150.0)]
+    one = _prepared([30, 30])  # 60 s: one stretch, so one part
+    assert spread(one, parts=2, min_part_s=10, stretch_s=75.0) is one
+    assert len(spread(one, parts=2, min_part_s=10, stretch_s=0.0).remote) == 1  # windows apart: cut
+
+
+def test_stretches_join_contiguous_windows_that_are_not_silent_up_to_their_length():
+    from tideserve.worker.windows import stretch_starts
+
+    s = SR
+    cuts = [(0, 30 * s), (30 * s, 50 * s), (50 * s, 80 * s), (81 * s, 90 * s), (90 * s, 95 * s), (95 * s, 99 * s)]
+    silent = [False, False, False, False, True, False]
+    # 30+20 joined (50 s); +30 would be 80 > 75: begins; a 1 s gap: begins; silent: begins, and so
+    # does the window after it.
+    assert stretch_starts(cuts, silent, 75.0) == [True, False, True, True, True, True]
+    assert stretch_starts(cuts, silent, 0.0) == [True] * 6
+    assert stretch_starts(cuts, [False] * 6, 1000.0) == [True, False, False, True, False, False]
