@@ -535,7 +535,8 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
         return web.Response(body=body, headers={"Content-Type": ctype, **identification_headers(result)})
 
     async def stream_transcription(request: web.Request, req: TranscriptionRequest) -> web.StreamResponse:
-        """``stream=true``: server-sent events, a delta as each window is done (in audio order),
+        """``stream=true``: server-sent events, a delta as each window (with timestamps, each
+        stretch of windows: ``worker.windows.STRETCH_S``) is done (in audio order),
         then the whole text. An error before the first delta is an ordinary JSON error answer;
         after it (the status line is sent), an error event ends the stream."""
         order = openai.DeltaOrder()

@@ -32,10 +32,13 @@ from collections.abc import Mapping, Sequence
 @dataclass(frozen=True)
 class QueuedItem:
     """One queued item as the decision sees it: its ``caller`` (items of one request share it)
-    and when it was queued, ``enqueued_s``, on the same clock as ``now``."""
+    and when it was queued, ``enqueued_s``, on the same clock as ``now``; ``windows``: the 30 s
+    windows it stands for (a stretch's part, decoded one window after another, more than one),
+    which ``short_callers`` counts."""
 
     caller: int
     enqueued_s: float
+    windows: int = 1
 
 
 @dataclass(frozen=True)
@@ -97,13 +100,13 @@ class NextBatch:
 
 
 def short_callers(queue: Sequence[QueuedItem], executing: Mapping[int, int], max_batch_size: int) -> set[int]:
-    """Callers whose items queued and executing (``executing``: caller -> items executing)
-    number at most ``max_batch_size`` (a request one batch could hold); the others are long
-    callers. Counting the executing items too keeps a short request's leftover windows (those
-    its first batch had no room for) short."""
+    """Callers whose windows queued (``QueuedItem.windows``) and items executing (``executing``:
+    caller -> items executing) number at most ``max_batch_size`` (a request one batch could
+    hold); the others are long callers. Counting the executing items too keeps a short request's
+    leftover windows (those its first batch had no room for) short."""
     counts: dict[int, int] = {}
     for item in queue:
-        counts[item.caller] = counts.get(item.caller, 0) + 1
+        counts[item.caller] = counts.get(item.caller, 0) + item.windows
     return {c for c, n in counts.items() if n + executing.get(c, 0) <= max_batch_size}
 
 

@@ -448,7 +448,8 @@ class EngineLoop:
         return 0.0 if cut.take else cut.wait_s
 
     def _queued_items(self) -> list[QueuedItem]:
-        return [QueuedItem(p.rid, p.enqueued_s) for p in self.queue]
+        # A part counts the windows it still holds: a stretch's part is up to 3 decodes.
+        return [QueuedItem(p.rid, p.enqueued_s, 1 + -(-len(p.after) // WINDOW)) for p in self.queue]
 
     def _next_cut(self) -> NextBatch | None:
         """The static batch to start now (queue indices, and its lane) or how long until one
@@ -677,16 +678,22 @@ class EngineLoop:
             req.context = conditioning_context(req.context, accepted, part.attempts[-1].temperature)
         chain.append(replace(accepted, tokens=()))  # the tokens stay in the engine: the front has no use for them
         seek = action.seek_s
+        quiet_end = False  # the stretch's end, from the seek point, holds no speech: it is done
         if seek is not None and part.parts_so_far < MAX_PARTS_PER_SEGMENT:
             start = round(seek * SAMPLE_RATE)
             if 0 < start < len(part.samples) and len(part.after) and not part.rest:
-                # The next window starts at the seek point and runs on into the segment (transcribe).
-                self.stats.seeks += 1
-                self.queue.appendleft(part.over(np.concatenate([part.samples[start:], part.after]),
-                                                part.offset_s + start / SAMPLE_RATE, t0, now, context=req.context,
-                                                after_seek=True))
-                return
-            if 0 < start < len(part.samples):
+                # The next window starts at the seek point and runs on into the stretch (transcribe);
+                # when it is the stretch's last, only if it holds speech (the quiet tail).
+                tail = np.concatenate([part.samples[start:], part.after])
+                if len(tail) > WINDOW or tail_holds_speech(np.concatenate([part.samples, part.after]), seek,
+                                                           SAMPLE_RATE):
+                    self.stats.seeks += 1
+                    self.queue.appendleft(part.over(tail, part.offset_s + start / SAMPLE_RATE, t0, now,
+                                                    context=req.context, after_seek=True))
+                    return
+                self.stats.quiet_rests += 1
+                quiet_end = True
+            elif 0 < start < len(part.samples):
                 if tail_holds_speech(part.samples, seek, SAMPLE_RATE):
                     self.stats.seeks += 1
                     encoded = action.result.encoded
@@ -703,7 +710,7 @@ class EngineLoop:
             self.queue.appendleft(part.successor(samples, offset, t0, now, context=req.context, rest=tuple(rest),
                                                  splits=splits))
             return
-        if len(part.after):  # the next window of a segment longer than one
+        if len(part.after) and not quiet_end:  # the next window of a segment longer than one
             self.queue.appendleft(part.over(part.after, part.offset_s + len(part.samples) / SAMPLE_RATE, t0, now,
                                             context=req.context))
             return

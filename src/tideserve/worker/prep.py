@@ -151,8 +151,10 @@ def spread(prepared: Prepared, parts: int, min_part_s: float, stretch_s: float |
     The parts' boundaries are the window ends nearest to the even split where a stretch begins
     (``windows.stretch_starts``; a file of one stretch is not spread); each later part goes with
     its windows (``RemotePart.cuts``), so its helper decodes the same windows in the same
-    stretches, and so writes the same text, as in one piece. ``stretch_s``: the stretches'
-    length (None: ``windows.STRETCH_S``; 0: any window end)."""
+    stretches, and so writes the same text, as in one piece (a request without timestamps, whose
+    windows the engine decodes apart, is cut there too: its parts are only less even). A silent
+    window begins a stretch, so a part may hold only silence (answered without the model).
+    ``stretch_s``: the stretches' length (None: ``windows.STRETCH_S``; 0: any window end)."""
     n = len(prepared.cuts)
     ends = list(itertools.accumulate(b - a for a, b in prepared.cuts))  # audio to decode up to each window's end
     total = ends[-1] if ends else 0

@@ -84,3 +84,14 @@ def test_a_long_file_is_never_starved_by_short_requests():
     assert next_batch(queue, {4: 1, 5: 1}, 0, 1, 3, 2, 0.0, now=0.0) == NextBatch((0, 2), background=True)
     # With one of its batches executing, short requests take the last free one.
     assert next_batch(queue, {1: 2, 4: 1}, 1, 1, 3, 2, 0.0, now=0.0) == NextBatch((1, 3))
+
+
+def test_a_stretchs_part_counts_the_windows_it_still_holds():
+    from tideserve.worker.batching import short_callers
+
+    # Found in review: a stretch's part (up to 75 s, decoded one window after another) counted
+    # as one window, so a file of 8 stretches (about 10 minutes) passed for a short caller and
+    # ran in the foreground beside short requests. Three parts of three windows each: 9 > 8.
+    stretches = [QueuedItem(1, 0.0, windows=3)] * 3
+    assert short_callers([*stretches, QueuedItem(2, 0.0)], {}, 8) == {2}
+    assert short_callers([QueuedItem(1, 0.0, windows=3)] * 2, {1: 2}, 8) == {1}  # 6 + 2 executing

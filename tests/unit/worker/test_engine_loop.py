@@ -843,7 +843,10 @@ class SeeksAt26(StaticBackend):
 
     def transcribe_batch(self, tasks):
         self.batches.append(tasks)
-        return [ok(t, f"w@{t.offset_s:g}+{t.duration_s:g}", unfinished_from_s=26.0 if t.duration_s >= 30 else None)
+        # As the faster-whisper backend does, a decode that seeks keeps its encoder output for
+        # a resumed rest (``encoded``); inside a stretch the next window is encoded afresh.
+        return [ok(t, f"w@{t.offset_s:g}+{t.duration_s:g}", unfinished_from_s=26.0 if t.duration_s >= 30 else None,
+                   encoded=object() if t.duration_s >= 30 else None)
                 for t in tasks], ExecutionTimings(0.1, 0.2, 0.0)
 
 
@@ -857,6 +860,7 @@ def test_a_stretch_is_decoded_in_transcribes_windows_each_from_the_last_ones_see
     run_until_idle(loop, clock)
     assert [[(t.offset_s, t.duration_s) for t in b] for b in be.batches] == [[(0.0, 30.0)], [(26.0, 30.0)],
                                                                            [(52.0, 23.0)]]
+    assert all(t.resume is None for b in be.batches for t in b)
     assert segments_of(out, 1) == {0: ["w@0+30", "w@26+30", "w@52+23"], 1: [""], 2: [""]}
     # The joined segments are answered when their stretch is complete, after it, not at submit.
     order = [m[2] for m in out if m[0] == "segment"]
@@ -924,3 +928,34 @@ def test_a_loop_split_inside_a_stretch_decodes_both_halves_then_goes_on_into_the
     assert parts == [(0.0, 30.0), (0.0, 12.5), (12.5, 17.5), (30.0, 20.0)]  # cut in the middle of the pause
     assert segments_of(out, 1) == {0: ["w@0+12.5", "w@12.5+17.5", "w@30+20"], 1: [""]}
     assert sum(m[1].splits for m in out if m[0] == "stats") == 1
+
+
+def test_a_seek_whose_rest_to_the_stretchs_end_is_quiet_ends_the_stretch() -> None:
+    # Found in review: inside a stretch the quiet-tail rule was skipped, so a seek 0.1 s before a
+    # 5 s stretch end of low noise (after its speech) decoded that noise as a window of its own,
+    # where Whisper invents a sentence. Now the stretch's last window, from a seek, must hold
+    # speech (longform.tail_holds_speech), as the rest of a window decoded apart must.
+    loud = pcm(30, 30)
+    quiet = np.resize(np.array([1, 1, 1, 1, -1, -1, -1, -1], np.int16) * 40, 5 * SR)
+
+    class SeeksLate(StaticBackend):
+        def transcribe_batch(self, tasks):
+            self.batches.append(tasks)
+            return [ok(t, f"w@{t.offset_s:g}", unfinished_from_s=29.9 if t.duration_s == 30 else None)
+                    for t in tasks], ExecutionTimings(0.1, 0.2, 0.0)
+
+    clock, out, be = Clock(), [], SeeksLate()
+    loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=8, max_queue_delay_s=0.0, emit=out.append,
+                      clock=clock, stretch_s=75.0)
+    loop.submit(1, [(loud, 0.0), (quiet, 30.0)], RequestOptions(timestamps=True))
+    run_until_idle(loop, clock)
+    assert [(t.offset_s, t.duration_s) for b in be.batches for t in b] == [(0.0, 30.0)]
+    assert segments_of(out, 1) == {0: ["w@0"], 1: [""]} and not loop.requests
+    assert sum(m[1].quiet_rests for m in out if m[0] == "stats") == 1
+    # With speech in it, the same seek decodes the stretch's last window from 29.9 s.
+    be2, out2 = SeeksLate(), []
+    loop2 = EngineLoop(be2, Decoding(beam_size=1), max_batch_size=8, max_queue_delay_s=0.0, emit=out2.append,
+                       clock=clock, stretch_s=75.0)
+    loop2.submit(1, [(loud, 0.0), (pcm(5, 30), 30.0)], RequestOptions(timestamps=True))
+    run_until_idle(loop2, clock)
+    assert [(t.offset_s, round(t.duration_s, 1)) for b in be2.batches for t in b] == [(0.0, 30.0), (29.9, 5.1)]
