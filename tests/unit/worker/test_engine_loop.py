@@ -959,3 +959,37 @@ def test_a_seek_whose_rest_to_the_stretchs_end_is_quiet_ends_the_stretch() -> No
     loop2.submit(1, [(loud, 0.0), (pcm(5, 30), 30.0)], RequestOptions(timestamps=True))
     run_until_idle(loop2, clock)
     assert [(t.offset_s, round(t.duration_s, 1)) for b in be2.batches for t in b] == [(0.0, 30.0), (29.9, 5.1)]
+
+
+def test_a_stretch_on_a_continuous_backend_and_cancelled_in_its_middle() -> None:
+    # The torch backend's path (admit/run/finished): a 60 s stretch decodes its two windows one
+    # after another beside another request; cancelled after its first window, nothing of it is
+    # answered and its second window never runs.
+    def seeks_at_26(t: WindowTask) -> WindowResult:
+        return ok(t, f"w@{t.offset_s:g}", unfinished_from_s=26.0 if t.duration_s >= 30 else None)
+
+    clock, out = Clock(), []
+    be = SlotBackend(4, steps_of=lambda t: 2, result_of=seeks_at_26)
+    loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=4, max_queue_delay_s=0.0, emit=out.append,
+                      clock=clock, stretch_s=75.0)
+    loop.submit(1, [(pcm(30, 1), 0.0), (pcm(30, 1), 30.0)], RequestOptions(timestamps=True))
+    loop.submit(2, [(pcm(3, 5), 0.0)], RequestOptions(timestamps=True))
+    run_until_idle(loop, clock)
+    assert [(t.offset_s, t.duration_s) for b in be.admitted for t in b] == [(0.0, 30.0), (0.0, 3.0), (26.0, 30.0),
+                                                                           (52.0, 8.0)]
+    assert segments_of(out, 1) == {0: ["w@0", "w@26", "w@52"], 1: [""]} and segments_of(out, 2) == {0: ["w@0"]}
+
+    clock2, out2 = Clock(), []
+    be2 = SlotBackend(4, steps_of=lambda t: 2, result_of=seeks_at_26)
+    loop2 = EngineLoop(be2, Decoding(beam_size=1), max_batch_size=4, max_queue_delay_s=0.0, emit=out2.append,
+                       clock=clock2, stretch_s=75.0)
+    loop2.submit(1, [(pcm(30, 1), 0.0), (pcm(30, 1), 30.0)], RequestOptions(timestamps=True))
+    for _ in range(10):  # until the first window's result has queued the next one
+        loop2.run_once()
+        if loop2.queue:
+            break
+    assert [p.offset_s for p in loop2.queue] == [26.0]
+    loop2.cancel(1)
+    run_until_idle(loop2, clock2)
+    assert [(t.offset_s, t.duration_s) for b in be2.admitted for t in b] == [(0.0, 30.0)]
+    assert segments_of(out2, 1) == {} and not loop2.requests
