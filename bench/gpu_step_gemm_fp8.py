@@ -5,12 +5,15 @@ query and output, fc1, fc2) plus the vocabulary projection, each variant replaye
 graph (``gpu_step_parts.graph_ms``; no launch cost counted, as in the served step):
 
 - ``bf16``: ``F.linear`` on bf16 weights (today's step);
-- ``fp8_rowwise``: E4M3 weights with a scale per output channel, the activations quantized per
-  row on the fly (absolute maximum to 448) in eager PyTorch, ``torch._scaled_mm`` into bf16;
+- ``fp8_rowwise``: ``fp8_linear.Fp8Linear`` (E4M3 weights with a scale per output channel, the
+  activations quantized per row on the fly in eager PyTorch, ``torch._scaled_mm`` into bf16);
 - ``fp8_rowwise_compiled``: the same through ``torch.compile`` (the quantization fused);
 - the bytes of weights each variant reads per step and the bandwidth that implies.
 
 Random weights of the real shapes: a measure of time, not of accuracy.
+``bench/results/gpu_step_gemm_fp8_h100.json`` was measured by this script's first version, which
+had its own copy of the same scheme (the input divided by its scale in bf16 rather than float32);
+not re-run since it takes ``Fp8Linear``.
 
     python3 bench/gpu_step_gemm_fp8.py --json $OUT/step_gemm_fp8.json [--rows 64,128]
 """
@@ -18,6 +21,7 @@ Random weights of the real shapes: a measure of time, not of accuracy.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from pathlib import Path
@@ -27,9 +31,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from fp8_linear import Fp8Linear
 from gpu_step_parts import graph_ms
 
-E4M3_MAX = 448.0
 D, FFN, VOCAB, LAYERS = 1280, 5120, 51866, 32
 
 
@@ -39,24 +43,18 @@ def shapes() -> list[tuple[int, int]]:
     return per_layer * LAYERS + [(VOCAB, D)]
 
 
-def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[N, K]`` bf16 -> (E4M3 ``[N', K]``, float32 scale ``[1, N']``), N' = N rounded up to a
-    multiple of 16 (``torch._scaled_mm``'s rule; the vocabulary's 51,866 rows are padded with zeros)."""
+def fp8_of(w: torch.Tensor) -> Fp8Linear:
+    """``Fp8Linear`` over the weight ``w`` ``[N, K]`` (no bias), N padded with zero rows to a
+    multiple of 16 (``torch._scaled_mm``'s rule; the vocabulary's 51,866 rows)."""
     pad = -w.shape[0] % 16
-    if pad:
-        w = torch.cat([w, w.new_zeros(pad, w.shape[1])])
-    s = w.float().abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / E4M3_MAX
-    return (w.float() / s).to(torch.float8_e4m3fn), s.t().contiguous()
+    lin = torch.nn.Linear(w.shape[1], w.shape[0] + pad, bias=False, device=w.device, dtype=w.dtype)
+    with torch.no_grad():
+        lin.weight.copy_(torch.cat([w, w.new_zeros(pad, w.shape[1])]) if pad else w)
+    return Fp8Linear(lin)
 
 
-def fp8_linear(x: torch.Tensor, w8: torch.Tensor, ws: torch.Tensor) -> torch.Tensor:
-    xs = x.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12) / E4M3_MAX
-    x8 = (x / xs).to(torch.float8_e4m3fn)
-    return torch._scaled_mm(x8, w8.t(), scale_a=xs, scale_b=ws, out_dtype=torch.bfloat16)
-
-
-def measure(m: int, weights: list[torch.Tensor], q8: list[tuple[torch.Tensor, torch.Tensor]], compiled_one,
-            bf16_bytes: int, fp8_bytes: int) -> dict:
+def measure(m: int, weights: list[torch.Tensor], q8: list[Fp8Linear], compiled: list, bf16_bytes: int,
+            fp8_bytes: int) -> dict:
     """One row count's milliseconds and bandwidth per variant, and FP8's relative error."""
     xs = {k: torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for k in (D, FFN)}
 
@@ -65,12 +63,12 @@ def measure(m: int, weights: list[torch.Tensor], q8: list[tuple[torch.Tensor, to
             F.linear(xs[w.shape[1]], w)
 
     def fp8() -> None:
-        for w8, s in q8:
-            fp8_linear(xs[w8.shape[1]], w8, s)
+        for lin in q8:
+            lin(xs[lin.in_features])
 
     def fp8_compiled() -> None:
-        for w8, s in q8:
-            compiled_one(xs[w8.shape[1]], w8, s)
+        for lin, fn in zip(q8, compiled, strict=True):
+            fn(xs[lin.in_features])
 
     row: dict = {"rows": m}
     with torch.inference_mode():
@@ -80,7 +78,7 @@ def measure(m: int, weights: list[torch.Tensor], q8: list[tuple[torch.Tensor, to
             row[f"{name}_ms"] = round(ms, 3)
             row[f"{name}_tb_s"] = round(nbytes / (ms / 1e3) / 1e12, 2)
         ref = F.linear(xs[D], weights[1]).float()
-        got = fp8_linear(xs[D], *q8[1]).float()
+        got = q8[1](xs[D]).float()
         row["fp8_rel_err"] = round(((got - ref).norm() / ref.norm()).item(), 4)
     print(json.dumps(row), flush=True)
     return row
@@ -93,11 +91,12 @@ def main() -> None:
     a = ap.parse_args()
     torch.manual_seed(0)
     weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for n, k in shapes()]
-    q8 = [quantize_weight(w) for w in weights]
+    q8 = [fp8_of(w) for w in weights]
     bf16_bytes = sum(w.numel() * 2 for w in weights)
-    fp8_bytes = sum(w.numel() for w in weights)
-    compiled_one = torch.compile(fp8_linear)
-    out = [measure(int(r), weights, q8, compiled_one, bf16_bytes, fp8_bytes) for r in a.rows.split(",")]
+    fp8_bytes = sum(lin.weight.numel() for lin in q8)
+    forward = torch.compile(Fp8Linear.forward)  # one compiled function, recompiled per shape
+    compiled = [functools.partial(forward, lin) for lin in q8]
+    out = [measure(int(r), weights, q8, compiled, bf16_bytes, fp8_bytes) for r in a.rows.split(",")]
     Path(a.json).write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                                         "weights_gb_bf16": bf16_bytes / 1e9, "rows": out}, indent=1))
 

@@ -81,7 +81,7 @@ SAMPLE_RATE = 16_000
 #: a timestamp step, so this only bounds pathological outputs.
 MAX_PARTS_PER_SEGMENT = 32
 #: Samples in one decoder window (Whisper's 30 s).
-WINDOW = 30 * SAMPLE_RATE
+WINDOW = round(windows.WINDOW_S * SAMPLE_RATE)
 #: The loop split (``longform.Split``): a part is split at most this many times over its
 #: lineage, and only when it holds at least ``MIN_SPLIT_S`` of audio (halves of >= 1/3 each).
 MAX_SPLITS = 2
@@ -681,23 +681,19 @@ class EngineLoop:
         quiet_end = False  # the stretch's end, from the seek point, holds no speech: it is done
         if seek is not None and part.parts_so_far < MAX_PARTS_PER_SEGMENT:
             start = round(seek * SAMPLE_RATE)
-            if 0 < start < len(part.samples) and len(part.after) and not part.rest:
-                # The next window starts at the seek point and runs on into the stretch (transcribe);
-                # when it is the stretch's last, only if it holds speech (the quiet tail).
-                tail = np.concatenate([part.samples[start:], part.after])
-                if len(tail) > WINDOW or tail_holds_speech(np.concatenate([part.samples, part.after]), seek,
-                                                           SAMPLE_RATE):
-                    self.stats.seeks += 1
-                    self.queue.appendleft(part.over(tail, part.offset_s + start / SAMPLE_RATE, t0, now,
-                                                    context=req.context, after_seek=True))
-                    return
-                self.stats.quiet_rests += 1
-                quiet_end = True
-            elif 0 < start < len(part.samples):
-                if tail_holds_speech(part.samples, seek, SAMPLE_RATE):
+            if 0 < start < len(part.samples):
+                # Inside a stretch the next window starts at the seek point and runs on into it
+                # (transcribe); a rest decoded alone (a window's own, or a stretch's last window)
+                # only when it holds speech (the quiet tail).
+                joined = len(part.after) > 0 and not part.rest
+                audio = np.concatenate([part.samples, part.after]) if joined else part.samples
+                if len(audio) - start > WINDOW or tail_holds_speech(audio, seek, SAMPLE_RATE):
                     self.stats.seeks += 1
                     encoded = action.result.encoded
-                    if encoded is None:
+                    if joined:  # a fresh window from the seek point
+                        self.queue.appendleft(part.over(audio[start:], part.offset_s + start / SAMPLE_RATE, t0, now,
+                                                        context=req.context, after_seek=True))
+                    elif encoded is None:
                         self.queue.appendleft(part.fresh_rest(seek, t0, now, req.context))
                     else:
                         self.stats.resumed_rests += 1
@@ -705,6 +701,7 @@ class EngineLoop:
                                                              after_seek=True, resume=Resume(seek, encoded)))
                     return
                 self.stats.quiet_rests += 1
+                quiet_end = joined
         if part.rest:  # the second half of a loop split follows the first
             (samples, offset, splits), *rest = part.rest
             self.queue.appendleft(part.successor(samples, offset, t0, now, context=req.context, rest=tuple(rest),
