@@ -198,6 +198,12 @@ class _Part:
         ``offset_s``): its first window, the remainder in ``after``."""
         return self.successor(audio[:WINDOW], offset_s, temperature, now, after=audio[WINDOW:], **changes)
 
+    @property
+    def windows_left(self) -> int:
+        """Decodes this part's chain holds at least: its own, one per 30 s (or part of it) of
+        ``after``, and one per piece of ``rest``."""
+        return 1 + -(-len(self.after) // WINDOW) + len(self.rest)
+
     def task(self) -> WindowTask:
         o = self.options
         return WindowTask(self.samples, self.offset_s, o.prompt, o.language, o.timestamps, self.temperature, o.task,
@@ -449,7 +455,7 @@ class EngineLoop:
 
     def _queued_items(self) -> list[QueuedItem]:
         # A part counts the windows it still holds: a stretch's part is up to 3 decodes.
-        return [QueuedItem(p.rid, p.enqueued_s, 1 + -(-len(p.after) // WINDOW)) for p in self.queue]
+        return [QueuedItem(p.rid, p.enqueued_s, p.windows_left) for p in self.queue]
 
     def _next_cut(self) -> NextBatch | None:
         """The static batch to start now (queue indices, and its lane) or how long until one
@@ -514,6 +520,21 @@ class EngineLoop:
             self._finish_static(execution.parts, execution.outcome)
             worked = True
         return worked
+
+    def _follow(self, part: _Part) -> None:
+        """Queue ``part``, a follow-up of a started request: ahead of every other request's parts
+        (a request that has started finishes before newer ones start), and among its own
+        request's queued parts by the decodes their chains still hold, most first, ties in audio
+        order (a stream's next delta is the earliest stretch's). The longest chain bounds when
+        a request ends (its critical path), so a file's unstarted stretches go before the
+        continuations of started ones; continuations first had left a 20-minute file's last
+        stretches to start only after the others' middles, each then a chain of decodes run one
+        after another at its end (README, Accuracy: the order of a file's parts)."""
+        self.queue.appendleft(part)
+        mine = [i for i, p in enumerate(self.queue) if p.rid == part.rid]
+        ordered = sorted((self.queue[i] for i in mine), key=lambda p: (-p.windows_left, p.offset_s))
+        for i, p in zip(mine, ordered, strict=True):
+            self.queue[i] = p
 
     def _finish_static(self, parts: list[_Part], outcome: Any) -> None:
         try:
@@ -642,13 +663,13 @@ class EngineLoop:
             # untranscribed is decoded again from its own audio (where a fallback or a split then
             # works as for any part).
             self.stats.redone_rests += 1
-            self.queue.appendleft(part.fresh_rest(part.resume.from_s, t0, now, part.context))
+            self._follow(part.fresh_rest(part.resume.from_s, t0, now, part.context))
             return
         if isinstance(action, Split):
             n = len(part.samples)
             cut = n // 3 + pause_middle(part.samples[n // 3: 2 * n // 3], SAMPLE_RATE)
             self.stats.splits += 1
-            self.queue.appendleft(part.successor(
+            self._follow(part.successor(
                 part.samples[:cut], part.offset_s, t0, now, splits=part.splits + 1,
                 rest=((part.samples[cut:], part.offset_s + cut / SAMPLE_RATE, part.splits + 1), *part.rest)))
             return
@@ -657,7 +678,7 @@ class EngineLoop:
             self.stats.fallbacks += 1
             part.temperature = action.temperature
             part.enqueued_s = now
-            self.queue.appendleft(part)
+            self._follow(part)
             return
         chain = req.results.setdefault(part.segment, [])
         accepted = replace(action.result, encoded=None)  # the encoder output stays in this process
@@ -691,24 +712,24 @@ class EngineLoop:
                     self.stats.seeks += 1
                     encoded = action.result.encoded
                     if joined:  # a fresh window from the seek point
-                        self.queue.appendleft(part.over(audio[start:], part.offset_s + start / SAMPLE_RATE, t0, now,
+                        self._follow(part.over(audio[start:], part.offset_s + start / SAMPLE_RATE, t0, now,
                                                         context=req.context, after_seek=True))
                     elif encoded is None:
-                        self.queue.appendleft(part.fresh_rest(seek, t0, now, req.context))
+                        self._follow(part.fresh_rest(seek, t0, now, req.context))
                     else:
                         self.stats.resumed_rests += 1
-                        self.queue.appendleft(part.successor(part.samples, part.offset_s, t0, now, context=req.context,
+                        self._follow(part.successor(part.samples, part.offset_s, t0, now, context=req.context,
                                                              after_seek=True, resume=Resume(seek, encoded)))
                     return
                 self.stats.quiet_rests += 1
                 quiet_end = joined
         if part.rest:  # the second half of a loop split follows the first
             (samples, offset, splits), *rest = part.rest
-            self.queue.appendleft(part.successor(samples, offset, t0, now, context=req.context, rest=tuple(rest),
+            self._follow(part.successor(samples, offset, t0, now, context=req.context, rest=tuple(rest),
                                                  splits=splits))
             return
         if len(part.after) and not quiet_end:  # the next window of a segment longer than one
-            self.queue.appendleft(part.over(part.after, part.offset_s + len(part.samples) / SAMPLE_RATE, t0, now,
+            self._follow(part.over(part.after, part.offset_s + len(part.samples) / SAMPLE_RATE, t0, now,
                                             context=req.context))
             return
         self.emit(("segment", part.rid, part.segment, chain, req.compute_s))
@@ -721,7 +742,7 @@ class EngineLoop:
         if req.later:  # conditioning: the next segment starts from this one's text
             nxt = req.later.popleft()
             nxt.context, nxt.enqueued_s = req.context, now
-            self.queue.appendleft(nxt)
+            self._follow(nxt)
         # Complete only when every segment's chain is: a segment whose first part was accepted
         # may still have a seek part queued or executing (in a static batch it is in neither
         # the queue nor ``active``).
