@@ -1,8 +1,10 @@
 """tideserve's own pipeline in this process, for the accuracy benchmarks: the worker's prep
 (``worker.prep.prepare_audio``: decode, cut into windows) and engine loop (``worker.engine.EngineLoop``:
 batching, Whisper's seek/fallback rules, the repetition guard) over one backend, with the worker's
-default model instances (``engine.default_instances``; ``instances`` to choose); no HTTP and no
-processes. Needs only numpy and tideserve (so it also runs on the GPU machine)."""
+default model instances (``engine.default_instances``; ``instances`` to choose) and the endpoint's
+default background lane (``Batching.background_nice``: a long file's batches run on the lane's
+copy of the model, as served; ``background_nice`` to choose); no HTTP and no processes. Needs
+only numpy and tideserve (so it also runs on the GPU machine)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import numpy as np
 from longfiles import wav_pcm16
 
 from tideserve.protocol import TranscriptionRequest
-from tideserve.spec.models import Decoding, Target
+from tideserve.spec.models import Batching, Decoding, Target
 from tideserve.worker.engine import EngineLoop, EngineStats, RequestOptions, default_instances
 from tideserve.worker.prep import prepare_audio
 
@@ -34,7 +36,7 @@ class Tideserve:
 
     def __init__(self, backend: str, target: str, decoding: Decoding, max_batch_size: int,
                  model_dir: Path | None = None, instances: int | None = None, cpu_threads: int = 0,
-                 **backend_options: object) -> None:
+                 background_nice: int | None = None, **backend_options: object) -> None:
         from tideserve.worker.backends import backend_class
 
         if model_dir is None:
@@ -50,8 +52,10 @@ class Tideserve:
         self.decoding = decoding
         self.max_batch_size = max_batch_size
         self.instances = instances or default_instances()
+        self.background_nice = Batching().background_nice if background_nice is None else background_nice
         self.backend = backend_class(backend)(model_dir, Target.parse(target), decoding, max_batch_size=max_batch_size,
-                                              instances=self.instances, cpu_threads=cpu_threads, **backend_options)
+                                              instances=self.instances, cpu_threads=cpu_threads,
+                                              background_nice=self.background_nice, **backend_options)
 
     def __call__(self, samples: np.ndarray, timestamps: bool = True) -> list[tuple[float, float, str]]:
         """Segments ``(start_s, end_s, text)`` of ``samples`` (float32, 16 kHz mono), in order.
@@ -62,7 +66,7 @@ class Tideserve:
         out: list[tuple] = []
         woke = threading.Event()
         loop = EngineLoop(self.backend, self.decoding, self.max_batch_size, 0.0, out.append, instances=self.instances,
-                          wake=woke.set)
+                          wake=woke.set, background_nice=self.background_nice)
         loop.submit(1, prep.segments(), RequestOptions(timestamps=timestamps))
         while loop.requests:
             if loop.wait_s() is None:  # batches executing on the instances' threads

@@ -34,6 +34,13 @@ def intra_op_threads(cores: int) -> int:
     return max(1, min(4, cores))
 
 
+def lane_threads(cores: int, instances: int) -> int:
+    """Intra-op threads of each model instance of a background lane on ``cores`` cores, whose
+    ``instances`` - 1 batches may run at once (``worker.batching.next_batch``): the cores divided
+    among them, at least 1, at most ``intra_op_threads``' 4."""
+    return intra_op_threads(max(1, cores // max(1, instances - 1)))
+
+
 def lower_thread_priority(nice: int) -> int:
     """Set the calling thread's nice value to the process's (its main thread's) plus ``nice``,
     at most 19, unless it is already that low or lower, and return the thread's value. The

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 
-from tideserve.worker.cores import usable_cores
+from tideserve.worker.cores import lane_threads, usable_cores
 from tideserve.worker.engine import default_instances
 
 
@@ -25,6 +25,12 @@ def test_the_cgroup_quota_lowers_the_count(tmp_path):
 
 def test_default_instances_is_a_core_each_plus_one_kept_for_newcomers():
     assert [default_instances(n) for n in (1, 2, 4, 8, 64)] == [2, 3, 5, 9, 9]
+
+
+def test_a_background_lanes_instances_share_the_cores_its_batches_run_on_at_once():
+    # (cores, instances) -> threads: instances - 1 lane batches run at once; at most 4, at least 1.
+    cases = {(2, 3): 1, (8, 9): 1, (4, 3): 2, (16, 3): 4, (2, 2): 2, (1, 2): 1, (3, 3): 1}
+    assert {k: lane_threads(*k) for k in cases} == cases
 
 
 def test_default_prep_processes_a_quarter_of_the_cores_on_cpu_three_quarters_on_a_gpu():

@@ -108,3 +108,28 @@ def test_a_background_copy_that_cannot_load_gives_up_the_lane_and_the_batch_stil
     (r,), _ = b.transcribe_batch([WindowTask(en_clips[0].samples)], background=True)
     assert r.text and not b.background_lane and b._background is None
     assert "no background lane" in caplog.text and "out of memory" in caplog.text
+
+
+def test_the_lane_copys_workers_divide_the_cores_and_the_first_copys_keep_them(monkeypatch) -> None:
+    # On 2 cores with 3 instances: the first copy's 3 workers at 2 threads each (a short request
+    # alone gets both cores); the lane's 2 workers, whose batches run at once, at 1 thread each.
+    from tideserve.sources.local import resolve_pkg
+    from tideserve.worker.backends import faster_whisper as fw
+
+    loads: list[tuple[int, int]] = []
+    real = fw.WhisperModel
+
+    def recording(*args, **kw):
+        loads.append((kw["cpu_threads"], kw["num_workers"]))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(fw, "usable_cores", lambda: 2)
+    monkeypatch.setattr(fw, "WhisperModel", recording)
+    b = fw.FasterWhisperBackend(resolve_pkg(BUNDLED), Target.parse("cpu-x86_64-int8"), DECODING, instances=3,
+                                background_nice=5)
+    b._background_model()
+    assert loads == [(2, 3), (1, 2)] and b.lane_threads == 1
+    loads.clear()  # cpu_threads set: every worker of both copies
+    fw.FasterWhisperBackend(resolve_pkg(BUNDLED), Target.parse("cpu-x86_64-int8"), DECODING, cpu_threads=2,
+                            instances=3, background_nice=5)._background_model()
+    assert loads == [(2, 3), (2, 2)]

@@ -36,7 +36,7 @@ from tideserve.worker.backends.base import WindowResult, WindowTask
 from tideserve.worker.backends.whisper_text import MAX_LENGTH as _MAX_LENGTH
 from tideserve.worker.backends.whisper_text import TIME_PRECISION_S as _TIME_PRECISION_S
 from tideserve.worker.backends.whisper_text import previous_tokens, window_result
-from tideserve.worker.cores import intra_op_threads, on_lowered_thread, usable_cores
+from tideserve.worker.cores import intra_op_threads, lane_threads, on_lowered_thread, usable_cores
 from tideserve.worker.language_id import LanguageIdConfig, speech_start
 from tideserve.worker.timings import ExecutionTimings
 
@@ -127,7 +127,12 @@ class FasterWhisperBackend:
     first batch that needs it), with ``instances`` - 1 workers made on a thread whose nice value
     is the process's plus that much (``worker.cores.on_lowered_thread``; CTranslate2's worker
     threads and their OpenMP threads inherit it), runs the batches the engine puts in the background lane
-    (``transcribe_batch(tasks, background=True)``; ``worker.batching.next_batch``).
+    (``transcribe_batch(tasks, background=True)``; ``worker.batching.next_batch``). Up to
+    ``instances`` - 1 of the lane's batches run at once, so each of its workers gets the cores
+    divided among them (``lane_threads``; 1 with the default instances, cores + 1) where the first
+    copy's workers keep all the cores for a short request alone: the lane's batches at 2 threads
+    each put 4 threads on 2 cores, and the 20-minute file of bench/longfile_speed.py ran about 5%
+    slower so (README, Accuracy: the lane's threads). ``cpu_threads`` > 0 sets both.
 
     Raises EngineMismatchError when the target is not a CPU target or its compute type is not
     supported by this CPU.
@@ -140,9 +145,10 @@ class FasterWhisperBackend:
             raise EngineMismatchError(
                 f"the faster-whisper backend runs CPU targets here; {target.name} needs a CUDA backend"
             )
-        threads = cpu_threads or intra_op_threads(usable_cores())
+        cores = usable_cores()
+        threads = cpu_threads or intra_op_threads(cores)
 
-        def load(workers: int) -> WhisperModel:
+        def load(workers: int, threads: int = threads) -> WhisperModel:
             return WhisperModel(str(model_dir), device="cpu", compute_type=target.backend_compute_type,
                                 cpu_threads=threads, num_workers=workers)
 
@@ -163,7 +169,9 @@ class FasterWhisperBackend:
         #: that never sees a long file neither loads it nor waits for it at start).
         self.background_lane = background_nice > 0 and instances >= 2
         self._background: WhisperModel | None = None
-        self._load_background = lambda: on_lowered_thread(background_nice, lambda: load(instances - 1))
+        self.lane_threads = cpu_threads or lane_threads(cores, instances)
+        self._load_background = lambda: on_lowered_thread(background_nice,
+                                                          lambda: load(instances - 1, self.lane_threads))
         self._background_lock = threading.Lock()
         self._tokenizers: dict[tuple[str | None, str], Tokenizer] = {}
         base = self._tokenizer(decoding.language or "en")
