@@ -10,8 +10,9 @@ host's drift falls on both sides (bench/accuracy.py runs each system once per fi
     .venv/bin/python bench/longfile_speed.py --beam 5 --minutes 20 --seed 15 --rounds 3 --as-json
 
 ``--cpu-threads``: tideserve's intra-op threads per model instance, one tideserve system per
-value (0: the worker's default, ``worker.cores.intra_op_threads``; the local config's
-``cpu_threads_per_replica``), all taking turns with the batched pipeline. ``--without-resume``
+value (0: the worker's default, ``worker.cores.intra_op_threads``, and for the background lane's
+copy, which runs a long file's batches, ``worker.cores.lane_threads``; T > 0 sets both, as the
+local config's ``cpu_threads_per_replica`` does), all taking turns with the batched pipeline. ``--without-resume``
 adds, per value, tideserve with every rest after a seek encoded again from its own audio (the
 backend's ``resumes`` off; the name ends ``-noresume``), to measure the resumed rest.
 ``--instances``: model instances per tideserve system, one system per value and threads value
@@ -80,7 +81,7 @@ def main() -> int:
     for name, run in systems.items():
         # Warm-up; tideserve's on a piece long enough (more windows than a batch) for its batches
         # to run in the background lane, whose copy of the model loads at its first batch.
-        run(samples[: A.SR * (300 if name in ours else 2)])
+        run(samples[: A.SR * ((a.batch_size + 1) * 30 if name in ours else 2)])
     ratios: dict[str, list[float]] = {name: [] for name in ours}
     for r in range(a.rounds):
         order = list(systems) if r % 2 == 0 else list(reversed(systems))

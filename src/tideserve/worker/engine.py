@@ -16,7 +16,9 @@ part: the next 30 s of the stretch from there, as openai/whisper's ``transcribe`
 rest of the window alone at a stretch's end), go on after the window (a stretch's next 30 s),
 or accept. Parts of one segment run one after another; segments, stretches and requests run side
 by side. Follow-up parts go to the front of the
-queue, so a request that has started finishes before newer ones start.
+queue, so a request that has started finishes before newer ones start; among its own queued
+parts, the earliest unfinished segment's goes first, then those whose chains hold the most
+windows (``EngineLoop._order_follow_ups``).
 
 Two ways to run a backend, chosen by what it offers:
 - continuous (a backend with ``admit``/``run``/``finished``, the torch backend): windows join
@@ -200,9 +202,9 @@ class _Part:
 
     @property
     def windows_left(self) -> int:
-        """Decodes this part's chain holds at least: its own, one per 30 s (or part of it) of
-        ``after``, and one per piece of ``rest``."""
-        return 1 + -(-len(self.after) // WINDOW) + len(self.rest)
+        """The windows this part's chain still holds, an estimate: its own and one per 30 s (or
+        part of it) of ``after`` (a seek adds one, a quiet end or a loop split's rest changes it)."""
+        return 1 + -(-len(self.after) // WINDOW)
 
     def task(self) -> WindowTask:
         o = self.options
@@ -322,6 +324,7 @@ class EngineLoop:
         self._languages = frozenset(getattr(backend, "languages", ()))
         self.continuous = all(hasattr(backend, a) for a in ("admit", "run", "finished", "release"))
         self.queue: collections.deque[_Part] = collections.deque()
+        self._unordered: set[int] = set()  # requests with a follow-up queued since the last cut
         self.requests: dict[int, _Request] = {}
         self.active: dict[Any, _Part] = {}  # backend handle (slot) -> part
         self.stats = EngineStats()
@@ -454,6 +457,9 @@ class EngineLoop:
         return 0.0 if cut.take else cut.wait_s
 
     def _queued_items(self) -> list[QueuedItem]:
+        """The queue as the batching policy reads it, after ordering the follow-ups (every cut
+        reads it here, so the indices it returns are the queue's)."""
+        self._order_follow_ups()
         # A part counts the windows it still holds: a stretch's part is up to 3 decodes.
         return [QueuedItem(p.rid, p.enqueued_s, p.windows_left) for p in self.queue]
 
@@ -522,19 +528,38 @@ class EngineLoop:
         return worked
 
     def _follow(self, part: _Part) -> None:
-        """Queue ``part``, a follow-up of a started request: ahead of every other request's parts
-        (a request that has started finishes before newer ones start), and among its own
-        request's queued parts by the decodes their chains still hold, most first, ties in audio
-        order (a stream's next delta is the earliest stretch's). The longest chain bounds when
-        a request ends (its critical path), so a file's unstarted stretches go before the
-        continuations of started ones; continuations first had left a 20-minute file's last
-        stretches to start only after the others' middles, each then a chain of decodes run one
-        after another at its end (README, Accuracy: the order of a file's parts)."""
+        """Queue ``part``, a follow-up of a started request, at the front (so the request's parts
+        come before newer requests': a request that has started finishes before newer ones
+        start); its request's own parts are ordered before the next cut (``_order_follow_ups``)."""
         self.queue.appendleft(part)
-        mine = [i for i, p in enumerate(self.queue) if p.rid == part.rid]
-        ordered = sorted((self.queue[i] for i in mine), key=lambda p: (-p.windows_left, p.offset_s))
-        for i, p in zip(mine, ordered, strict=True):
-            self.queue[i] = p
+        self._unordered.add(part.rid)
+
+    def _order_follow_ups(self) -> None:
+        """Order the queued parts of each request that got a follow-up since the last cut, among
+        their own positions in the queue (one pass, so the order between requests stays): first
+        the part of the request's earliest segment not yet done (a stream's next delta waits for
+        it), then by the windows their chains still hold, most first, ties in audio order. The
+        longest chain bounds when a file ends (its critical path): continuations first had left
+        a 20-minute file's last stretches to start only after the middles of the others, and
+        their chains then ran one after another at its end (README, Accuracy: the order of a
+        file's parts)."""
+        if not self._unordered:
+            return
+        rids, self._unordered = self._unordered, set()
+        queue = list(self.queue)
+        places: dict[int, list[int]] = {}
+        for i, p in enumerate(queue):
+            if p.rid in rids:
+                places.setdefault(p.rid, []).append(i)
+        for rid, where in places.items():
+            req = self.requests.get(rid)
+            if len(where) < 2 or req is None:
+                continue
+            first = next((k for k in range(req.segments) if k not in req.done), -1)
+            ordered = sorted((queue[i] for i in where), key=lambda p: (p.segment != first, -p.windows_left, p.offset_s))
+            for i, p in zip(where, ordered, strict=True):
+                queue[i] = p
+        self.queue = collections.deque(queue)
 
     def _finish_static(self, parts: list[_Part], outcome: Any) -> None:
         try:
@@ -549,7 +574,7 @@ class EngineLoop:
                 # front of the queue, each to run in a batch of its own, scheduled as any batch
                 # (instances, lanes, cancellation); one that fails alone fails its request.
                 # They keep their time in the queue, so none waits for a batch to fill again.
-                for p in reversed(parts):
+                for p in reversed(parts):  # in their batch's order, not reordered: each runs alone
                     if p.rid in self.requests:
                         p.alone = True
                         self.queue.appendleft(p)

@@ -998,31 +998,39 @@ def test_a_stretch_on_a_continuous_backend_and_cancelled_in_its_middle() -> None
 def test_a_files_unstarted_stretches_go_before_the_continuations_of_started_ones() -> None:
     # Three 75 s stretches (nine contiguous 25 s segments), batches of 2 on one instance, every
     # full window seeking at 26 s: each stretch is a chain of three decodes (0-30, 26-56, 52-75).
-    # The part whose chain holds the most decodes goes first, ties in audio order, so the third
-    # stretch starts in the second batch; continuations first had started it only in the fourth,
-    # and its chain of three then ran alone: 6 batches instead of 5.
+    # The earliest unfinished stretch's part goes first, then the part whose chain holds the
+    # most windows, ties in audio order: the third stretch starts in the second batch.
+    # Continuations first had started it only in the fourth, and its chain of three then ran
+    # alone: 6 batches instead of 5.
     clock, out, be = Clock(), [], SeeksAt26()
     loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=2, max_queue_delay_s=0.0, emit=out.append,
                       clock=clock, stretch_s=75.0)
     loop.submit(1, [(pcm(25, 1), 25.0 * i) for i in range(9)], RequestOptions(timestamps=True))
     run_until_idle(loop, clock)
-    assert [[t.offset_s for t in b] for b in be.batches] == [[0.0, 75.0], [150.0, 26.0], [101.0, 176.0],
-                                                             [52.0, 127.0], [202.0]]
+    assert [[t.offset_s for t in b] for b in be.batches] == [[0.0, 75.0], [26.0, 150.0], [52.0, 101.0],
+                                                             [127.0, 176.0], [202.0]]
     assert segments_of(out, 1) == {
         **{3 * k: [f"w@{75 * k}+30", f"w@{75 * k + 26}+30", f"w@{75 * k + 52}+23"] for k in range(3)},
         **{3 * k + j: [""] for k in range(3) for j in (1, 2)}}
+    # Stretches complete in audio order here (a stream's deltas come as early as before).
+    assert [m[2] for m in out if m[0] == "segment"] == list(range(9))
     assert not loop.requests
 
 
-def test_a_started_requests_follow_ups_still_go_before_a_newer_requests_windows() -> None:
-    # Ordering a request's own parts leaves the order between requests as it was: request 1's
-    # continuation is queued ahead of request 2, submitted after request 1 started.
+def test_the_earliest_unfinished_stretch_goes_first_and_a_newer_request_after_the_started_ones_parts() -> None:
+    # Request 1: two stretches (0-50 s, and 60-110 s after a gap), batches of 1. After its first
+    # window (seek at 26) its queue holds the first stretch's continuation (one window left) and
+    # the second stretch's head (two): the continuation goes first, its stretch being the
+    # earliest unfinished. Request 2, submitted after request 1 started, waits for its parts.
     clock, out, be = Clock(), [], SeeksAt26()
     loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=1, max_queue_delay_s=0.0, emit=out.append,
                       clock=clock, stretch_s=75.0)
-    loop.submit(1, [(pcm(25, 1), 0.0), (pcm(25, 1), 25.0)], RequestOptions(timestamps=True))
+    loop.submit(1, [(pcm(25, 1), 0.0), (pcm(25, 1), 25.0), (pcm(25, 1), 60.0), (pcm(25, 1), 85.0)],
+                RequestOptions(timestamps=True))
     assert loop.run_once()  # request 1's first window, inline: its continuation is queued
     loop.submit(2, [(pcm(5, 2), 0.0)], RequestOptions(timestamps=True))
     run_until_idle(loop, clock)
-    assert [[t.offset_s for t in b] for b in be.batches] == [[0.0], [26.0], [0.0]]
-    assert [t.duration_s for b in be.batches for t in b] == [30.0, 24.0, 5.0]
+    assert [[(t.offset_s, t.duration_s) for t in b] for b in be.batches] == [
+        [(0.0, 30.0)], [(26.0, 24.0)], [(60.0, 30.0)], [(86.0, 24.0)], [(0.0, 5.0)]]
+    assert segments_of(out, 1) == {0: ["w@0+30", "w@26+24"], 1: [""], 2: ["w@60+30", "w@86+24"], 3: [""]}
+    assert segments_of(out, 2) == {0: ["w@0+5"]}
