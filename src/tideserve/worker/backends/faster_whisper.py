@@ -129,10 +129,11 @@ class FasterWhisperBackend:
     threads and their OpenMP threads inherit it), runs the batches the engine puts in the background lane
     (``transcribe_batch(tasks, background=True)``; ``worker.batching.next_batch``). Up to
     ``instances`` - 1 of the lane's batches run at once, so each of its workers gets the cores
-    divided among them (``lane_threads``; 1 with the default instances, cores + 1) where the first
+    divided among them (``lane_threads``; 1 with the default instances on up to 8 cores) where the first
     copy's workers keep all the cores for a short request alone: the lane's batches at 2 threads
-    each put 4 threads on 2 cores, and the 20-minute file of bench/longfile_speed.py ran about 5%
-    slower so (README, Accuracy: the lane's threads). ``cpu_threads`` > 0 sets both.
+    each put 4 threads on 2 cores, and the 20-minute file of bench/longfile_speed.py ran 4-10%
+    slower so in 4 of 5 rounds (README, Accuracy: the lane's threads). ``cpu_threads`` > 0 sets
+    both.
 
     Raises EngineMismatchError when the target is not a CPU target or its compute type is not
     supported by this CPU.
