@@ -738,24 +738,24 @@ class EngineLoop:
                     encoded = action.result.encoded
                     if joined:  # a fresh window from the seek point
                         self._follow(part.over(audio[start:], part.offset_s + start / SAMPLE_RATE, t0, now,
-                                                        context=req.context, after_seek=True))
+                                               context=req.context, after_seek=True))
                     elif encoded is None:
                         self._follow(part.fresh_rest(seek, t0, now, req.context))
                     else:
                         self.stats.resumed_rests += 1
                         self._follow(part.successor(part.samples, part.offset_s, t0, now, context=req.context,
-                                                             after_seek=True, resume=Resume(seek, encoded)))
+                                                    after_seek=True, resume=Resume(seek, encoded)))
                     return
                 self.stats.quiet_rests += 1
                 quiet_end = joined
         if part.rest:  # the second half of a loop split follows the first
             (samples, offset, splits), *rest = part.rest
             self._follow(part.successor(samples, offset, t0, now, context=req.context, rest=tuple(rest),
-                                                 splits=splits))
+                                        splits=splits))
             return
         if len(part.after) and not quiet_end:  # the next window of a segment longer than one
             self._follow(part.over(part.after, part.offset_s + len(part.samples) / SAMPLE_RATE, t0, now,
-                                            context=req.context))
+                                   context=req.context))
             return
         self.emit(("segment", part.rid, part.segment, chain, req.compute_s))
         req.compute_s = 0.0
