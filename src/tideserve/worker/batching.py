@@ -122,8 +122,10 @@ def next_batch(queue: Sequence[QueuedItem], executing: Mapping[int, int], backgr
     queue, never background. Otherwise short callers' items are cut first (``cut_batch`` over
     them alone), on any free instance but the last one while long callers wait and no
     background batch executes (so a long file always progresses); then, while fewer than ``instances`` - 1 long
-    batches execute, the long callers' items, as a background batch. When neither may be cut
-    yet, the shorter wait.
+    batches execute, the long callers' items, as a background batch of at most their count
+    divided over the lane's free instances (so a file whose parts fit one batch still runs on
+    as many instances as the lane may take, each of whose workers has its share of the cores:
+    ``worker.cores.lane_threads``). When neither may be cut yet, the shorter wait.
 
     Raises ValueError when ``instances`` < 1, ``free_instances`` is not in 1..``instances`` or
     ``background_executing`` is not in 0..``instances`` - ``free_instances``, and as ``cut_batch``.
@@ -146,7 +148,10 @@ def next_batch(queue: Sequence[QueuedItem], executing: Mapping[int, int], backgr
         idx = lanes[background]
         if not idx or (not background and long_starved) or (background and background_executing >= instances - 1):
             continue
-        cut = cut_batch([queue[i] for i in idx], max_batch_size, max_queue_delay_s, now)
+        size = max_batch_size
+        if background:  # the long callers' items divided over the lane's free instances
+            size = min(max_batch_size, -(-len(idx) // min(free_instances, instances - 1 - background_executing)))
+        cut = cut_batch([queue[i] for i in idx], size, max_queue_delay_s, now)
         if cut.take:
             return NextBatch(tuple(idx[k] for k in cut.take), background=background)
         waits.append(cut.wait_s)

@@ -44,14 +44,15 @@ def test_short_callers_go_first_and_long_ones_run_in_the_background_on_all_insta
     assert short_callers(queue, executing={1: 1, 2: 4}, max_batch_size=5) == {2}
     # The short caller's window is cut first, alone (never batched with the long file's windows).
     assert next_batch(queue, {}, 0, 3, 3, 4, 0.0, now=1.0) == NextBatch((3,))
-    # Without it, the long file fills a background batch, in queue order.
+    # Without it, the long file fills a background batch, in queue order: its 5 windows divided
+    # over the two instances its lane may take, 3 now (the rest go to the other instance).
     rest = [x for x in queue if x.caller == 1]
-    assert next_batch(rest, {}, 0, 3, 3, 4, 0.0, now=1.0) == NextBatch((0, 1, 2, 3), background=True)
+    assert next_batch(rest, {}, 0, 3, 3, 4, 0.0, now=1.0) == NextBatch((0, 1, 2), background=True)
     # Two instances of three run its batches: the third is kept, even with windows still queued.
     assert next_batch(rest, {1: 4}, 1, 2, 3, 4, 0.0, now=1.0) == NextBatch((0, 1, 2, 3), background=True)
     assert next_batch(rest, {1: 8}, 2, 1, 3, 4, 0.0, now=1.0) is None
     # A short caller waiting for its batch to fill: the long file still starts, then the wait.
-    assert next_batch(queue, {}, 0, 3, 3, 4, 1.0, now=1.0) == NextBatch((0, 1, 2, 4), background=True)
+    assert next_batch(queue, {}, 0, 3, 3, 4, 1.0, now=1.0) == NextBatch((0, 1, 2), background=True)
     assert next_batch(queue, {1: 8}, 2, 1, 3, 4, 1.0, now=1.0) == NextBatch((), 0.5)
     # Short callers may take every instance, the last one included, while no long caller waits.
     assert next_batch(q((2, 0.0), (3, 0.0)), {1: 8}, 2, 1, 3, 1, 0.0, now=0.0) == NextBatch((0,))
@@ -95,3 +96,20 @@ def test_a_stretchs_part_counts_the_windows_it_still_holds():
     stretches = [QueuedItem(1, 0.0, windows=3)] * 3
     assert short_callers([*stretches, QueuedItem(2, 0.0)], {}, 8) == {2}
     assert short_callers([QueuedItem(1, 0.0, windows=3)] * 2, {1: 2}, 8) == {1}  # 6 + 2 executing
+
+
+def test_a_long_files_windows_are_divided_over_the_lanes_free_instances():
+    from tideserve.worker.batching import NextBatch, next_batch
+
+    # Six stretches of a 7-minute file, batches of 8, three instances (the lane may take two):
+    # one batch of six would run on one lane worker (one thread: worker.cores.lane_threads),
+    # so on one core; 3 and 3 run on two.
+    six = [QueuedItem(1, 0.0, 3) for _ in range(6)]  # a stretch's part: three windows
+    assert next_batch(six, {}, 0, 3, 3, 8, 0.0, now=0.0) == NextBatch((0, 1, 2), background=True)
+    assert next_batch(six[3:], {1: 3}, 1, 2, 3, 8, 0.0, now=0.0) == NextBatch((0, 1, 2), background=True)
+    # More than two batches' worth: full batches, as before; one lane instance left: all it may take.
+    twenty = [QueuedItem(1, 0.0, 3) for _ in range(20)]
+    assert next_batch(twenty, {}, 0, 3, 3, 8, 0.0, now=0.0).take == tuple(range(8))
+    assert next_batch(six, {1: 8}, 1, 2, 3, 8, 0.0, now=0.0) == NextBatch(tuple(range(6)), background=True)
+    # Nine instances (8 cores): 20 windows over the lane's 8 free instances, 3 a batch.
+    assert next_batch(twenty, {}, 0, 9, 9, 8, 0.0, now=0.0).take == (0, 1, 2)
