@@ -546,15 +546,16 @@ class EngineLoop:
         if not self._unordered:
             return
         rids, self._unordered = self._unordered, set()
-        queue = list(self.queue)
         places: dict[int, list[int]] = {}
-        for i, p in enumerate(queue):
+        for i, p in enumerate(self.queue):
             if p.rid in rids:
                 places.setdefault(p.rid, []).append(i)
+        places = {rid: where for rid, where in places.items() if len(where) > 1 and rid in self.requests}
+        if not places:  # each such request has one part queued (the common case): nothing to order
+            return
+        queue = list(self.queue)
         for rid, where in places.items():
-            req = self.requests.get(rid)
-            if len(where) < 2 or req is None:
-                continue
+            req = self.requests[rid]
             first = next((k for k in range(req.segments) if k not in req.done), -1)
             ordered = sorted((queue[i] for i in where), key=lambda p: (p.segment != first, -p.windows_left, p.offset_s))
             for i, p in zip(where, ordered, strict=True):
