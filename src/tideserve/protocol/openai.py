@@ -195,23 +195,36 @@ def error_event(code: str, message: str) -> bytes:
 
 
 class DeltaOrder:
-    """Turns window texts finishing in any order into deltas in audio order: ``add(index,
-    text)`` returns the deltas that can be sent now (those of the windows from the first not
-    yet sent up to the first still missing). The deltas joined are the windows' non-empty
-    texts joined by one space, i.e. the final text."""
+    """Turns texts finishing in any order into deltas in audio order. ``add(index, texts,
+    complete)``: the non-empty texts of window (or stretch) ``index`` so far, in order, each
+    call's extending the last one's for that index (``complete`` False: more may follow; True:
+    these are all); returns the deltas that can be sent now: the texts not yet sent of the
+    first index not complete, once every index before it is complete. Joined, the deltas are
+    every index's texts joined by one space, i.e. the final text."""
 
     def __init__(self) -> None:
-        self._ready: dict[int, str] = {}
-        self._next = 0
+        self._texts: dict[int, list[str]] = {}  # index -> its texts so far, from the first not complete on
+        self._complete: set[int] = set()
+        self._next = 0  # the first index not yet complete and sent
+        self._sent = 0  # how many of ``_texts[_next]`` were sent
         self._started = False
 
-    def add(self, index: int, text: str) -> list[str]:
-        self._ready[index] = text
+    def add(self, index: int, texts: list[str], complete: bool = True) -> list[str]:
+        if index < self._next:
+            return []  # already complete and sent
+        self._texts[index] = [t for t in texts if t]
+        if complete:
+            self._complete.add(index)
         out = []
-        while self._next in self._ready:
-            t = self._ready.pop(self._next)
-            self._next += 1
-            if t:
-                out.append((" " if self._started else "") + t)
+        while self._next in self._texts:
+            new = self._texts[self._next][self._sent:]
+            if new:
+                out.append((" " if self._started else "") + " ".join(new))
                 self._started = True
+                self._sent += len(new)
+            if self._next not in self._complete:
+                break
+            del self._texts[self._next]
+            self._complete.discard(self._next)
+            self._next, self._sent = self._next + 1, 0
         return out

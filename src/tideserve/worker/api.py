@@ -72,6 +72,11 @@ from tideserve.worker.prep import (
 )
 
 log = logging.getLogger("tideserve.worker")
+
+#: ``on_text(index, texts, complete)``: a window's (or a stretch's, or a remote part's) non-empty
+#: texts so far, for a stream's deltas (``openai.DeltaOrder.add``).
+OnText = Callable[[int, list[str], bool], None]
+
 #: A spread file's helper is given up (its part transcribed by the receiving replica) once it is
 #: this many times the receiving replica's own part's time late, and at least ``spread_part_grace_s``
 #: (``spec.gateway``; default PART_GRACE_MIN_S s).
@@ -214,12 +219,14 @@ class WorkerService:
             self.engine.drop(prepared.engine_rid)
 
     async def transcribe(self, prepared: Prepared, usage: Usage | None = None,
-                         on_text: Callable[[int, str], None] | None = None,
+                         on_text: OnText | None = None,
                          helpers: list[str] | None = None, request_id: str | None = None) -> TranscriptionResult:
         """Decode the prepared request's windows in the engine, and its ``remote`` parts (a spread
         file) on ``helpers`` at the same time. ``usage`` collects the model time it used (the
-        helpers' too); ``on_text(index, text)`` is called as each window, then each remote part,
-        is done (in any order; a remote part's index follows the windows'); ``request_id`` goes
+        helpers' too); ``on_text(index, texts, complete)`` is called as each window (with
+        timestamps, each stretch: with ``complete`` False after each of its windows, then True),
+        then each remote part, is done (in any order; a remote part's index follows the
+        windows'; ``texts`` the non-empty texts so far, each call's extending the last's); ``request_id`` goes
         with the parts, so that the helpers' log lines carry the client's request id. Raises
         BadInputError for a bad prompt or language, EngineDiedError."""
         req = prepared.request
@@ -231,7 +238,7 @@ class WorkerService:
         # A spread file is one file on several replicas: each part decodes as the whole file would.
         windows = len(prepared.cuts) + sum(len(p.cuts) for p in prepared.remote)
         timestamps = decodes_timestamps(req.timestamps, windows, self.without_timestamps)
-        options = RequestOptions(req.prompt, req.language, timestamps, req.task, req.words)
+        options = RequestOptions(req.prompt, req.language, timestamps, req.task, req.words, stream=on_text is not None)
         parts: list[asyncio.Future[TranscriptionResult | None]] = []
         # An English-only model's parts are English, identified only in the part that holds the
         # file's first sound (none when it is in the first part), as in one piece.
@@ -246,7 +253,7 @@ class WorkerService:
         self.metrics.add("tideserve_worker_requests_in_batcher", 1)
         try:
             on_segment = None if on_text is None else (
-                lambda i, chain: on_text(i, " ".join(r.text for r in chain if r.text)))
+                lambda i, chain, complete: on_text(i, [r.text for r in chain if r.text], complete))
             if prepared.engine_rid is not None:
                 results, compute_s = await self.engine.transcribe_handed(
                     prepared.engine_rid, len(prepared.cuts), options, on_segment=on_segment)
@@ -268,7 +275,7 @@ class WorkerService:
                     if got is None:
                         got = await self._local_part(part, o, usage)
                     if report is not None:
-                        report(got.text)
+                        report([got.text] if got.text else [], True)
                     later.append(got)
         finally:
             self.metrics.add("tideserve_worker_requests_in_batcher", -1)
@@ -424,7 +431,7 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
             raise CapacityError("replica is not ready (loading or draining); retry on another replica", retry_after_s=1)
 
     async def run(request: web.Request, prep_fn, *args,
-                  on_text: Callable[[int, str], None] | None = None) -> tuple[Prepared, TranscriptionResult]:
+                  on_text: OnText | None = None) -> tuple[Prepared, TranscriptionResult]:
         st.in_flight += 1
         started = time.monotonic()
         usage = Usage()
@@ -535,15 +542,15 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
         return web.Response(body=body, headers={"Content-Type": ctype, **identification_headers(result)})
 
     async def stream_transcription(request: web.Request, req: TranscriptionRequest) -> web.StreamResponse:
-        """``stream=true``: server-sent events, a delta as each window (with timestamps, each
-        stretch of windows: ``worker.windows.STRETCH_S``) is done (in audio order),
+        """``stream=true``: server-sent events, a delta as each window is done (with timestamps,
+        each window of a stretch, ``worker.windows.STRETCH_S``, as it is accepted), in audio order,
         then the whole text. An error before the first delta is an ordinary JSON error answer;
         after it (the status line is sent), an error event ends the stream."""
         order = openai.DeltaOrder()
         deltas: asyncio.Queue[str] = asyncio.Queue()
 
-        def on_text(index: int, text: str) -> None:
-            for d in order.add(index, text):
+        def on_text(index: int, texts: list[str], complete: bool) -> None:
+            for d in order.add(index, texts, complete):
                 deltas.put_nowait(d)
 
         job = asyncio.ensure_future(run(request, prepare_audio, req, service.max_audio_s, on_text=on_text))

@@ -47,6 +47,9 @@ On the H200 the front carried every request's PCM twice (from the prep process, 
 and was the served path's limit at one full core (issue 12).
 engine -> front: ``("ready", info)`` or ``("failed", kind, message)`` once at start;
 ``("segment", rid, index, results, compute_s)`` when a segment's chain is complete;
+``("partial", rid, index, results)`` for a request with ``RequestOptions.stream``: a segment's
+chain so far (each result final: a chain only grows) each time a window of it is accepted and
+the chain goes on, so that a stream's deltas need not wait for a whole stretch;
 ``("error", rid, kind, message)`` when a request failed; every message after ``ready`` is
 preceded by ``("stats", EngineStats)`` when counters moved.
 """
@@ -119,6 +122,8 @@ class RequestOptions:
     timestamps: bool = False
     task: str = "transcribe"
     words: bool = False
+    #: Send a segment's chain so far as each of its windows is accepted (``("partial", ...)``).
+    stream: bool = False
 
 
 @dataclass
@@ -738,25 +743,26 @@ class EngineLoop:
                     self.stats.seeks += 1
                     encoded = action.result.encoded
                     if joined:  # a fresh window from the seek point
-                        self._follow(part.over(audio[start:], part.offset_s + start / SAMPLE_RATE, t0, now,
+                        self._go_on(part, chain, part.over(audio[start:], part.offset_s + start / SAMPLE_RATE, t0, now,
                                                context=req.context, after_seek=True))
                     elif encoded is None:
-                        self._follow(part.fresh_rest(seek, t0, now, req.context))
+                        self._go_on(part, chain, part.fresh_rest(seek, t0, now, req.context))
                     else:
                         self.stats.resumed_rests += 1
-                        self._follow(part.successor(part.samples, part.offset_s, t0, now, context=req.context,
-                                                    after_seek=True, resume=Resume(seek, encoded)))
+                        self._go_on(part, chain, part.successor(part.samples, part.offset_s, t0, now,
+                                                                context=req.context, after_seek=True,
+                                                                resume=Resume(seek, encoded)))
                     return
                 self.stats.quiet_rests += 1
                 quiet_end = joined
         if part.rest:  # the second half of a loop split follows the first
             (samples, offset, splits), *rest = part.rest
-            self._follow(part.successor(samples, offset, t0, now, context=req.context, rest=tuple(rest),
-                                        splits=splits))
+            self._go_on(part, chain, part.successor(samples, offset, t0, now, context=req.context, rest=tuple(rest),
+                                                    splits=splits))
             return
         if len(part.after) and not quiet_end:  # the next window of a segment longer than one
-            self._follow(part.over(part.after, part.offset_s + len(part.samples) / SAMPLE_RATE, t0, now,
-                                   context=req.context))
+            self._go_on(part, chain, part.over(part.after, part.offset_s + len(part.samples) / SAMPLE_RATE, t0,
+                                               now, context=req.context))
             return
         self.emit(("segment", part.rid, part.segment, chain, req.compute_s))
         req.compute_s = 0.0
@@ -774,6 +780,13 @@ class EngineLoop:
         # the queue nor ``active``).
         if len(req.done) == req.segments:
             del self.requests[part.rid]
+
+    def _go_on(self, part: _Part, chain: list[WindowResult], nxt: _Part) -> None:
+        """Queue ``nxt``, the next part of ``part``'s segment, whose ``chain`` of accepted results
+        goes on; a streamed request is sent the chain so far (``("partial", ...)``)."""
+        if part.options.stream:
+            self.emit(("partial", part.rid, part.segment, list(chain)))
+        self._follow(nxt)
 
     def _fail(self, rid: int, exc: BaseException) -> None:
         if rid in self.requests:

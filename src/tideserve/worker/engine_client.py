@@ -77,13 +77,19 @@ def _engine_entry(inbox: Any, outbox: Any, config: EngineConfig) -> None:
     engine_main(inbox, outbox, config)
 
 
+#: ``on_segment(index, results, complete)``: a segment's window results so far, in order;
+#: ``complete`` False for a streamed request's partial chain (``RequestOptions.stream``), whose
+#: results stay: later calls for the same index only add to them.
+OnSegment = Callable[[int, list[WindowResult], bool], None]
+
+
 @dataclass
 class _Pending:
     future: asyncio.Future
     segments: int
     results: dict[int, list[WindowResult]] = field(default_factory=dict)
     compute_s: float = 0.0
-    on_segment: Callable[[int, list[WindowResult]], None] | None = None
+    on_segment: OnSegment | None = None
 
 
 class EngineClient:
@@ -152,9 +158,14 @@ class EngineClient:
             p.results[index] = results
             p.compute_s += compute_s
             if p.on_segment is not None:
-                p.on_segment(index, results)
+                p.on_segment(index, results, True)
             if len(p.results) == p.segments and not p.future.done():
                 p.future.set_result(None)
+        elif op == "partial":
+            _, rid, index, results = msg
+            p = self._pending.get(rid)
+            if p is not None and p.on_segment is not None and index not in p.results:
+                p.on_segment(index, results, False)
         elif op == "error":
             _, rid, kind, message = msg
             p = self._pending.get(rid)
@@ -204,7 +215,7 @@ class EngineClient:
 
     async def transcribe(self, segments: Sequence[tuple[Any, float] | tuple[Any, float, bool | None]],
                          options: RequestOptions,
-                         on_segment: Callable[[int, list[WindowResult]], None] | None = None,
+                         on_segment: OnSegment | None = None,
                          ) -> tuple[list[WindowResult], float]:
         """Decode ``segments`` (``(int16 PCM, offset_s[, silent])`` each, as EngineLoop.submit takes
         them) as one request: the window
@@ -215,14 +226,14 @@ class EngineClient:
         return await self._run(rid, len(segments), ("submit", rid, segments, options), on_segment, offload=True)
 
     async def transcribe_handed(self, rid: int, segments: int, options: RequestOptions,
-                                on_segment: Callable[[int, list[WindowResult]], None] | None = None,
+                                on_segment: OnSegment | None = None,
                                 ) -> tuple[list[WindowResult], float]:
         """As ``transcribe``, for audio a prep process already sent to the engine as ``rid``
         (``worker.prep.prepare_for_engine``) in ``segments`` windows."""
         return await self._run(rid, segments, ("start", rid, options), on_segment, offload=False)
 
     async def _run(self, rid: int, segments: int, msg: tuple,
-                   on_segment: Callable[[int, list[WindowResult]], None] | None, offload: bool,
+                   on_segment: OnSegment | None, offload: bool,
                    ) -> tuple[list[WindowResult], float]:
         if self.dead:
             raise EngineDiedError("the engine process has exited; retry on another replica", retry_after_s=1)

@@ -314,10 +314,31 @@ def test_stream_field_and_deltas_in_audio_order():
     with pytest.raises(BadInputError, match="use response_format json or text"):
         openai.wants_stream({"stream": "true", "response_format": "vtt"})
     order = openai.DeltaOrder()
-    assert order.add(1, "world.") == []          # window 1 finished first: held until window 0
-    assert order.add(0, "Hello") == ["Hello", " world."]
-    assert order.add(2, "") == [] and order.add(3, "Bye.") == [" Bye."]  # an empty window adds nothing
+    assert order.add(1, ["world."]) == []          # window 1 finished first: held until window 0
+    assert order.add(0, ["Hello"]) == ["Hello", " world."]
+    assert order.add(2, [""]) == [] and order.add(3, ["Bye."]) == [" Bye."]  # an empty window adds nothing
     assert openai.delta_event("a") == b'data: {"type": "transcript.text.delta", "delta": "a"}\n\n'
+
+
+def test_a_stretchs_windows_are_sent_as_they_are_accepted_and_only_once():
+    # Found by the adversarial helper: a streamed 7-minute file sent its first delta at 16.2 s
+    # of 16.9 s, because a stretch (up to 75 s, several windows) was sent only when complete.
+    order, sent = openai.DeltaOrder(), []
+
+    def add(index, texts, complete=True):
+        out = order.add(index, texts, complete)
+        sent.extend(out)
+        return out
+
+    assert add(1, ["C."], complete=False) == []  # stretch 1 waits for stretch 0
+    assert add(0, ["A."], complete=False) == ["A."]  # the first stretch's first window, at once
+    assert add(0, ["A."], complete=False) == []  # sent once
+    assert add(0, ["A.", "", "B."]) == [" B.", " C."]  # then stretch 1's window so far
+    assert add(1, ["C.", "D."], complete=False) == [" D."]
+    assert add(0, ["late"]) == []  # an index already sent whole adds nothing
+    assert add(2, ["F."]) == []  # stretch 1 is not complete yet
+    assert add(1, ["C.", "D.", "E."]) == [" E.", " F."]
+    assert "".join(sent) == "A. B. C. D. E. F."
 
 
 def test_invocation_takes_a_base64_data_uri():

@@ -868,6 +868,22 @@ def test_a_stretch_is_decoded_in_transcribes_windows_each_from_the_last_ones_see
     assert sum(m[1].seeks for m in out if m[0] == "stats") == 2 and not loop.requests
 
 
+def test_a_streamed_stretch_sends_its_chain_so_far_after_each_window_a_plain_request_does_not() -> None:
+    # Found by the adversarial helper: a streamed 7-minute file sent its first delta at 16.2 s of
+    # 16.9 s; a stretch's text came only with its last window.
+    for stream in (True, False):
+        clock, out, be = Clock(), [], SeeksAt26()
+        loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=8, max_queue_delay_s=0.0, emit=out.append,
+                          clock=clock, stretch_s=75.0)
+        loop.submit(1, [(pcm(25, 1), 0.0), (pcm(25, 1), 25.0), (pcm(25, 1), 50.0)],
+                    RequestOptions(timestamps=True, stream=stream))
+        run_until_idle(loop, clock)
+        sent = [(m[0], m[2], [r.text for r in m[3]]) for m in out if m[0] in ("partial", "segment")]
+        chain = ["w@0+30", "w@26+30", "w@52+23"]
+        partials = [("partial", 0, chain[:1]), ("partial", 0, chain[:2])] if stream else []
+        assert sent == [*partials, ("segment", 0, chain), ("segment", 1, [""]), ("segment", 2, [""])]
+
+
 def test_stretches_join_only_contiguous_speech_up_to_their_length_and_only_with_timestamps() -> None:
     clock, out, be = Clock(), [], StaticBackend()
     loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=8, max_queue_delay_s=0.0, emit=out.append,
