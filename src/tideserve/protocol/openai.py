@@ -198,7 +198,8 @@ class DeltaOrder:
     """Turns texts finishing in any order into deltas in audio order. ``add(index, texts,
     complete)``: the non-empty texts of window (or stretch) ``index`` so far, in order, each
     call's extending the last one's for that index (``complete`` False: more may follow; True:
-    these are all); returns the deltas that can be sent now: the texts not yet sent of the
+    these are all; a call after the complete one, or one with fewer texts than an earlier call,
+    changes nothing); returns the deltas that can be sent now: the texts not yet sent of the
     first index not complete, once every index before it is complete. Joined, the deltas are
     every index's texts joined by one space, i.e. the final text."""
 
@@ -210,9 +211,11 @@ class DeltaOrder:
         self._started = False
 
     def add(self, index: int, texts: list[str], complete: bool = True) -> list[str]:
-        if index < self._next:
-            return []  # already complete and sent
-        self._texts[index] = [t for t in texts if t]
+        if index < self._next or index in self._complete:
+            return []  # already complete: nothing may change it
+        kept = [t for t in texts if t]
+        if index not in self._texts or len(kept) > len(self._texts[index]):  # never shorter: what was sent stays
+            self._texts[index] = kept
         if complete:
             self._complete.add(index)
         out = []

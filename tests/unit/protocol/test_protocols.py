@@ -337,6 +337,7 @@ def test_a_stretchs_windows_are_sent_as_they_are_accepted_and_only_once():
     assert add(1, ["C.", "D."], complete=False) == [" D."]
     assert add(0, ["late"]) == []  # an index already sent whole adds nothing
     assert add(2, ["F."]) == []  # stretch 1 is not complete yet
+    assert add(2, [], complete=False) == [] and add(1, ["C."], complete=False) == []  # nothing shrinks
     assert add(1, ["C.", "D.", "E."]) == [" E.", " F."]
     assert "".join(sent) == "A. B. C. D. E. F."
 
