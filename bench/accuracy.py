@@ -22,6 +22,12 @@ order or outside the audio, and seconds of compute per audio minute
 
     .venv/bin/python bench/accuracy.py --beam 5 --minutes 1,5,20 --json bench/results/accuracy_beam5.json
     .venv/bin/python bench/accuracy.py --beam 1 --minutes 1,5,20 --json bench/results/accuracy_beam1.json
+    .venv/bin/python bench/accuracy.py --beam 5 --minutes 4 --seeds 1,2,3,4,5,6,7,8 --no-clips \
+        --systems tideserve-fw,fw-transcribe --json bench/results/accuracy_beam5_seeds.json
+
+``--seeds``: the long files' seeds (default 13, 14, ...: one per ``--minutes`` value); with one
+``--minutes`` value, one file of that length per seed, to see how WER moves with the clips' order
+and gaps.
 """
 
 from __future__ import annotations
@@ -100,16 +106,27 @@ def main() -> int:
                     help="tideserve as a json or text request at the endpoint's default (without_timestamps unset: "
                          "timestamp tokens only for a file of several windows); faster-whisper without timestamp tokens; "
                          "the segment checks do not apply (named --without-timestamps in the first results)")
+    ap.add_argument("--seeds", default="", help="comma-separated seeds of the long files (see the module doc)")
+    ap.add_argument("--no-clips", action="store_true", help="the long files only, not each shipped clip")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     without, asked = REQUEST_KINDS["json" if a.as_json else "verbose_json"]
     decoding = Decoding(beam_size=a.beam, without_timestamps=without,
                         condition_on_previous_text=a.condition)
     clips = audio.load_en_clips()
-    files = [(c.name, c.samples, c.reference) for c in clips]
-    for i, m in enumerate(float(x) for x in a.minutes.split(",") if x):
-        s, ref = long_file(clips, m, seed=13 + i)
-        files.append((f"long-{m:g}min", s, ref))
+    files = [] if a.no_clips else [(c.name, c.samples, c.reference) for c in clips]
+    minutes = [float(x) for x in a.minutes.split(",") if x]
+    seeds = [int(x) for x in a.seeds.split(",") if x]
+    if not seeds:
+        lengths = [(m, 13 + i, f"long-{m:g}min") for i, m in enumerate(minutes)]
+    elif len(minutes) == 1 or len(minutes) == len(seeds):
+        lengths = [(minutes[0] if len(minutes) == 1 else m, seed, f"long-{m:g}min-seed{seed}")
+                   for m, seed in zip(minutes * len(seeds) if len(minutes) == 1 else minutes, seeds, strict=True)]
+    else:
+        ap.error("--seeds: one per --minutes value, or any number with one --minutes value")
+    for m, seed, name in lengths:
+        s, ref = long_file(clips, m, seed=seed)
+        files.append((name, s, ref))
 
     systems: dict[str, object] = {}
     wanted = a.systems.split(",")
@@ -153,9 +170,16 @@ def main() -> int:
         print(f"{name:<16}" + "".join(f"{c['wer']:>9.3f} {c['s_per_audio_min']:>6.2f}s d{c.get('duplicated', '-')}" + " " * 3
                                         for c in cells))
     print("(WER, seconds of compute per audio minute, duplicated segments)")
+    for ours in (n for n in systems if n.startswith("tideserve")):
+        for theirs in (n for n in systems if n.startswith("fw-transcribe")):
+            pairs = [(next(r["wer"] for r in rows if r["file"] == f and r["system"] == ours),
+                      next(r["wer"] for r in rows if r["file"] == f and r["system"] == theirs)) for f, _, _ in files]
+            print(f"{ours} against {theirs}: WER over on {sum(o > t for o, t in pairs)}, equal on "
+                  f"{sum(o == t for o, t in pairs)}, under on {sum(o < t for o, t in pairs)} of {len(pairs)} files; "
+                  f"summed {sum(o for o, _ in pairs):.4f} against {sum(t for _, t in pairs):.4f}")
     if a.json:
         a.json.write_text(json.dumps({"command": "python bench/accuracy.py " + " ".join(sys.argv[1:]), "beam": a.beam,
-                                      "minutes": a.minutes, "condition_on_previous_text": a.condition,
+                                      "minutes": a.minutes, "seeds": a.seeds, "condition_on_previous_text": a.condition,
                                       "timestamps": not a.as_json,
                                       "rows": rows}, indent=1))
     return 0
