@@ -226,8 +226,9 @@ class WorkerService:
         helpers' too); ``on_text(index, texts, complete)`` is called as each window (with
         timestamps, each stretch: with ``complete`` False after each of its windows, then True),
         then each remote part, is done (in any order; a remote part's index follows the
-        windows'; ``texts`` the non-empty texts so far, each call's extending the last's); ``request_id`` goes
-        with the parts, so that the helpers' log lines carry the client's request id. Raises
+        windows'; ``texts`` the non-empty texts so far, each call's extending the last's);
+        ``request_id`` goes with the parts, so that the helpers' log lines carry the client's
+        request id. Raises
         BadInputError for a bad prompt or language, EngineDiedError."""
         req = prepared.request
         try:

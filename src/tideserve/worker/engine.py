@@ -743,8 +743,8 @@ class EngineLoop:
                     self.stats.seeks += 1
                     encoded = action.result.encoded
                     if joined:  # a fresh window from the seek point
-                        self._go_on(part, chain, part.over(audio[start:], part.offset_s + start / SAMPLE_RATE, t0, now,
-                                               context=req.context, after_seek=True))
+                        self._go_on(part, chain, part.over(audio[start:], part.offset_s + start / SAMPLE_RATE, t0,
+                                                           now, context=req.context, after_seek=True))
                     elif encoded is None:
                         self._go_on(part, chain, part.fresh_rest(seek, t0, now, req.context))
                     else:
