@@ -117,16 +117,13 @@ def main() -> int:
     files = [] if a.no_clips else [(c.name, c.samples, c.reference) for c in clips]
     minutes = [float(x) for x in a.minutes.split(",") if x]
     seeds = [int(x) for x in a.seeds.split(",") if x]
-    if not seeds:
-        lengths = [(m, 13 + i, f"long-{m:g}min") for i, m in enumerate(minutes)]
-    elif len(minutes) == 1 or len(minutes) == len(seeds):
-        lengths = [(minutes[0] if len(minutes) == 1 else m, seed, f"long-{m:g}min-seed{seed}")
-                   for m, seed in zip(minutes * len(seeds) if len(minutes) == 1 else minutes, seeds, strict=True)]
-    else:
+    if seeds and len(minutes) == 1:
+        minutes *= len(seeds)  # one file of that length per seed
+    elif seeds and len(minutes) != len(seeds):
         ap.error("--seeds: one per --minutes value, or any number with one --minutes value")
-    for m, seed, name in lengths:
-        s, ref = long_file(clips, m, seed=seed)
-        files.append((name, s, ref))
+    for i, m in enumerate(minutes):
+        s, ref = long_file(clips, m, seed=seeds[i] if seeds else 13 + i)
+        files.append((f"long-{m:g}min-seed{seeds[i]}" if seeds else f"long-{m:g}min", s, ref))
 
     systems: dict[str, object] = {}
     wanted = a.systems.split(",")
@@ -170,10 +167,10 @@ def main() -> int:
         print(f"{name:<16}" + "".join(f"{c['wer']:>9.3f} {c['s_per_audio_min']:>6.2f}s d{c.get('duplicated', '-')}" + " " * 3
                                         for c in cells))
     print("(WER, seconds of compute per audio minute, duplicated segments)")
+    wer = {(r["file"], r["system"]): r["wer"] for r in rows}
     for ours in (n for n in systems if n.startswith("tideserve")):
         for theirs in (n for n in systems if n.startswith("fw-transcribe")):
-            pairs = [(next(r["wer"] for r in rows if r["file"] == f and r["system"] == ours),
-                      next(r["wer"] for r in rows if r["file"] == f and r["system"] == theirs)) for f, _, _ in files]
+            pairs = [(wer[f, ours], wer[f, theirs]) for f, _, _ in files]
             print(f"{ours} against {theirs}: WER over on {sum(o > t for o, t in pairs)}, equal on "
                   f"{sum(o == t for o, t in pairs)}, under on {sum(o < t for o, t in pairs)} of {len(pairs)} files; "
                   f"summed {sum(o for o, _ in pairs):.4f} against {sum(t for _, t in pairs):.4f}")
