@@ -35,9 +35,14 @@ def two(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def long_audio(en_clips):
-    from audio import join_clips
+    import numpy as np
+    from audio import SR, Clip, encode, join_clips
 
-    clip = join_clips(en_clips, repeat=8, name="spread")  # about 80 s, windows cut at the 1 s gaps: two stretches
+    # Two runs of about 40 s (windows cut at the 1 s gaps), 3 s apart: two stretches
+    # (windows.stretch_starts), and the file may be cut between them (windows.part_starts).
+    half = join_clips(en_clips, repeat=4)
+    samples = np.concatenate([half.samples, np.zeros(2 * SR, np.float32), half.samples])
+    clip = Clip("spread", encode(samples, "wav"), f"{half.reference} {half.reference}", samples)
     assert clip.duration_s > 60
     return clip
 
@@ -142,7 +147,8 @@ def test_a_file_that_opens_with_silence_is_identified_in_the_part_that_holds_its
 
     french = _decode_wav_file(Path(next(iter(pytest_audioeval.__path__))) / "samples" / "audio" / "fr" / "pangrama.wav")
     gap = np.zeros(SR, np.float32)
-    samples = np.concatenate([np.zeros(25 * SR, np.float32), *([french, gap] * 22)])  # three windows past 75 s: two stretches
+    run = [french, gap] * 11  # about 50 s: one stretch; two of them 3 s apart, so the file is cut between them
+    samples = np.concatenate([np.zeros(25 * SR, np.float32), *run, np.zeros(2 * SR, np.float32), *run])
     wav = encode(samples, "wav")
     workers = _workers(two)
     alone = _direct(two, workers[0], wav)

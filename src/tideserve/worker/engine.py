@@ -7,8 +7,9 @@ for the interpreter lock behind request handling (the cause of the served path r
 of the engine on an H200; issue 12). vLLM V1 splits its API server and engine core the same way.
 
 Units of work: a request arrives as *segments* (cuts of its audio at quiet points, each <= 30 s,
-int16 PCM). When it decodes with timestamps, consecutive segments are joined into *stretches*
-of up to ``windows.STRETCH_S`` (``_stretches``). Each segment or stretch is decoded as a chain of
+int16 PCM). When it decodes with timestamps, the segments of a run of speech up to
+``windows.STRETCH_S`` long are joined into a *stretch* (``_stretches``; a longer run's segments
+are decoded apart). Each segment or stretch is decoded as a chain of
 *parts*: a part is one decode of a window, up to 30 s of the audio from a seek point, at one
 temperature. After each decode Whisper's long-form rules (``worker.longform.follow_up``)
 decide: decode again at a higher temperature (fallback), continue from the seek point (a new
@@ -798,7 +799,7 @@ def _stretches(segments: list[tuple], max_s: float, joined: dict[int, list[int]]
                ) -> list[tuple[int, np.ndarray, float, bool]]:
     """``(index, samples, offset_s, silent)`` per stretch to decode: ``segments`` (``(int16 PCM,
     offset_s[, silent])``, as ``EngineLoop.submit`` takes them) joined by ``windows.stretch_starts``
-    (``max_s`` 0: none joined). ``joined`` gets, per stretch of several, its first index -> the
+    (a run of up to ``max_s`` seconds; ``max_s`` 0: none joined). ``joined`` gets, per stretch of several, its first index -> the
     indices joined to it."""
     silent = [bool(flag[0]) if flag and flag[0] is not None else is_digital_silence(samples)
               for samples, _, *flag in segments]

@@ -11,7 +11,7 @@ faster-whisper's ``generate_with_fallback``:
   log-probability among those under the compression threshold (faster-whisper), else the last;
 - an accepted window that left speech after its last completed segment (``unfinished_from_s``)
   continues from there as a new part (the seek), starting again at the first temperature;
-- inside a stretch (``windows.STRETCH_S``: consecutive windows of a file joined) the rest after a
+- inside a stretch (``windows.STRETCH_S``: the windows of a short run of speech joined) the rest after a
   seek is not decoded alone: the next window starts at the seek point and runs on into the
   stretch, as ``transcribe``'s do, and the quiet-tail and resumed-rest rules below do not apply
   there; they apply to a rest decoded alone, at the end of a stretch or of a window decoded apart;

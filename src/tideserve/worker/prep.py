@@ -40,7 +40,7 @@ from tideserve.worker.cores import usable_cores
 from tideserve.worker.audio import SAMPLE_RATE, decode_pcm16, wav_file
 from tideserve.worker.longform import is_digital_silence
 from tideserve.worker import windows
-from tideserve.worker.windows import WINDOW_S, stretch_starts, window_cuts, windows_of
+from tideserve.worker.windows import WINDOW_S, decoded_alike, stretch_starts, window_cuts, windows_of
 
 
 @dataclass(frozen=True)
@@ -148,29 +148,44 @@ def spread(prepared: Prepared, parts: int, min_part_s: float, stretch_s: float |
     ``prepared`` (its ``pcm``, ``cuts``, ``silent``), the others go to ``remote`` as WAV files. A
     file under two parts' length, or of one window, is returned as it is.
 
-    The parts' boundaries are the window ends nearest to the even split where a stretch begins
-    (``windows.stretch_starts``; a file of one stretch is not spread); each later part goes with
-    its windows (``RemotePart.cuts``), so its helper decodes the same windows in the same
-    stretches, and so writes the same text, as in one piece (a request without timestamps, whose
-    windows the engine decodes apart, is cut there too: its parts are only less even). A silent
-    window begins a stretch, so a part may hold only silence (answered without the model).
-    ``stretch_s``: the stretches' length (None: ``windows.STRETCH_S``; 0: any window end)."""
+    The parts' boundaries are the window ends nearest to the even split where a stretch begins,
+    both the part and the rest of the file hold at least half of ``min_part_s``, and each, taken
+    alone, begins the same stretches as in the whole file (``windows.decoded_alike``: a piece of
+    two or more windows of a run decoded window by window, 75 s long or less, would be joined; a
+    file of one stretch is not spread, nor one run of 75-150 s). Each later part goes with its
+    windows (``RemotePart.cuts``), so its helper decodes the same windows in the same stretches,
+    and so writes the same text, as in one piece. A request without timestamps, whose windows the
+    engine decodes apart, is cut by the same rule: its parts are only less even, and it too is not
+    spread when it is one run of 75-150 s. A silent window begins a stretch, so a part may hold
+    only silence (answered without the model). ``stretch_s``: the stretches' length (None:
+    ``windows.STRETCH_S``; 0: any window end)."""
     n = len(prepared.cuts)
     ends = list(itertools.accumulate(b - a for a, b in prepared.cuts))  # audio to decode up to each window's end
     total = ends[-1] if ends else 0
     k = min(parts, int(total / SAMPLE_RATE // min_part_s)) if min_part_s > 0 else parts
     if k < 2 or n < 2 or prepared.remote:
         return prepared
-    begins = stretch_starts(prepared.cuts, prepared.silent, windows.STRETCH_S if stretch_s is None else stretch_s,
-                            SAMPLE_RATE)
+    max_s = windows.STRETCH_S if stretch_s is None else stretch_s
+    begins = stretch_starts(prepared.cuts, prepared.silent, max_s, SAMPLE_RATE)
+
+    def alike(first: int, end: int) -> bool:  # windows first..end-1 as a part of their own
+        return decoded_alike(prepared.cuts, prepared.silent, max_s, first, end, begins, SAMPLE_RATE)
+
     candidates = [w for w in range(n - 1) if begins[w + 1]]  # a part may end before a stretch begins
-    if not candidates:
-        return prepared
     last: list[int] = []  # index of each part's last window
     for i in range(1, k):
-        j = min(candidates, key=lambda w: abs(ends[w] - i * total / k))
-        if not last or j > last[-1]:
-            last.append(j)
+        first = last[-1] + 1 if last else 0
+        before = ends[first - 1] if first else 0  # audio to decode before this part
+        for w in sorted(candidates, key=lambda w: abs(ends[w] - i * total / k)):
+            if w < first:
+                break  # the nearest end is not after the last part's: one part fewer
+            # The part and the rest of the file (which later cuts divide the same way) each hold
+            # at least half of min_part_s (no sliver of a part where the nearest ends do not fit)
+            # and decode their windows as the whole file does.
+            if min(ends[w] - before, total - ends[w]) >= min_part_s * SAMPLE_RATE / 2 and alike(first, w + 1) and \
+                    alike(w + 1, n):
+                last.append(w)
+                break
     last.append(n - 1)
     if len(last) < 2:
         return prepared

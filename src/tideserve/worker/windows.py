@@ -6,7 +6,7 @@ seconds before the 30 s limit: 100 ms frames whose RMS level is within ``QUIET_A
 the quietest frame there, or under ``QUIET_FLOOR_DBFS``. The longest pause is where a sentence
 ends; the quietest single frame (the rule before) was often a short pause between two words of
 one phrase, and a cut there lost words (bench/accuracy.py; README "Accuracy"). The windows of
-one file are then decoded side by side, or joined into stretches (``STRETCH_S``).
+one file are then decoded side by side, or, in a run of up to ``STRETCH_S``, joined into a stretch.
 
 Long quiet stretches are left out first (``window_cuts``): Whisper placed speech that followed
 many seconds of silence in its window at the wrong time (a clip at 60-63 s after a minute of
@@ -33,35 +33,60 @@ import numpy as np
 
 WINDOW_S = 30.0
 SAMPLE_RATE = 16_000
-#: Consecutive windows of a request that decodes with timestamps are joined into one *stretch*
-#: of at most this many seconds (``stretch_starts``), decoded as openai/whisper's ``transcribe``
-#: decodes a file: a 30 s window from the start, each next window from the last one's seek point
-#: (its last timestamp) or, when it was done, from its end (``worker.engine``). A file up to this
-#: long is decoded in transcribe's windows; a longer one in stretches side by side (the 20-minute
-#: file of bench/accuracy.py: 22, which still fill two model instances' batches of 8), and a
-#: spread file is cut between stretches (``worker.prep.spread``). Why: with windows decoded
-#: apart, each began at a pause of the cut and a seek left a rest decoded alone; tiny.en's greedy
-#: reading of a counting clip turned on where its window began, and the torch backend (fp32)
-#: missed one word of the 1-minute file at beam 1 (WER 0.017 against transcribe's 0.000) where
-#: transcribe's windows read it right; as stretches it writes 0.000 (README, Accuracy: stretches).
+#: A *run* of a request's windows (contiguous, none silent: ``window_runs``) that decodes with
+#: timestamps and lasts at most this many seconds is joined into one *stretch*
+#: (``stretch_starts``), decoded as openai/whisper's ``transcribe`` decodes a file: a 30 s window
+#: from the start, each next window from the last one's seek point (its last timestamp) or, when
+#: it was done, from its end (``worker.engine``). A longer run is decoded window by window, side by
+#: side, each window from the prep's cut at a pause, a seek's rest over the window's own encoder
+#: output (``longform``). Why both (README, Accuracy: "Runs"): decoded window by window, tiny.en's
+#: greedy reading of a counting clip turned on where its window began, and the torch backend
+#: (fp32) missed one word of the 1-minute file at beam 1 (WER 0.017 against transcribe's 0.000),
+#: which as one stretch writes 0.000; but on longer runs a stretch's windows begin at seek points
+#: inside speech, and on eight 4-minute files (bench/accuracy.py --seeds, 2026-12-07) stretches
+#: of up to 75 s wrote more errors than windows decoded apart: summed WER 0.074 against 0.0032 at
+#: beam 5 and 0.098 against 0.020 at beam 1 (faster-whisper), over ``transcribe``'s on 4 files
+#: against 1 at beam 5 and on 3 / 2 against 2 / 1 at beam 1 (faster-whisper / torch); and the
+#: 20-minute file ran faster apart (its windows no longer wait for each other in a stretch).
 STRETCH_S = 75.0
+
+
+def window_runs(cuts: Sequence[tuple[int, int]], silent: Sequence[bool]) -> list[tuple[int, int]]:
+    """The runs of ``cuts`` (``(start, end)`` sample indices in order; ``silent``: digital silence,
+    answered without the model) as ``[first, end)`` window indices, in order, covering every
+    window: a window belongs to the run before it when neither is silent and it follows it
+    without a gap; a silent window is a run of its own."""
+    out: list[tuple[int, int]] = []
+    for i, (a, _) in enumerate(cuts):
+        if i > 0 and not silent[i] and not silent[i - 1] and a == cuts[i - 1][1]:
+            out[-1] = (out[-1][0], i + 1)
+        else:
+            out.append((i, i + 1))
+    return out
 
 
 def stretch_starts(cuts: Sequence[tuple[int, int]], silent: Sequence[bool], max_s: float,
                    sample_rate: int = SAMPLE_RATE) -> list[bool]:
-    """Per window (``cuts``: ``(start, end)`` sample indices in order; ``silent``: digital
-    silence, answered without the model), whether it begins a stretch (``STRETCH_S``). A window
-    joins the stretch before it when neither is silent, it follows it without a gap, and the
-    stretch stays within ``max_s`` seconds; ``max_s`` 0: every window begins one. Deterministic,
-    so a spread file's parts, cut where a stretch begins, hold the stretches of the whole file."""
-    out: list[bool] = []
-    length = 0
-    for i, (a, b) in enumerate(cuts):
-        joins = (max_s > 0 and i > 0 and not silent[i] and not silent[i - 1] and a == cuts[i - 1][1]
-                 and length + (b - a) <= max_s * sample_rate)
-        out.append(not joins)
-        length = length + (b - a) if joins else b - a
+    """Per window (``cuts``, ``silent`` as ``window_runs`` takes them), whether it begins a stretch
+    (``STRETCH_S``): the first window of every run, and every window of a run longer than
+    ``max_s`` seconds; ``max_s`` 0: every window. Deterministic."""
+    out = [True] * len(cuts)
+    for first, end in window_runs(cuts, silent):
+        if 0 < cuts[end - 1][1] - cuts[first][0] <= max_s * sample_rate:
+            out[first + 1:end] = [False] * (end - first - 1)
     return out
+
+
+def decoded_alike(cuts: Sequence[tuple[int, int]], silent: Sequence[bool], max_s: float, first: int, end: int,
+                  whole: Sequence[bool] | None = None, sample_rate: int = SAMPLE_RATE) -> bool:
+    """Whether windows ``first`` to ``end`` (exclusive) of a file (``cuts``, ``silent`` as
+    ``window_runs`` takes them), taken as a file of their own (a part of a spread file,
+    ``worker.prep.spread``), begin the same stretches as in the whole file (``whole``: its
+    ``stretch_starts``, computed when None). Not so when the part leaves a piece of a run decoded
+    window by window that lasts ``max_s`` or less: the part would join it into one stretch."""
+    if whole is None:
+        whole = stretch_starts(cuts, silent, max_s, sample_rate)
+    return stretch_starts(cuts[first:end], silent[first:end], max_s, sample_rate) == list(whole[first:end])
 
 
 @dataclass(frozen=True)

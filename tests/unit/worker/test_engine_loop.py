@@ -884,20 +884,20 @@ def test_a_streamed_stretch_sends_its_chain_so_far_after_each_window_a_plain_req
         assert sent == [*partials, ("segment", 0, chain), ("segment", 1, [""]), ("segment", 2, [""])]
 
 
-def test_stretches_join_only_contiguous_speech_up_to_their_length_and_only_with_timestamps() -> None:
+def test_a_run_of_speech_up_to_the_stretch_length_is_one_stretch_a_longer_run_and_silence_are_not() -> None:
     clock, out, be = Clock(), [], StaticBackend()
     loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=8, max_queue_delay_s=0.0, emit=out.append,
                       clock=clock, stretch_s=60.0)
     silent = np.zeros(2 * SR, np.int16)
-    # 20+20 s joined (40 s); the next 25 s would make 65 > 60: a stretch of its own; a gap
-    # (75 -> 80 s) and a silent segment each end a stretch.
-    loop.submit(1, [(pcm(20, 1), 0.0), (pcm(20, 2), 20.0), (pcm(25, 3), 40.0), (pcm(10, 4), 65.0),
-                    (pcm(10, 5), 80.0), (silent, 90.0), (pcm(5, 6), 92.0)], RequestOptions(timestamps=True))
+    # Runs (windows.window_runs): 0-40 s (20+20, joined: 40 <= 60); after a gap 45-110 s (25+25+15:
+    # 65 > 60, so decoded window by window); a silent segment; 112-117 s.
+    loop.submit(1, [(pcm(20, 1), 0.0), (pcm(20, 2), 20.0), (pcm(25, 3), 45.0), (pcm(25, 4), 70.0),
+                    (pcm(15, 5), 95.0), (silent, 110.0), (pcm(5, 6), 112.0)], RequestOptions(timestamps=True))
     run_until_idle(loop, clock)
     starts = sorted((t.offset_s, t.duration_s) for b in be.batches for t in b)
-    assert starts == [(0.0, 30.0), (30.0, 10.0), (40.0, 30.0), (70.0, 5.0), (80.0, 10.0), (92.0, 5.0)]
-    assert segments_of(out, 1) == {0: ["w1@0", "w2@30"], 1: [""], 2: ["w3@40", "w4@70"], 3: [""], 4: ["w5@80"],
-                                   5: [""], 6: ["w6@92"]}
+    assert starts == [(0.0, 30.0), (30.0, 10.0), (45.0, 25.0), (70.0, 25.0), (95.0, 15.0), (112.0, 5.0)]
+    assert segments_of(out, 1) == {0: ["w1@0", "w2@30"], 1: [""], 2: ["w3@45"], 3: ["w4@70"], 4: ["w5@95"],
+                                   5: [""], 6: ["w6@112"]}
     # Without timestamp tokens a window cannot seek: every segment is decoded apart, as cut.
     be2, out2 = StaticBackend(), []
     loop2 = EngineLoop(be2, Decoding(beam_size=1, without_timestamps=True), max_batch_size=8, max_queue_delay_s=0.0,
@@ -1012,8 +1012,9 @@ def test_a_stretch_on_a_continuous_backend_and_cancelled_in_its_middle() -> None
 
 
 def test_a_files_unstarted_stretches_go_before_the_continuations_of_started_ones() -> None:
-    # Three 75 s stretches (nine contiguous 25 s segments), batches of 2 on one instance, every
-    # full window seeking at 26 s: each stretch is a chain of three decodes (0-30, 26-56, 52-75).
+    # Three 75 s stretches (three runs of three contiguous 25 s segments, 5 s apart), batches of 2
+    # on one instance, every full window seeking at 26 s: each stretch is a chain of three decodes
+    # (0-30, 26-56, 52-75).
     # The earliest unfinished stretch's part goes first, then the part whose chain holds the
     # most windows, ties in audio order: the third stretch starts in the second batch.
     # Continuations first had started it only in the fourth, and its chain of three then ran
@@ -1021,12 +1022,12 @@ def test_a_files_unstarted_stretches_go_before_the_continuations_of_started_ones
     clock, out, be = Clock(), [], SeeksAt26()
     loop = EngineLoop(be, Decoding(beam_size=1), max_batch_size=2, max_queue_delay_s=0.0, emit=out.append,
                       clock=clock, stretch_s=75.0)
-    loop.submit(1, [(pcm(25, 1), 25.0 * i) for i in range(9)], RequestOptions(timestamps=True))
+    loop.submit(1, [(pcm(25, 1), 80.0 * (i // 3) + 25.0 * (i % 3)) for i in range(9)], RequestOptions(timestamps=True))
     run_until_idle(loop, clock)
-    assert [[t.offset_s for t in b] for b in be.batches] == [[0.0, 75.0], [26.0, 150.0], [52.0, 101.0],
-                                                             [127.0, 176.0], [202.0]]
+    assert [[t.offset_s for t in b] for b in be.batches] == [[0.0, 80.0], [26.0, 160.0], [52.0, 106.0],
+                                                             [132.0, 186.0], [212.0]]
     assert segments_of(out, 1) == {
-        **{3 * k: [f"w@{75 * k}+30", f"w@{75 * k + 26}+30", f"w@{75 * k + 52}+23"] for k in range(3)},
+        **{3 * k: [f"w@{80 * k}+30", f"w@{80 * k + 26}+30", f"w@{80 * k + 52}+23"] for k in range(3)},
         **{3 * k + j: [""] for k in range(3) for j in (1, 2)}}
     # Stretches complete in audio order here (a stream's deltas come as early as before).
     assert [m[2] for m in out if m[0] == "segment"] == list(range(9))

@@ -210,14 +210,53 @@ def test_a_spread_file_is_cut_only_where_a_stretch_begins_and_one_stretch_is_not
     assert len(spread(one, parts=2, min_part_s=10, stretch_s=0.0).remote) == 1  # windows apart: cut
 
 
-def test_stretches_join_contiguous_windows_that_are_not_silent_up_to_their_length():
-    from tideserve.worker.windows import stretch_starts
+def test_a_run_up_to_the_stretch_length_is_one_stretch_a_longer_one_is_decoded_window_by_window():
+    from tideserve.worker.windows import stretch_starts, window_runs
 
     s = SR
-    cuts = [(0, 30 * s), (30 * s, 50 * s), (50 * s, 80 * s), (81 * s, 90 * s), (90 * s, 95 * s), (95 * s, 99 * s)]
-    silent = [False, False, False, False, True, False]
-    # 30+20 joined (50 s); +30 would be 80 > 75: begins; a 1 s gap: begins; silent: begins, and so
-    # does the window after it.
-    assert stretch_starts(cuts, silent, 75.0) == [True, False, True, True, True, True]
-    assert stretch_starts(cuts, silent, 0.0) == [True] * 6
-    assert stretch_starts(cuts, [False] * 6, 1000.0) == [True, False, False, True, False, False]
+    cuts = [(0, 30 * s), (30 * s, 50 * s), (50 * s, 80 * s), (81 * s, 90 * s), (90 * s, 95 * s), (95 * s, 99 * s),
+            (99 * s, 120 * s)]
+    silent = [False, False, False, False, True, False, False]
+    # Runs: 0-80 s (three windows), 81-90 s (after a 1 s gap), the silent window, 95-120 s.
+    assert window_runs(cuts, silent) == [(0, 3), (3, 4), (4, 5), (5, 7)]
+    # The 80 s run is longer than 75 s: each of its windows begins a stretch (apart); 95-120 s
+    # (25 s) is one stretch of two windows.
+    assert stretch_starts(cuts, silent, 75.0) == [True, True, True, True, True, True, False]
+    assert stretch_starts(cuts, silent, 80.0) == [True, False, False, True, True, True, False]  # 80 s: joined
+    assert stretch_starts(cuts, silent, 0.0) == [True] * 7
+    assert stretch_starts(cuts, [False] * 7, 1000.0) == [True, False, False, True, False, False, False]
+
+
+def test_a_file_is_cut_into_parts_only_where_each_part_decodes_its_windows_as_the_whole_file():
+    from tideserve.worker.windows import decoded_alike, stretch_starts
+
+    # One run of ten 25 s windows (250 s, over 75 s: decoded window by window). Found by the
+    # reviewer: cut nearest the even split (83 and 167 s) after 100 and 150 s, the middle part
+    # (two windows, 50 s) was joined into one stretch on its helper. A piece of 75 s or less of
+    # the run is never a part now: 0-100 s and 100-250 s.
+    ten = dataclasses.replace(_prepared([25] * 10), silent=(False,) * 10)
+    out = spread(ten, parts=3, min_part_s=60, stretch_s=75.0)
+    assert [(r.start / SR, r.end / SR) for r in out.remote] == [(100.0, 250.0)]
+    cuts, silent = ten.cuts, ten.silent
+    assert not decoded_alike(cuts, silent, 75.0, 4, 6) and decoded_alike(cuts, silent, 75.0, 4, 5)  # one window: alike
+    assert decoded_alike(cuts, silent, 0.0, 4, 6)  # windows apart: any piece
+    # Random files (windows of 1-30 s, gaps, silent windows), 2-8 parts: each part's stretches,
+    # taken alone, are the whole file's.
+    rng = np.random.default_rng(7)
+    spread_files = 0
+    for _ in range(400):
+        lengths = rng.integers(1, 31, rng.integers(2, 16)) * SR
+        gaps = np.where(rng.random(len(lengths)) < 0.15, 3 * SR, 0)
+        starts = np.cumsum(np.concatenate([[0], lengths[:-1] + gaps[1:]]))
+        p = Prepared(TranscriptionRequest(audio=b""), np.zeros(int(starts[-1] + lengths[-1]), np.int16),
+                     tuple((int(a), int(a + n)) for a, n in zip(starts, lengths, strict=True)),
+                     silent=tuple(bool(x) for x in rng.random(len(lengths)) < 0.1))
+        max_s = float(rng.choice([0.0, 60.0, 75.0]))
+        out = spread(p, parts=int(rng.integers(2, 9)), min_part_s=float(rng.integers(10, 60)), stretch_s=max_s)
+        whole = stretch_starts(p.cuts, p.silent, max_s, SR)
+        bounds = [0, len(out.cuts)] + [p.cuts.index((r.start + c[0], r.start + c[1])) + len(r.cuts)
+                                      for r in out.remote for c in r.cuts[:1]]
+        spread_files += bool(out.remote)
+        for first, end in itertools.pairwise(sorted(set(bounds))):
+            assert stretch_starts(p.cuts[first:end], p.silent[first:end], max_s, SR) == whole[first:end]
+    assert spread_files > 100
