@@ -5,6 +5,7 @@ machine (issue 13's "torch on the H200" row), in three steps:
                                                                 # bench/gpu_parity.py) and the clips
     python3 bench/accuracy_gpu.py run .devdata/acc $OUT/acc_gpu.json --minutes 1,5,20   # there
         [--spaced 3:41,3:42,3:43,3:44,5:45,5:46]   # and bench/quiet_spans_ab.py's files with long gaps
+        [--seeds 1,2,3,4,5,6,7,8]                   # one file per seed of each length (bench/accuracy.py --seeds)
         [--cross-fp8] [--attention triton]          # cross-attention keys and values in FP8; Triton self-attention
         [--weights-fp8]                             # the layers' matrix products in FP8 (bench/fp8_linear.py)
         [--compile-step]                            # the whole decoder step compiled (GreedyDecoder(compile_step=True))
@@ -56,7 +57,7 @@ def prepare(out: Path) -> None:
 
 def run(packed: Path, result: Path, minutes: list[float], target: str, spaced: list[tuple[float, int]] = (),
         cross_fp8: bool = False, attention: str = "sdpa", kinds: tuple[str, ...] = ("verbose_json",),
-        weights_fp8: bool = False, compile_step: bool | None = None) -> None:
+        weights_fp8: bool = False, compile_step: bool | None = None, seeds: list[int] = ()) -> None:
     from gpu_parity import unpack
     from inproc import REQUEST_KINDS, Tideserve
     from longfiles import long_file, spaced_file
@@ -68,8 +69,9 @@ def run(packed: Path, result: Path, minutes: list[float], target: str, spaced: l
     clips = [SimpleNamespace(name=n, samples=data[n], reference=refs[n]) for n in sorted(refs)]
     files = [(c.name, c.samples, c.reference) for c in clips]
     for i, m in enumerate(minutes):
-        s, ref = long_file(clips, m, seed=13 + i)  # the seeds bench/accuracy.py uses
-        files.append((f"long-{m:g}min", s, ref))
+        for seed in seeds or [13 + i]:  # without --seeds, the seeds bench/accuracy.py uses
+            s, ref = long_file(clips, m, seed=seed)
+            files.append((f"long-{m:g}min-seed{seed}" if seeds else f"long-{m:g}min", s, ref))
     spans: dict[str, list] = {}
     for m, seed in spaced:  # bench/quiet_spans_ab.py's files with long gaps
         s, ref, spans[f"spaced-{m:g}min-{seed}"] = spaced_file(clips, m, seed, SPACED_GAP_S, digital=seed % 2 == 0)
@@ -128,8 +130,9 @@ def main() -> int:
                   for p in sys.argv[sys.argv.index("--spaced") + 1].split(",")] if "--spaced" in sys.argv else []
         attention = sys.argv[sys.argv.index("--attention") + 1] if "--attention" in sys.argv else "sdpa"
         kinds = tuple(sys.argv[sys.argv.index("--as") + 1].split(",")) if "--as" in sys.argv else ("verbose_json",)
+        seeds = [int(x) for x in sys.argv[sys.argv.index("--seeds") + 1].split(",")] if "--seeds" in sys.argv else []
         run(path, Path(sys.argv[3]), minutes, target, spaced, cross_fp8="--cross-fp8" in sys.argv, attention=attention,
-            kinds=kinds, weights_fp8="--weights-fp8" in sys.argv, compile_step=True if "--compile-step" in sys.argv else None)
+            kinds=kinds, weights_fp8="--weights-fp8" in sys.argv, compile_step=True if "--compile-step" in sys.argv else None, seeds=seeds)
     elif cmd == "score":
         score(path)
     else:
