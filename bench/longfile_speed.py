@@ -8,6 +8,7 @@ host's drift falls on both sides (bench/accuracy.py runs each system once per fi
     .venv/bin/python bench/longfile_speed.py --beam 5 --minutes 20 --seed 15 --rounds 3 --without-resume
     .venv/bin/python bench/longfile_speed.py --beam 5 --minutes 20 --seed 15 --rounds 3 --encode-batch 1,8
     .venv/bin/python bench/longfile_speed.py --beam 5 --minutes 20 --seed 15 --rounds 3 --as-json
+    .venv/bin/python bench/longfile_speed.py --beam 5 --minutes 20 --seed 15 --rounds 5 --lane-rounds 1,2
 
 ``--cpu-threads``: tideserve's intra-op threads per model instance, one tideserve system per
 value (0: the worker's default, ``worker.cores.intra_op_threads``, and for the background lane's
@@ -19,7 +20,9 @@ backend's ``resumes`` off; the name ends ``-noresume``), to measure the resumed 
 (0: the worker's default, ``worker.engine.default_instances``; the name ends ``-instN``).
 ``--encode-batch``: windows per encoder pass (``worker.backends.faster_whisper.ENCODE_BATCH``),
 one tideserve system per value (the name ends ``-encN``; the module constant is set before each
-of its runs).
+of its runs). ``--lane-rounds``: the rounds a long file's windows are divided in over the lane's
+instances (``worker.batching.LANE_ROUNDS``), one tideserve system per value (``-laneN``, set the
+same way).
 Prints one JSON line per run (with tideserve's decodes: the engine's parts decoded, seeks and
 loop splits) and the median of the per-round ratios (tideserve / batched time) per system.
 """
@@ -27,6 +30,7 @@ loop splits) and the median of the per-round ratios (tideserve / batched time) p
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -40,6 +44,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import accuracy as A  # noqa: E402
 
 from tideserve.spec.models import Decoding  # noqa: E402
+from tideserve.worker import batching  # noqa: E402
 from tideserve.worker.backends import faster_whisper as fw  # noqa: E402
 
 
@@ -58,6 +63,7 @@ def main() -> int:
                          "the batched pipeline at its own default (without timestamp tokens); named --without-timestamps "
                          "in the first results")
     ap.add_argument("--encode-batch", default="", help="comma-separated windows per encoder pass (default: the backend's)")
+    ap.add_argument("--lane-rounds", default="", help="comma-separated batching.LANE_ROUNDS values (default: the module's)")
     a = ap.parse_args()
     without, asked = A.REQUEST_KINDS["json" if a.as_json else "verbose_json"]
     d = Decoding(beam_size=a.beam, without_timestamps=without)
@@ -67,16 +73,20 @@ def main() -> int:
     threads = [int(t) for t in a.cpu_threads.split(",")]
     ours = {}
     encode_batch: dict[str, int] = {}
+    lane_rounds: dict[str, int] = {}
     for t, inst in [(t, i) for t in threads for i in (int(x) for x in a.instances.split(","))]:
         for resume in (True, False) if a.without_resume else (True,):
-            for e in [int(x) for x in a.encode_batch.split(",") if x] or [0]:
+            for e, lr in itertools.product([int(x) for x in a.encode_batch.split(",") if x] or [0],
+                                           [int(x) for x in a.lane_rounds.split(",") if x] or [0]):
                 name = (f"tideserve-fw-threads{t}" if t else "tideserve-fw") + ("" if resume else "-noresume") + \
-                    (f"-enc{e}" if e else "") + (f"-inst{inst}" if inst else "")
+                    (f"-enc{e}" if e else "") + (f"-inst{inst}" if inst else "") + (f"-lane{lr}" if lr else "")
                 ours[name] = A.Tideserve("faster-whisper", "cpu-x86_64-int8", d, a.batch_size, cpu_threads=t,
                                          instances=inst or None)
                 ours[name].backend.resumes = resume
                 if e:
                     encode_batch[name] = e
+                if lr:
+                    lane_rounds[name] = lr
     systems: dict[str, Any] = {**ours, "fw-batched": A.FasterWhisper(d, True, a.batch_size)}
     for name, run in systems.items():
         # Warm-up; tideserve's on a piece long enough (more windows than a batch) for its batches
@@ -89,6 +99,8 @@ def main() -> int:
         for name in order:
             if name in encode_batch:
                 fw.ENCODE_BATCH = encode_batch[name]
+            if name in lane_rounds:
+                batching.LANE_ROUNDS = lane_rounds[name]
             t0 = time.perf_counter()
             segs = systems[name](samples, timestamps=asked) if name in ours else systems[name](samples)
             spm[name] = (time.perf_counter() - t0) / minutes

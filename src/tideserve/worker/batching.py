@@ -29,16 +29,27 @@ from dataclasses import dataclass
 from collections.abc import Mapping, Sequence
 
 
+#: A streamed long caller's queued items are divided over the lane's free instances in this many
+#: rounds of batches (``next_batch``), so that its first windows, and its first delta, come back
+#: after about half its time: a streamed 7-minute file decoded window by window
+#: (``worker.windows.STRETCH_S``), 16 windows, ran as one batch of 8 on each of two one-thread
+#: lane workers and sent its first delta at 0.81-0.88 of the whole answer's time; in batches of 4,
+#: at 0.34-0.40. A request not streamed is divided in one round: side by side on the 20-minute file,
+#: two rounds were slower in 4 of 5 rounds, by up to 8% (README, Accuracy, "Runs").
+LANE_ROUNDS = 2
+
+
 @dataclass(frozen=True)
 class QueuedItem:
     """One queued item as the decision sees it: its ``caller`` (items of one request share it)
     and when it was queued, ``enqueued_s``, on the same clock as ``now``; ``windows``: the 30 s
     windows it stands for (a stretch's part, decoded one window after another, more than one),
-    which ``short_callers`` counts."""
+    which ``short_callers`` counts; ``streamed``: its caller streams its text."""
 
     caller: int
     enqueued_s: float
     windows: int = 1
+    streamed: bool = False  # its caller streams its text (``LANE_ROUNDS``)
 
 
 @dataclass(frozen=True)
@@ -121,11 +132,12 @@ def next_batch(queue: Sequence[QueuedItem], executing: Mapping[int, int], backgr
     ``instances`` are idle. With one instance there are no classes: ``cut_batch`` over the whole
     queue, never background. Otherwise short callers' items are cut first (``cut_batch`` over
     them alone), on any free instance but the last one while long callers wait and no
-    background batch executes (so a long file always progresses); then, while fewer than ``instances`` - 1 long
-    batches execute, the long callers' items, as a background batch of at most their count
-    divided over the lane's free instances (so a file whose parts fit one batch still runs on
-    as many instances as the lane may take, each of whose workers has its share of the cores:
-    ``worker.cores.lane_threads``). When neither may be cut yet, the shorter wait.
+    background batch executes (so a long file always progresses); then, while fewer than
+    ``instances`` - 1 long batches execute, the long callers' items, as a background batch of at
+    most their count divided over the lane's free instances (so a file whose parts fit one batch
+    still runs on as many instances as the lane may take, each of whose workers has its share of
+    the cores: ``worker.cores.lane_threads``), and over ``LANE_ROUNDS`` when one of them is
+    streamed. When neither may be cut yet, the shorter wait.
 
     Raises ValueError when ``instances`` < 1, ``free_instances`` is not in 1..``instances`` or
     ``background_executing`` is not in 0..``instances`` - ``free_instances``, and as ``cut_batch``.
@@ -149,8 +161,10 @@ def next_batch(queue: Sequence[QueuedItem], executing: Mapping[int, int], backgr
         if not idx or (not background and long_starved) or (background and background_executing >= instances - 1):
             continue
         size = max_batch_size
-        if background:  # the long callers' items divided over the lane's free instances
-            size = min(max_batch_size, -(-len(idx) // min(free_instances, instances - 1 - background_executing)))
+        if background:  # the long callers' items divided over the lane's free instances (and rounds)
+            rounds = LANE_ROUNDS if any(queue[i].streamed for i in idx) else 1
+            lanes_free = min(free_instances, instances - 1 - background_executing)
+            size = min(max_batch_size, -(-len(idx) // (rounds * lanes_free)))
         cut = cut_batch([queue[i] for i in idx], size, max_queue_delay_s, now)
         if cut.take:
             return NextBatch(tuple(idx[k] for k in cut.take), background=background)

@@ -467,7 +467,7 @@ class EngineLoop:
         reads it here, so the indices it returns are the queue's)."""
         self._order_follow_ups()
         # A part counts the windows it still holds: a stretch's part is up to 3 decodes.
-        return [QueuedItem(p.rid, p.enqueued_s, p.windows_left) for p in self.queue]
+        return [QueuedItem(p.rid, p.enqueued_s, p.windows_left, p.options.stream) for p in self.queue]
 
     def _next_cut(self) -> NextBatch | None:
         """The static batch to start now (queue indices, and its lane) or how long until one
