@@ -347,13 +347,17 @@ class FasterWhisperBackend:
         """``result`` with each segment's words timed by faster-whisper's cross-attention alignment
         (``WhisperModel.add_word_timestamps``: the alignment heads and dynamic time warping, as
         Whisper's word timestamps), with its default punctuation merging."""
-        fps = model.frames_per_second
-        subs = [{"seek": round(task.offset_s * fps), "start": s.start_s, "end": s.end_s, "tokens": list(s.tokens)}
-                for s in result.segments]
+        # Timed from the window's start and moved to the file's time after: faster-whisper rounds
+        # each word's time to 0.01 s and compares word lengths with thresholds, so on the file's
+        # time a window's words could come out otherwise than in a part of a spread file starting
+        # there (a first word 0.44 s apart, found by adversarial testing).
+        off = task.offset_s
+        subs: list[dict[str, Any]] = [
+            {"seek": 0, "start": s.start_s - off, "end": s.end_s - off, "tokens": list(s.tokens)} for s in result.segments]
         model.add_word_timestamps([subs], tok, encoded, len(task.samples) // 160, _PREPEND, _APPEND,
-                                        last_speech_timestamp=task.offset_s)
-        segments = [dataclasses.replace(s, start_s=sub["start"], end_s=sub["end"], words=tuple(
-            Word(w["start"], w["end"], w["word"], float(w["probability"])) for w in sub.get("words") or ()))
+                                  last_speech_timestamp=0.0)
+        segments = [dataclasses.replace(s, start_s=sub["start"] + off, end_s=sub["end"] + off, words=tuple(
+            Word(w["start"] + off, w["end"] + off, w["word"], float(w["probability"])) for w in sub.get("words") or ()))
             for s, sub in zip(result.segments, subs, strict=True)]
         return dataclasses.replace(result, segments=segments)
 
