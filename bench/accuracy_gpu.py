@@ -5,7 +5,7 @@ machine (issue 13's "torch on the H200" row), in three steps:
                                                                 # bench/gpu_parity.py) and the clips
     python3 bench/accuracy_gpu.py run .devdata/acc $OUT/acc_gpu.json --minutes 1,5,20   # there
         [--spaced 3:41,3:42,3:43,3:44,5:45,5:46]   # and bench/quiet_spans_ab.py's files with long gaps
-        [--seeds 1,2,3,4,5,6,7,8]                   # one file per seed of each length (bench/accuracy.py --seeds)
+        [--seeds 1,2,3,4,5,6,7,8]                   # one file per seed (bench/accuracy.py --seeds)
         [--cross-fp8] [--attention triton]          # cross-attention keys and values in FP8; Triton self-attention
         [--weights-fp8]                             # the layers' matrix products in FP8 (bench/fp8_linear.py)
         [--compile-step]                            # the whole decoder step compiled (GreedyDecoder(compile_step=True))
@@ -60,7 +60,7 @@ def run(packed: Path, result: Path, minutes: list[float], target: str, spaced: l
         weights_fp8: bool = False, compile_step: bool | None = None, seeds: list[int] = ()) -> None:
     from gpu_parity import unpack
     from inproc import REQUEST_KINDS, Tideserve
-    from longfiles import long_file, spaced_file
+    from longfiles import long_files, spaced_file
 
     from tideserve.spec.models import Decoding
 
@@ -68,10 +68,7 @@ def run(packed: Path, result: Path, minutes: list[float], target: str, spaced: l
     data = np.load(packed / "clips.npz")
     clips = [SimpleNamespace(name=n, samples=data[n], reference=refs[n]) for n in sorted(refs)]
     files = [(c.name, c.samples, c.reference) for c in clips]
-    for i, m in enumerate(minutes):
-        for seed in seeds or [13 + i]:  # without --seeds, the seeds bench/accuracy.py uses
-            s, ref = long_file(clips, m, seed=seed)
-            files.append((f"long-{m:g}min-seed{seed}" if seeds else f"long-{m:g}min", s, ref))
+    files += long_files(clips, minutes, seeds)  # bench/accuracy.py's, by the same rule
     spans: dict[str, list] = {}
     for m, seed in spaced:  # bench/quiet_spans_ab.py's files with long gaps
         s, ref, spans[f"spaced-{m:g}min-{seed}"] = spaced_file(clips, m, seed, SPACED_GAP_S, digital=seed % 2 == 0)

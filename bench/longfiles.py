@@ -27,6 +27,23 @@ def long_file(clips: Sequence[ClipLike], minutes: float, seed: int) -> tuple[np.
     return samples, ref
 
 
+def long_files(clips: Sequence[ClipLike], minutes: Sequence[float], seeds: Sequence[int] = ()
+               ) -> list[tuple[str, np.ndarray, str]]:
+    """bench/accuracy.py's long files as ``(name, float32 samples, reference)``: one per
+    ``minutes`` value with seeds 13, 14, ... (named ``long-{m}min``), or with ``seeds`` one per
+    seed, paired with the ``minutes`` values or all of the one value given (``long-{m}min-seed{s}``).
+    Raises ValueError when there are several ``minutes`` values and not as many seeds."""
+    if seeds and len(minutes) == 1:
+        minutes = list(minutes) * len(seeds)  # one file of that length per seed
+    elif seeds and len(minutes) != len(seeds):
+        raise ValueError("--seeds: one per --minutes value, or any number with one --minutes value")
+    out = []
+    for i, m in enumerate(minutes):
+        s, ref = long_file(clips, m, seed=seeds[i] if seeds else 13 + i)
+        out.append((f"long-{m:g}min-seed{seeds[i]}" if seeds else f"long-{m:g}min", s, ref))
+    return out
+
+
 def spaced_file(clips: Sequence[ClipLike], minutes: float, seed: int, gap_s: tuple[float, float] = (0.4, 1.6),
                 digital: bool = False) -> tuple[np.ndarray, str, list[tuple[float, float]]]:
     """``long_file`` with gaps of ``gap_s`` seconds (uniform), of digital zeros when ``digital``;
