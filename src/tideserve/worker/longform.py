@@ -183,8 +183,9 @@ def resumed_rest_holds(window: np.ndarray, result: WindowResult, d: Decoding, sa
     The last word's end, not the segment's closing timestamp: a resumed decode may close its
     segment over speech it did not write. On bench/accuracy.py's 10-minute file (seed 32, beam
     1) one wrote "The quick brown fox jumps over the lazy dog." and closed it at 28.0 s, over
-    "Hello world" (about 27.2-28.2 s); the alignment ends "dog" at 26.16 s, and the 0.74 s of
-    sound after it sends the rest to be decoded again. Over eleven files at beam 1, every
+    "Hello world" (about 27.2-28.2 s); the alignment ends "dog" at 26.34 s (26.16 s when the
+    whole window's text was aligned), and the 0.76 s of sound after it sends the rest to be
+    decoded again. Over eleven files at beam 1, every
     resumed rest that lost words left 0.74-2.44 s of sound after its last word, every other
     one none.
 

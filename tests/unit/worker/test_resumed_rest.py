@@ -102,6 +102,31 @@ def test_a_resumed_window_decodes_in_one_batch_with_fresh_and_untimed_windows(wi
     assert wer(untimed.text, " ".join(s.text for s in timed.segments)) == 0.0
 
 
+def test_a_resumed_rests_last_word_is_timed_from_the_seek_point_inside_its_clip(backend, window, en_clips):
+    """The last word's end of a resumed rest is aligned over the kept encoder output from the seek
+    point on, the rest's text alone (a tenth of the cost of the window's whole text over the
+    whole window): "World" ends inside the "Hello world" clip the rest holds (22.17-23.31 s of
+    the window), within 0.15 s of the end the whole window's alignment gives."""
+    import ctranslate2
+    from longfiles import spaced_file
+    from tideserve.worker.backends.base import Resume, WindowTask
+    from tideserve.worker.backends.faster_whisper import _spoken
+
+    _, _, spans = spaced_file(en_clips, 20, seed=15)
+    clip_start, clip_end = next((a - START, b - START) for a, b in spans if START + 21.0 < a < END)
+    assert (round(clip_start, 2), round(clip_end, 2)) == (22.17, 23.31)
+    (head,), _ = backend.transcribe_batch([WindowTask(window, START, timestamps=True)])
+    (rest,), _ = backend.transcribe_batch([WindowTask(window, START, timestamps=True, resume=Resume(21.0, head.encoded))])
+    assert words(rest.segments) == ["hello", "world"]
+    assert rest.last_word_end_s is not None and clip_start + 0.4 < rest.last_word_end_s <= clip_end
+    tok = backend._tokenizer("en")
+    whole = ctranslate2.StorageView.from_array(np.ascontiguousarray(head.encoded.encoder_output[None]))
+    (aligned,) = backend._model.find_alignment(tok, [[*_spoken(tok, head), *_spoken(tok, rest)]], whole,
+                                               len(window) // 160)
+    end_over_the_whole_window = [w["end"] for w in aligned if any(c.isalnum() for c in w["word"])][-1]
+    assert rest.last_word_end_s == pytest.approx(end_over_the_whole_window, abs=0.15)
+
+
 def test_a_resumed_rest_that_writes_the_windows_sentence_again_is_decoded_from_its_own_audio(
         backend, en_clips, monkeypatch):
     """Found by adversarial testing: a sentence spoken at 20.0-22.9 s between ticks (5 ms bursts

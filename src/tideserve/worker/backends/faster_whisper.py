@@ -279,16 +279,14 @@ class FasterWhisperBackend:
         # A rest left by a seek is decoded over this window's encoder output (``resumes``), except
         # with word timestamps, whose alignment reads the window from its start.
         keep = [self.resumes and r.unfinished_from_s is not None and not t.words for t, r in zip(tasks, out, strict=True)]
-        # The text tokens of what a kept or resumed decode wrote, tokenized once for both uses.
-        spoken = {i: _spoken(toks[i], out[i]) for i, t in enumerate(tasks) if keep[i] or t.resume is not None}
         if any(keep):
             out = [dataclasses.replace(r, encoded=_Kept(
-                rows[i].copy() if task.resume is None else task.resume.encoded.encoder_output, _written(task, spoken[i])))
+                rows[i].copy() if task.resume is None else task.resume.encoded.encoder_output))
                 if k else r for i, (task, r, k) in enumerate(zip(tasks, out, keep, strict=True))]
         for i, task in enumerate(tasks):  # where a resumed rest's last word ends
-            if task.resume is not None and spoken[i]:
-                out[i] = dataclasses.replace(out[i], last_word_end_s=self._last_word_end(model, task, toks[i],
-                                                                                         spoken[i]))
+            spoken = _spoken(toks[i], out[i]) if task.resume is not None else ()
+            if spoken:
+                out[i] = dataclasses.replace(out[i], last_word_end_s=self._last_word_end(model, task, toks[i], spoken))
         for i, task in enumerate(tasks):
             if task.words and out[i].segments:
                 one = encoded if len(tasks) == 1 else ctranslate2.StorageView.from_array(rows[[i]])
@@ -325,21 +323,37 @@ class FasterWhisperBackend:
     def _last_word_end(model: WhisperModel, task: WindowTask, tok: Tokenizer,
                        text_tokens: tuple[int, ...]) -> float | None:
         """Seconds from a resumed window's start where the last word of ``text_tokens`` (its
-        rest's text) ends, by faster-whisper's cross-attention alignment of the window's whole
-        text (what was written before the seek, then this) over its kept encoder output; None
-        when no word has a letter or digit."""
-        kept = task.resume.encoded if task.resume is not None else None
-        if kept is None:
+        rest's text) ends, by faster-whisper's cross-attention alignment (``find_alignment``) of
+        that text alone over the kept encoder output from the seek point on (``task.resume.from_s``,
+        one encoder position per 20 ms); None when no word has a letter or digit, or when the
+        alignment fails (the rest is then decoded again from its own audio).
+
+        From the seek point on, not over the whole window with the text written before the seek:
+        the alignment's cost grows with its tokens (CTranslate2 computes each one's probability
+        over the vocabulary) and its frames. On bench/accuracy.py's 20-minute file at beam 5 (2
+        cores, int8, one thread) the 24 resumed rests took 191 ms in all against 2,202 ms for the
+        window's whole text, and each last word's end came out within 0.14 s of the one over the
+        whole window (21 earlier, 2 the same, one 0.04 s later); on its 10-minute file (seed 32,
+        beam 1) five rests within 0.18 s, among them the one ``longform.resumed_rest_holds`` cites,
+        which lost "Hello world": "dog" ends at 26.34 s instead of 26.16 s, with the same 0.76 s of
+        sound after it (``windows.sound_s``), so that rest is still decoded again. The rest's text alone over the whole window
+        does not work: its words were placed over the speech before the seek (17 of 24 ends moved
+        by 0.8-25 s), because the model attends to the first speech that matches."""
+        if task.resume is None or task.resume.encoded is None:
             return None
-        one = ctranslate2.StorageView.from_array(np.ascontiguousarray(kept.encoder_output[None]))
+        kept, from_s = task.resume.encoded, task.resume.from_s
+        first = round(from_s / _TIME_PRECISION_S)  # 20 ms: one encoder position
+        frames = len(task.samples) // 160 - 2 * first  # 10 ms features, two per encoder position
+        if frames <= 0:
+            return None
+        one = ctranslate2.StorageView.from_array(np.ascontiguousarray(kept.encoder_output[None, first:]))
         try:
-            (words,) = model.find_alignment(tok, [[*kept.text_tokens, *text_tokens]], one,
-                                                  len(task.samples) // 160)
+            (words,) = model.find_alignment(tok, [list(text_tokens)], one, frames)
         except (ValueError, RuntimeError) as exc:  # e.g. more text than the decoder's 448 positions
             log.warning("no word alignment for a resumed rest at %.2f s (%s); it is decoded again", task.offset_s, exc)
             return None
         ends = [float(w["end"]) for w in words if any(c.isalnum() for c in w["word"])]
-        return ends[-1] if ends else None
+        return from_s + ends[-1] if ends else None
 
     @staticmethod
     def _with_words(model: WhisperModel, task: WindowTask, tok: Tokenizer, encoded,
@@ -380,11 +394,10 @@ _APPEND = "\"'.。,，!！?？:：”)]}、"  # noqa: RUF001 (full-width marks o
 @dataclasses.dataclass(frozen=True)
 class _Kept:
     """What a decode that seeks keeps for its resumed rest (``WindowResult.encoded``): the
-    window's encoder output ``[1500, d_model]`` float32 and the text tokens written before the
-    seek point (re-encoded from the text kept), for the word alignment of the rest's text."""
+    window's encoder output ``[1500, d_model]`` float32, decoded over again from the seek point
+    and aligned from there (``FasterWhisperBackend._last_word_end``)."""
 
     encoder_output: np.ndarray
-    text_tokens: tuple[int, ...]
 
 
 def _spoken(tok: Tokenizer, result: WindowResult) -> tuple[int, ...]:
@@ -392,13 +405,6 @@ def _spoken(tok: Tokenizer, result: WindowResult) -> tuple[int, ...]:
     () when it wrote nothing."""
     text = result.text.strip()
     return tuple(tok.encode(" " + text)) if text else ()
-
-
-def _written(task: WindowTask, spoken: tuple[int, ...]) -> tuple[int, ...]:
-    """The text tokens of ``task``'s window written so far: before a resumed task's start, then
-    ``spoken`` (``_spoken`` of this decode)."""
-    before = task.resume.encoded.text_tokens if task.resume is not None else ()
-    return (*before, *spoken)
 
 
 def _resume_prefix(tok: Tokenizer, task: WindowTask) -> list[int]:
