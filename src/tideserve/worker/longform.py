@@ -185,9 +185,10 @@ def resumed_rest_holds(window: np.ndarray, result: WindowResult, d: Decoding, sa
     1) one wrote "The quick brown fox jumps over the lazy dog." and closed it at 28.0 s, over
     "Hello world" (about 27.2-28.2 s); the alignment ends "dog" at 26.34 s (26.16 s when the
     whole window's text was aligned), and the 0.76 s of sound after it sends the rest to be
-    decoded again. Over eleven files at beam 1, every
-    resumed rest that lost words left 0.74-2.44 s of sound after its last word, every other
-    one none.
+    decoded again. Over eleven files at beam 1, every resumed rest that lost words left
+    0.74-2.44 s of sound after its last word, every other one none (measured with the window's
+    whole text aligned over the whole window; how the backend aligns now, and why that keeps
+    these decisions: ``FasterWhisperBackend._last_word_end``).
 
     Nor is one kept that writes nothing but the end of the last segment ``sought`` (the decode
     that sought) completed, its ``last_segment_text`` (letters and digits, case ignored, from the

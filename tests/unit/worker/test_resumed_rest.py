@@ -127,6 +127,70 @@ def test_a_resumed_rests_last_word_is_timed_from_the_seek_point_inside_its_clip(
     assert rest.last_word_end_s == pytest.approx(end_over_the_whole_window, abs=0.15)
 
 
+def _encoded(backend, samples: np.ndarray) -> np.ndarray:
+    """The window's encoder output ``[1500, d_model]``, computed as the backend computes it."""
+    from faster_whisper.audio import pad_or_trim
+    from tideserve.worker.backends.faster_whisper import FasterWhisperBackend
+
+    feats = pad_or_trim(backend._model.feature_extractor(samples.astype(np.float32) / 32768)[..., :-1])
+    return FasterWhisperBackend._encode(backend._model, feats[None].astype(np.float32))[0].copy()
+
+
+def test_a_resumed_rest_that_stopped_before_its_speech_is_timed_over_the_whole_window(backend, en_clips):
+    """Found in review: aligned alone from the seek point, a rest whose text stops before the
+    speech after the seek does ("The Quick Brown Fox" of "... jumps over the lazy dog", with
+    "Hello world" after it) has its last word stretched to the window's end (28.62 s of 28.65),
+    so no sound seems to follow it and the rest would be kept with its words lost. Such an end is
+    aligned again with the window's whole text, over the whole window: "Fox" ends at 24.76 s,
+    and the sound after it sends the rest to be decoded again. bench/accuracy.py's 10-minute
+    file (seed 32), the window its beam-1 decode sought at 23.0 s."""
+    from longfiles import spaced_file
+    from tideserve.worker.backends.base import Resume, WindowTask
+    from tideserve.worker.backends.faster_whisper import SUSPECT_END_S, _aligned_end, _Kept
+    from tideserve.worker.longform import tail_holds_speech
+    from tideserve.worker.windows import window_cuts
+
+    samples, _, _ = spaced_file(en_clips, 10, seed=32)
+    pcm = (np.clip(samples, -1, 1) * 32767).astype(np.int16)
+    a, b = next((a, b) for a, b in window_cuts(pcm) if round(a / SR, 2) == 75.65)
+    window = pcm[a:b]
+    tok, model = backend._tokenizer("en"), backend._model
+    before = ("Hello World. The Quick Brown Fox jumps over the lazy dog. Hello World. 1-2-3-4-5-6-7-8-9-10. "
+              "The Quick Brown Fox jumps over the lazy dog. Hello World. 1-2-3-4-5-6-7-8-9-10.")
+    encoded = _encoded(backend, window)
+    kept = _Kept(encoded, tuple(tok.encode(" " + before)))
+    task = WindowTask(window, a / SR, timestamps=True, resume=Resume(23.0, kept))
+    short = tuple(tok.encode(" The Quick Brown Fox"))
+    assert _aligned_end(model, tok, encoded, short, len(window), round(23.0 / 0.02)) >= len(window) / SR - SUSPECT_END_S
+    end = backend._last_word_end(model, task, tok, short)
+    assert end is not None and 24.0 < end < 25.2  # the clip runs 23.49-26.38 s of the window
+    assert tail_holds_speech(window, end, SR, None)
+    # The whole sentence is timed from the seek point alone: inside its clip.
+    whole = tuple(tok.encode(" The Quick Brown Fox jumps over the lazy dog."))
+    end = backend._last_word_end(model, task, tok, whole)
+    assert end is not None and 25.9 < end <= 26.38
+
+
+def test_an_encoder_output_slice_as_long_as_the_mel_bins_is_aligned_as_an_encoder_output(backend, en_clips):
+    """Found in review: CTranslate2 takes an input whose second dimension is the model's mel bin
+    count (80 for tiny.en) as features to encode, so a slice of exactly 80 encoder positions (a
+    seek at 28.40 s) was encoded again and "over" ended at 29.94 s, where seeks 20 ms either side
+    give 29.24. Such a slice starts one position earlier. Fewer than two feature frames give None
+    (faster-whisper raised IndexError). bench/accuracy.py's 5-minute file (seed 15), 12-42 s."""
+    from longfiles import long_file
+    from tideserve.worker.backends.faster_whisper import _aligned_end
+
+    samples, _ = long_file(en_clips, 5, seed=15)
+    window = (np.clip(samples[12 * SR: 42 * SR], -1, 1) * 32767).astype(np.int16)
+    tok, model = backend._tokenizer("en"), backend._model
+    encoded = _encoded(backend, window)
+    assert len(encoded) - 1420 == model.model.n_mels
+    text = tuple(tok.encode(" The quick brown fox jumps over"))
+    ends = [_aligned_end(model, tok, encoded, text, len(window), first) for first in (1419, 1420, 1421)]
+    assert all(e is not None for e in ends) and max(ends) - min(ends) <= 0.1, ends
+    assert _aligned_end(model, tok, encoded, text, 2 * 160 * 1400 + 160, 1400) is None
+
+
 def test_a_resumed_rest_that_writes_the_windows_sentence_again_is_decoded_from_its_own_audio(
         backend, en_clips, monkeypatch):
     """Found by adversarial testing: a sentence spoken at 20.0-22.9 s between ticks (5 ms bursts

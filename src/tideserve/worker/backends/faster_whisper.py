@@ -19,6 +19,7 @@ import functools
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -279,14 +280,16 @@ class FasterWhisperBackend:
         # A rest left by a seek is decoded over this window's encoder output (``resumes``), except
         # with word timestamps, whose alignment reads the window from its start.
         keep = [self.resumes and r.unfinished_from_s is not None and not t.words for t, r in zip(tasks, out, strict=True)]
+        # The text tokens of what a kept or resumed decode wrote, tokenized once for both uses.
+        spoken = {i: _spoken(toks[i], out[i]) for i, t in enumerate(tasks) if keep[i] or t.resume is not None}
         if any(keep):
             out = [dataclasses.replace(r, encoded=_Kept(
-                rows[i].copy() if task.resume is None else task.resume.encoded.encoder_output))
+                rows[i].copy() if task.resume is None else task.resume.encoded.encoder_output, _written(task, spoken[i])))
                 if k else r for i, (task, r, k) in enumerate(zip(tasks, out, keep, strict=True))]
         for i, task in enumerate(tasks):  # where a resumed rest's last word ends
-            spoken = _spoken(toks[i], out[i]) if task.resume is not None else ()
-            if spoken:
-                out[i] = dataclasses.replace(out[i], last_word_end_s=self._last_word_end(model, task, toks[i], spoken))
+            if task.resume is not None and spoken[i]:
+                out[i] = dataclasses.replace(out[i], last_word_end_s=self._last_word_end(model, task, toks[i],
+                                                                                         spoken[i]))
         for i, task in enumerate(tasks):
             if task.words and out[i].segments:
                 one = encoded if len(tasks) == 1 else ctranslate2.StorageView.from_array(rows[[i]])
@@ -323,37 +326,49 @@ class FasterWhisperBackend:
     def _last_word_end(model: WhisperModel, task: WindowTask, tok: Tokenizer,
                        text_tokens: tuple[int, ...]) -> float | None:
         """Seconds from a resumed window's start where the last word of ``text_tokens`` (its
-        rest's text) ends, by faster-whisper's cross-attention alignment (``find_alignment``) of
-        that text alone over the kept encoder output from the seek point on (``task.resume.from_s``,
-        one encoder position per 20 ms); None when no word has a letter or digit, or when the
-        alignment fails (the rest is then decoded again from its own audio).
+        rest's text) ends, by faster-whisper's cross-attention alignment (``find_alignment``); None
+        when no word has a letter or digit, or when the alignment fails (the rest is then decoded
+        again from its own audio).
 
-        From the seek point on, not over the whole window with the text written before the seek:
-        the alignment's cost grows with its tokens (CTranslate2 computes each one's probability
-        over the vocabulary) and its frames. On bench/accuracy.py's 20-minute file at beam 5 (2
-        cores, int8, one thread) the 24 resumed rests took 191 ms in all against 2,202 ms for the
-        window's whole text, and each last word's end came out within 0.14 s of the one over the
-        whole window (21 earlier, 2 the same, one 0.04 s later); on its 10-minute file (seed 32,
-        beam 1) five rests within 0.18 s, among them the one ``longform.resumed_rest_holds`` cites,
-        which lost "Hello world": "dog" ends at 26.34 s instead of 26.16 s, with the same 0.76 s of
-        sound after it (``windows.sound_s``), so that rest is still decoded again. The rest's text alone over the whole window
-        does not work: its words were placed over the speech before the seek (17 of 24 ends moved
-        by 0.8-25 s), because the model attends to the first speech that matches."""
+        First the rest's text alone over the kept encoder output from the seek point on
+        (``task.resume.from_s``, one encoder position per 20 ms: ``_aligned_end``). When that
+        puts the last word's end within ``SUSPECT_END_S`` of the window's end, the window's
+        whole text over the whole encoder output decides (``_Kept.text_tokens``): a rest that
+        stopped before the speech in its part of the window did (the lost words
+        ``longform.resumed_rest_holds`` looks for) has its last word stretched to the window's
+        end when aligned alone, and would be kept. Found in review: "The Quick Brown Fox" of a
+        rest that went on with "jumps over the lazy dog. Hello world" ended at 28.62 s of a
+        28.65 s window aligned alone, at 24.76 s over the whole window; over the rests of
+        bench/accuracy.py's 10-minute (seed 32, beam 1) and 20-minute (seed 15, beam 5) files with
+        their last words dropped, 39 of 134 went from decoded again to kept (and one the other
+        way), every one with its end within 0.06 s of the window's end; with the second alignment
+        none did (the reviewer's script, re-run: one went the other way, a counting rest cut after
+        "9," that ends 0.06 s earlier and is decoded again).
+
+        Why not always the whole text: the alignment's cost grows with its tokens (CTranslate2
+        computes each one's probability over the vocabulary) and its frames. On the 20-minute
+        file at beam 5 (2 cores, int8, one thread) the 24 resumed rests took 191 ms in all
+        against 2,202 ms for the window's whole text, and each last word's end came out within
+        0.14 s of the one over the whole window (21 earlier, 2 the same, one 0.04 s later); on the
+        10-minute file five rests within 0.18 s, among them the one
+        ``longform.resumed_rest_holds`` cites, which lost "Hello world": "dog" ends at 26.34 s
+        instead of 26.16 s, with the same 0.76 s of sound after it (``windows.sound_s``), so that
+        rest is still decoded again. The rest's text alone over the whole window does not work:
+        its words were placed over the speech before the seek (17 of 24 ends moved by 0.8-25 s),
+        because the model attends to the first speech that matches."""
         if task.resume is None or task.resume.encoded is None:
             return None
-        kept, from_s = task.resume.encoded, task.resume.from_s
-        first = round(from_s / _TIME_PRECISION_S)  # 20 ms: one encoder position
-        frames = len(task.samples) // 160 - 2 * first  # 10 ms features, two per encoder position
-        if frames <= 0:
-            return None
-        one = ctranslate2.StorageView.from_array(np.ascontiguousarray(kept.encoder_output[None, first:]))
+        kept, window_s = task.resume.encoded, len(task.samples) / 16_000  # WindowTask.samples: 16 kHz
         try:
-            (words,) = model.find_alignment(tok, [list(text_tokens)], one, frames)
+            end = _aligned_end(model, tok, kept.encoder_output, text_tokens, len(task.samples),
+                               round(task.resume.from_s / _TIME_PRECISION_S))
+            if end is not None and end >= window_s - SUSPECT_END_S:
+                end = _aligned_end(model, tok, kept.encoder_output, (*kept.text_tokens, *text_tokens),
+                                   len(task.samples), 0)
         except (ValueError, RuntimeError) as exc:  # e.g. more text than the decoder's 448 positions
             log.warning("no word alignment for a resumed rest at %.2f s (%s); it is decoded again", task.offset_s, exc)
             return None
-        ends = [float(w["end"]) for w in words if any(c.isalnum() for c in w["word"])]
-        return from_s + ends[-1] if ends else None
+        return end
 
     @staticmethod
     def _with_words(model: WhisperModel, task: WindowTask, tok: Tokenizer, encoded,
@@ -391,13 +406,46 @@ _PREPEND = "\"'“¿([{-"
 _APPEND = "\"'.。,，!！?？:：”)]}、"  # noqa: RUF001 (full-width marks on purpose: CJK punctuation)
 
 
+#: A resumed rest's last word aligned alone (``FasterWhisperBackend._last_word_end``) ending
+#: within this many seconds of its window's end is aligned again with the window's whole text.
+#: Every misplaced end found in review lay within 0.06 s of it; a speech-filled rest rarely does,
+#: since windows are cut in pauses.
+SUSPECT_END_S = 0.1
+
+
+def _aligned_end(model: WhisperModel, tok: Tokenizer, encoder_output: np.ndarray, text_tokens: Sequence[int],
+                 samples: int, first: int) -> float | None:
+    """Seconds from the window's start where the last word with a letter or digit of
+    ``text_tokens`` ends, aligned (faster-whisper's ``find_alignment``) over ``encoder_output``
+    (``[1500, d_model]`` float32, the window's) from encoder position ``first`` (20 ms each) on,
+    for a window of ``samples`` samples at 16 kHz; None when no word has a letter or digit or
+    fewer than two feature frames (10 ms) are left. Raises what ``find_alignment`` raises.
+
+    CTranslate2 takes an input whose second dimension is the model's mel bin count as features
+    to encode, not as an encoder output (``WhisperEncoder::is_encoded``), so a slice of exactly
+    that many positions starts one position earlier (found in review: a seek at 28.40 s was
+    encoded again, and its last word came out 0.7 s late)."""
+    if len(encoder_output) - first == model.model.n_mels and first > 0:
+        first -= 1
+    frames = samples // 160 - 2 * first  # 10 ms feature frames, two per encoder position
+    if frames < 2:
+        return None
+    one = ctranslate2.StorageView.from_array(np.ascontiguousarray(encoder_output[None, first:]))
+    (words,) = model.find_alignment(tok, [list(text_tokens)], one, frames)
+    ends = [float(w["end"]) for w in words if any(c.isalnum() for c in w["word"])]
+    return first * _TIME_PRECISION_S + ends[-1] if ends else None
+
+
 @dataclasses.dataclass(frozen=True)
 class _Kept:
     """What a decode that seeks keeps for its resumed rest (``WindowResult.encoded``): the
-    window's encoder output ``[1500, d_model]`` float32, decoded over again from the seek point
-    and aligned from there (``FasterWhisperBackend._last_word_end``)."""
+    window's encoder output ``[1500, d_model]`` float32, decoded over again from the seek point,
+    and the text tokens written before the seek point (re-encoded from the text kept), for the
+    rest's alignment over the whole window when its own is suspect
+    (``FasterWhisperBackend._last_word_end``)."""
 
     encoder_output: np.ndarray
+    text_tokens: tuple[int, ...]
 
 
 def _spoken(tok: Tokenizer, result: WindowResult) -> tuple[int, ...]:
@@ -405,6 +453,13 @@ def _spoken(tok: Tokenizer, result: WindowResult) -> tuple[int, ...]:
     () when it wrote nothing."""
     text = result.text.strip()
     return tuple(tok.encode(" " + text)) if text else ()
+
+
+def _written(task: WindowTask, spoken: tuple[int, ...]) -> tuple[int, ...]:
+    """The text tokens of ``task``'s window written so far: before a resumed task's start, then
+    ``spoken`` (``_spoken`` of this decode)."""
+    before = task.resume.encoded.text_tokens if task.resume is not None else ()
+    return (*before, *spoken)
 
 
 def _resume_prefix(tok: Tokenizer, task: WindowTask) -> list[int]:
