@@ -12,7 +12,8 @@ from tideserve.protocol.types import Segment
 from tideserve.spec.models import Decoding
 from tideserve.worker.backends.base import Resume, WindowResult, WindowTask
 from tideserve.worker.backends.whisper_text import loop_point, seek_point, window_result
-from tideserve.worker.longform import Accept, Retry, Split, follow_up, repeats_tail, resumed_rest_holds, without_loops
+from tideserve.worker.longform import (Accept, Retry, Split, follow_up, repeats_tail, resumed_rest_holds,
+                                       says_a_phrase_twice, without_loops)
 
 TB = 1000  # timestamp_begin in these token lists; <|t|> = TB + t / 0.02
 EOT = 999
@@ -332,6 +333,24 @@ def test_a_resumed_rest_is_kept_only_when_no_speech_follows_its_last_word() -> N
     assert resumed_rest_holds(window, replace(done, text=" The quick brown fox jumps over the lazy dog."), d,
                               sought=counted)
     assert resumed_rest_holds(window, replace(done, text=" 0."), d, sought=counted)  # "10" ends in 0, not a word
+
+
+def test_a_resumed_rest_that_says_a_phrase_twice_in_a_row_is_decoded_from_its_own_audio() -> None:
+    """bench/accuracy.py's 4-minute file of seed 5 at beam 1: a resumed rest over "The quick brown
+    fox jumps over the lazy dog" wrote "The Quick Brown Fox, the Quick Brown Fox," and its
+    alignment spread the second "Fox" to the sentence's end, so no sound seemed to follow it (WER
+    0.0167; decoded from its own audio the rest reads the sentence, 0.000)."""
+    window = np.zeros(16_000 * 25, np.int16)
+    d = Decoding(beam_size=1)
+    looped = WindowResult(text=" The Quick Brown Fox, the Quick Brown Fox,", language="en", text_end_s=24.5,
+                          last_word_end_s=24.4, avg_logprob=-0.3)
+    assert not resumed_rest_holds(window, looped, d)
+    assert resumed_rest_holds(window, replace(looped, text=" The quick brown fox jumps over the lazy dog."), d)
+    assert says_a_phrase_twice("1-2-3-4, 1, 2, 3, 4.")  # case, marks and digits read as words
+    assert not says_a_phrase_twice("No, no, that is right.")  # one word twice: real speech, kept
+    assert says_a_phrase_twice("No, no, that is right.", min_words=1)
+    assert not says_a_phrase_twice("Hello world. The quick brown fox. Hello world.")  # not in a row
+    assert not says_a_phrase_twice("")
 
 
 def test_a_resumed_decode_never_writes_a_time_before_its_start() -> None:
