@@ -254,7 +254,16 @@ def default_processes(cpu_count: int | None = None, gpu: bool = False) -> int:
     return max(1, min(8, n // 4))
 
 
-def _warm() -> int:
+#: Seconds each of ``PrepPool.start``'s tasks holds its process. ``ProcessPoolExecutor`` (with a
+#: fork server) spawns a process for a task only when no process is idle, so a first task that
+#: ended before the next was submitted left the pool one process short (found in CI: one prep
+#: process of two after ``start``, under load). Held this long, every task of ``start`` finds the
+#: processes before it busy. Start-up only: the engine's model load takes longer.
+WARM_HOLD_S = 1.0
+
+
+def _warm(hold_s: float = 0.0) -> int:
+    time.sleep(hold_s)
     return os.getpid()
 
 
@@ -330,7 +339,7 @@ class PrepPool:
     def start(self) -> None:
         """Start the processes now (not at the first request)."""
         for _ in range(self.processes):
-            self._pool.submit(_warm)
+            self._pool.submit(_warm, WARM_HOLD_S)
 
     async def run(self, fn: Callable[..., Prepared], *args: Any) -> Prepared:
         """``fn(*args)`` in a prep process, tried a second time if the process dies. Raises what
