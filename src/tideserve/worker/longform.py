@@ -278,6 +278,11 @@ def without_loops(r: WindowResult, d: Decoding, too_fast_only: bool = False) -> 
 _NOT_ALNUM = re.compile(r"[\W_]+")
 
 
+def _words(text: str) -> list[str]:
+    """``text``'s words: runs of letters and digits, lowercased ("1-2, Fox." -> ["1", "2", "fox"])."""
+    return [w for w in _NOT_ALNUM.split(text.lower()) if w]
+
+
 def _squashed(text: str) -> str:
     """``text`` lowercased with everything but letters and digits removed ("7, 8, 9, 10." -> "78910")."""
     return _NOT_ALNUM.sub("", text.lower())
@@ -287,7 +292,7 @@ def says_a_phrase_twice(text: str, min_words: int = 2) -> bool:
     """True when ``text``'s words (runs of letters and digits, case ignored) hold a run of at
     least ``min_words`` words followed at once by the same run ("The Quick Brown Fox, the Quick
     Brown Fox," but not "no, no" at the default, nor "one two three")."""
-    words = [w for w in _NOT_ALNUM.split(text.lower()) if w]
+    words = _words(text)
     n = len(words)
     return any(words[i: i + k] == words[i + k: i + 2 * k]
                for k in range(min_words, n // 2 + 1) for i in range(n - 2 * k + 1))
@@ -297,7 +302,7 @@ def _ends_with_words(text: str, tail: str) -> bool:
     """True when ``tail`` (squashed) ends ``text`` squashed and starts where one of ``text``'s
     words does (words: runs of letters and digits), so "78910" ends "1-2-3-4-5-6-7-8-9-10." but
     "at" does not end "the cat"."""
-    words = [w for w in _NOT_ALNUM.split(text.lower()) if w]
+    words = _words(text)
     starts = {0, *itertools.accumulate(len(w) for w in words)}  # where each word starts, squashed
     joined = "".join(words)
     return joined.endswith(tail) and len(joined) - len(tail) in starts

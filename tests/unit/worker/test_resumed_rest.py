@@ -129,11 +129,8 @@ def test_a_resumed_rests_last_word_is_timed_from_the_seek_point_inside_its_clip(
 
 def _encoded(backend, samples: np.ndarray) -> np.ndarray:
     """The window's encoder output ``[1500, d_model]``, computed as the backend computes it."""
-    from faster_whisper.audio import pad_or_trim
-    from tideserve.worker.backends.faster_whisper import FasterWhisperBackend
-
-    feats = pad_or_trim(backend._model.feature_extractor(samples.astype(np.float32) / 32768)[..., :-1])
-    return FasterWhisperBackend._encode(backend._model, feats[None].astype(np.float32))[0].copy()
+    feats = backend._features(backend._model.feature_extractor, samples)
+    return backend._encode(backend._model, feats[None].astype(np.float32))[0].copy()
 
 
 def test_a_resumed_rest_that_stopped_before_its_speech_is_timed_over_the_whole_window(backend, en_clips):

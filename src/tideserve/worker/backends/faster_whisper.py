@@ -211,8 +211,7 @@ class FasterWhisperBackend:
         t0 = time.perf_counter()
         fe = model.feature_extractor
         fresh = [i for i, t in enumerate(tasks) if t.resume is None]
-        feats = np.stack([pad_or_trim(fe(_float32(tasks[i].samples))[..., :-1]) for i in fresh]).astype(np.float32) \
-            if fresh else None
+        feats = np.stack([self._features(fe, tasks[i].samples) for i in fresh]).astype(np.float32) if fresh else None
         t1 = time.perf_counter()
 
         # The encoder output of every window, [windows, 1500, d_model] float32: resumed windows
@@ -312,6 +311,13 @@ class FasterWhisperBackend:
                                 "now run at the priority of short requests", type(exc).__name__, exc)
                     self.background_lane = False
             return self._background if self._background is not None else self._model
+
+    @staticmethod
+    def _features(fe, samples: np.ndarray) -> np.ndarray:
+        """Log-mel features ``[n_mels, 3000]`` of one window's ``samples`` (int16 PCM or float in
+        [-1, 1], 16 kHz) by faster-whisper's ``fe`` (``model.feature_extractor``), padded or
+        trimmed to 30 s, as ``transcribe`` computes them."""
+        return pad_or_trim(fe(_float32(samples))[..., :-1])
 
     @staticmethod
     def _encode(model: WhisperModel, feats: np.ndarray) -> np.ndarray:
