@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from threadpoolctl import threadpool_info, threadpool_limits
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -66,6 +67,11 @@ def check_segments(segs: list[tuple[float, float, str]], duration_s: float) -> d
     return {"segments": len(segs), "duplicated": dup, "out_of_order": disorder, "outside": outside}
 
 
+#: numpy's BLAS threads as this process started, before a tideserve faster-whisper backend held
+#: them to one (``worker.cores.one_blas_thread``): faster-whisper's own runs get these back.
+BLAS_THREADS = max((int(lib["num_threads"]) for lib in threadpool_info() if lib["user_api"] == "blas"), default=1)
+
+
 class FasterWhisper:
     def __init__(self, decoding: Decoding, batched: bool, batch_size: int, compute_type: str = "int8") -> None:
         from faster_whisper import BatchedInferencePipeline, WhisperModel
@@ -80,11 +86,13 @@ class FasterWhisper:
         kw = dict(beam_size=d.beam_size, temperature=list(d.temperatures), language="en",
                   compression_ratio_threshold=d.compression_ratio_threshold, log_prob_threshold=d.log_prob_threshold,
                   no_speech_threshold=d.no_speech_threshold, without_timestamps=d.without_timestamps is not False)
-        if self.pipeline is not None:
-            segs, _ = self.pipeline.transcribe(samples, batch_size=self.batch_size, **kw)
-        else:
-            segs, _ = self.model.transcribe(samples, condition_on_previous_text=d.condition_on_previous_text, **kw)
-        return [(s.start, s.end, s.text) for s in segs]
+        # At faster-whisper's own BLAS threads, whatever a tideserve backend in this process set.
+        with threadpool_limits(BLAS_THREADS, user_api="blas"):
+            if self.pipeline is not None:
+                segs, _ = self.pipeline.transcribe(samples, batch_size=self.batch_size, **kw)
+            else:
+                segs, _ = self.model.transcribe(samples, condition_on_previous_text=d.condition_on_previous_text, **kw)
+            return [(s.start, s.end, s.text) for s in segs]
 
 
 def main() -> int:

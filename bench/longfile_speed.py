@@ -9,6 +9,7 @@ host's drift falls on both sides (bench/accuracy.py runs each system once per fi
     .venv/bin/python bench/longfile_speed.py --beam 5 --minutes 20 --seed 15 --rounds 3 --encode-batch 1,8
     .venv/bin/python bench/longfile_speed.py --beam 5 --minutes 20 --seed 15 --rounds 3 --as-json
     .venv/bin/python bench/longfile_speed.py --beam 5 --minutes 20 --seed 15 --rounds 5 --lane-rounds 1,2
+    .venv/bin/python bench/longfile_speed.py --beam 5 --minutes 20 --seed 15 --rounds 5 --blas-threads 1,0
 
 ``--cpu-threads``: tideserve's intra-op threads per model instance, one tideserve system per
 value (0: the worker's default, ``worker.cores.intra_op_threads``, and for the background lane's
@@ -22,7 +23,9 @@ backend's ``resumes`` off; the name ends ``-noresume``), to measure the resumed 
 one tideserve system per value (the name ends ``-encN``; the module constant is set before each
 of its runs). ``--lane-rounds``: the rounds a long file's windows are divided in over the lane's
 instances (``worker.batching.LANE_ROUNDS``), one tideserve system per value (``-laneN``, set the
-same way).
+same way). ``--blas-threads``: numpy's BLAS threads during tideserve's runs, one tideserve system
+per value (``-blasN``; 0: the process's own count at start, as before the backend held it to one,
+``worker.cores.one_blas_thread``); the batched pipeline always runs at that own count.
 Prints one JSON line per run (with tideserve's decodes: the engine's parts decoded, seeks and
 loop splits) and the median of the per-round ratios (tideserve / batched time) per system.
 """
@@ -42,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 import accuracy as A  # noqa: E402
+from threadpoolctl import threadpool_limits  # noqa: E402
 
 from tideserve.spec.models import Decoding  # noqa: E402
 from tideserve.worker import batching  # noqa: E402
@@ -64,6 +68,8 @@ def main() -> int:
                          "in the first results")
     ap.add_argument("--encode-batch", default="", help="comma-separated windows per encoder pass (default: the backend's)")
     ap.add_argument("--lane-rounds", default="", help="comma-separated batching.LANE_ROUNDS values (default: the module's)")
+    ap.add_argument("--blas-threads", default="", help="comma-separated numpy BLAS threads for tideserve's runs "
+                                                       "(0: the process's own; default: the backend's one)")
     a = ap.parse_args()
     without, asked = A.REQUEST_KINDS["json" if a.as_json else "verbose_json"]
     d = Decoding(beam_size=a.beam, without_timestamps=without)
@@ -74,12 +80,15 @@ def main() -> int:
     ours = {}
     encode_batch: dict[str, int] = {}
     lane_rounds: dict[str, int] = {}
+    blas: dict[str, int] = {}
     for t, inst in [(t, i) for t in threads for i in (int(x) for x in a.instances.split(","))]:
         for resume in (True, False) if a.without_resume else (True,):
-            for e, lr in itertools.product([int(x) for x in a.encode_batch.split(",") if x] or [0],
-                                           [int(x) for x in a.lane_rounds.split(",") if x] or [0]):
+            for e, lr, b in itertools.product([int(x) for x in a.encode_batch.split(",") if x] or [0],
+                                              [int(x) for x in a.lane_rounds.split(",") if x] or [0],
+                                              [int(x) for x in a.blas_threads.split(",") if x] or [-1]):
                 name = (f"tideserve-fw-threads{t}" if t else "tideserve-fw") + ("" if resume else "-noresume") + \
-                    (f"-enc{e}" if e else "") + (f"-inst{inst}" if inst else "") + (f"-lane{lr}" if lr else "")
+                    (f"-enc{e}" if e else "") + (f"-inst{inst}" if inst else "") + (f"-lane{lr}" if lr else "") + \
+                    (f"-blas{b}" if b >= 0 else "")
                 ours[name] = A.Tideserve("faster-whisper", "cpu-x86_64-int8", d, a.batch_size, cpu_threads=t,
                                          instances=inst or None)
                 ours[name].backend.resumes = resume
@@ -87,6 +96,8 @@ def main() -> int:
                     encode_batch[name] = e
                 if lr:
                     lane_rounds[name] = lr
+                if b >= 0:
+                    blas[name] = b or A.BLAS_THREADS
     systems: dict[str, Any] = {**ours, "fw-batched": A.FasterWhisper(d, True, a.batch_size)}
     for name, run in systems.items():
         # Warm-up; tideserve's on a piece long enough (more windows than a batch) for its batches
@@ -102,7 +113,11 @@ def main() -> int:
             if name in lane_rounds:
                 batching.LANE_ROUNDS = lane_rounds[name]
             t0 = time.perf_counter()
-            segs = systems[name](samples, timestamps=asked) if name in ours else systems[name](samples)
+            if name in blas:
+                with threadpool_limits(blas[name], user_api="blas"):
+                    segs = systems[name](samples, timestamps=asked)
+            else:
+                segs = systems[name](samples, timestamps=asked) if name in ours else systems[name](samples)
             spm[name] = (time.perf_counter() - t0) / minutes
             wer = A.audio.wer(ref, " ".join(x[2].strip() for x in segs))
             row = {"round": r, "system": name, "s_per_audio_min": round(spm[name], 3), "wer": round(wer, 4)}

@@ -37,7 +37,7 @@ from tideserve.worker.backends.base import WindowResult, WindowTask
 from tideserve.worker.backends.whisper_text import MAX_LENGTH as _MAX_LENGTH
 from tideserve.worker.backends.whisper_text import TIME_PRECISION_S as _TIME_PRECISION_S
 from tideserve.worker.backends.whisper_text import previous_tokens, window_result
-from tideserve.worker.cores import intra_op_threads, lane_threads, on_lowered_thread, usable_cores
+from tideserve.worker.cores import intra_op_threads, lane_threads, on_lowered_thread, one_blas_thread, usable_cores
 from tideserve.worker.language_id import LanguageIdConfig, speech_start
 from tideserve.worker.timings import ExecutionTimings
 
@@ -149,6 +149,7 @@ class FasterWhisperBackend:
             )
         cores = usable_cores()
         threads = cpu_threads or intra_op_threads(cores)
+        one_blas_thread()  # the lanes fill the cores; numpy's BLAS threads would contend with them
 
         def load(workers: int, threads: int = threads) -> WhisperModel:
             return WhisperModel(str(model_dir), device="cpu", compute_type=target.backend_compute_type,
