@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from threadpoolctl import threadpool_info, threadpool_limits
+from threadpoolctl import threadpool_limits
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -50,6 +50,7 @@ import audio  # noqa: E402  (the clips and the WER the tests use: tests/audio.py
 
 from tideserve.sources.local import resolve_pkg  # noqa: E402
 from tideserve.spec.models import Decoding  # noqa: E402
+from tideserve.worker.cores import blas_threads  # noqa: E402
 from inproc import REQUEST_KINDS, Tideserve  # noqa: E402
 from longfiles import long_file, long_files  # noqa: E402, F401  (long_file: the other benchmarks read it here)
 
@@ -69,7 +70,7 @@ def check_segments(segs: list[tuple[float, float, str]], duration_s: float) -> d
 
 #: numpy's BLAS threads as this process started, before a tideserve faster-whisper backend held
 #: them to one (``worker.cores.one_blas_thread``): faster-whisper's own runs get these back.
-BLAS_THREADS = max((int(lib["num_threads"]) for lib in threadpool_info() if lib["user_api"] == "blas"), default=1)
+BLAS_THREADS = blas_threads()
 
 
 class FasterWhisper:

@@ -41,20 +41,31 @@ def lane_threads(cores: int, instances: int) -> int:
     return intra_op_threads(max(1, cores // max(1, instances - 1)))
 
 
+def blas_threads() -> int:
+    """The most threads a BLAS library loaded in this process has (numpy's OpenBLAS; threadpoolctl
+    reads them), 1 when none is loaded."""
+    from threadpoolctl import threadpool_info
+
+    return max((int(lib["num_threads"]) for lib in threadpool_info() if lib["user_api"] == "blas"), default=1)
+
+
 def one_blas_thread() -> int:
     """Hold numpy's BLAS (OpenBLAS in numpy's wheels) in this process to one thread, through
-    threadpoolctl, and return the most threads a BLAS library here had before (1 when none is
-    loaded). For a process whose model instances already fill its cores (the faster-whisper
-    backend's lanes): each window's log-mel features end in one BLAS matrix product
-    (faster-whisper's ``mel_filters @ magnitudes``), and with a BLAS thread per core that product
-    ran on both cores of a 2-core machine beside the other lane's decode. On bench/accuracy.py's
-    20-minute file the 52 windows' features took 0.3 s of the lanes' time instead of 0.7 s, and
-    the file 4-8% less wall time (medians over rounds taken in turns: 0.96 of six in an ad hoc
-    run, 0.918 of five in ``bench/longfile_speed.py --blas-threads 1,0``; bench/results/
-    longfile_speed.txt). Process-wide: OpenBLAS has one thread count per process."""
-    from threadpoolctl import threadpool_info, threadpool_limits
+    threadpoolctl, and return ``blas_threads`` as it was before. For a process whose model
+    instances already fill its cores (the faster-whisper backend's lanes): each window's log-mel
+    features end in one BLAS matrix product (faster-whisper's ``mel_filters @ magnitudes``), and
+    with a BLAS thread per core that product ran on both cores of a 2-core machine beside the
+    other lane's decode. On bench/accuracy.py's 20-minute file the 52 windows' features took 0.3 s
+    of the lanes' time instead of 0.7 s, and the file 4-8% less wall time (medians over rounds
+    taken in turns: 0.96 of six in an ad hoc run, 0.918 of five in ``bench/longfile_speed.py
+    --blas-threads 1,0``; bench/results/longfile_speed.txt). Whatever the instances: one instance
+    runs on every core too (``intra_op_threads``). Process-wide where numpy's OpenBLAS uses
+    pthreads (numpy's PyPI wheels; an OpenMP build would limit only the calling thread). Call it
+    from the thread that sets BLAS limits later (the main thread): threadpoolctl 3.8 lets only that
+    thread change a pthreads OpenBLAS's threads while it lives."""
+    from threadpoolctl import threadpool_limits
 
-    before = max((int(lib["num_threads"]) for lib in threadpool_info() if lib["user_api"] == "blas"), default=1)
+    before = blas_threads()
     threadpool_limits(1, user_api="blas")
     return before
 

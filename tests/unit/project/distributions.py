@@ -4,7 +4,7 @@
 IMPORT_NAME = {
     "pydantic": "pydantic", "pyyaml": "yaml", "typer": "typer", "rich": "rich", "aiohttp": "aiohttp",
     "prometheus-client": "prometheus_client", "faster-whisper": "faster_whisper", "av": "av",
-    "numpy": "numpy", "grafana-foundation-sdk": "grafana_foundation_sdk", "nvidia-ml-py": "pynvml",
+    "numpy": "numpy", "threadpoolctl": "threadpoolctl", "grafana-foundation-sdk": "grafana_foundation_sdk", "nvidia-ml-py": "pynvml",
     "boto3": "boto3", "huggingface-hub": "huggingface_hub", "safetensors": "safetensors", "kopf": "kopf",
     "kubernetes": "kubernetes", "grpcio": "grpc", "protobuf": "google", "matplotlib": "matplotlib",
     "torch": "torch", "tokenizers": "tokenizers",
