@@ -35,6 +35,7 @@ from tideserve.spec.models import Decoding, Target
 from tideserve.protocol.types import Word
 from tideserve.worker.backends.base import WindowResult, WindowTask
 from tideserve.worker.backends.whisper_text import MAX_LENGTH as _MAX_LENGTH
+from tideserve.worker.backends.whisper_text import SAMPLE_RATE as _SAMPLE_RATE
 from tideserve.worker.backends.whisper_text import TIME_PRECISION_S as _TIME_PRECISION_S
 from tideserve.worker.backends.whisper_text import previous_tokens, window_result
 from tideserve.worker.cores import intra_op_threads, lane_threads, on_lowered_thread, one_blas_thread, usable_cores
@@ -95,7 +96,7 @@ class _Identifier:
         fe = self._model.feature_extractor
         n = self._max_frames
         starts = {i: speech_start(tasks[i].samples) for i in idx}
-        feats = np.stack([pad_or_trim(fe(_float32(tasks[i].samples[starts[i]: starts[i] + n * 160]))[..., :-1], n)
+        feats = np.stack([pad_or_trim(fe(_float32(tasks[i].samples[starts[i]: starts[i] + n * _HOP]))[..., :-1], n)
                           for i in idx])
         detected = self._model.model.detect_language(self._model.encode(feats.astype(np.float32)))
         for i, ranked in zip(idx, detected, strict=True):  # every language, most probable first
@@ -365,7 +366,7 @@ class FasterWhisperBackend:
         because the model attends to the first speech that matches."""
         if task.resume is None or task.resume.encoded is None:
             return None
-        kept, window_s = task.resume.encoded, len(task.samples) / 16_000  # WindowTask.samples: 16 kHz
+        kept, window_s = task.resume.encoded, len(task.samples) / _SAMPLE_RATE
         try:
             end = _aligned_end(model, tok, kept.encoder_output, text_tokens, len(task.samples),
                                round(task.resume.from_s / _TIME_PRECISION_S))
@@ -390,7 +391,7 @@ class FasterWhisperBackend:
         off = task.offset_s
         subs: list[dict[str, Any]] = [
             {"seek": 0, "start": s.start_s - off, "end": s.end_s - off, "tokens": list(s.tokens)} for s in result.segments]
-        model.add_word_timestamps([subs], tok, encoded, len(task.samples) // 160, _PREPEND, _APPEND,
+        model.add_word_timestamps([subs], tok, encoded, len(task.samples) // _HOP, _PREPEND, _APPEND,
                                   last_speech_timestamp=0.0)
         segments = [dataclasses.replace(s, start_s=sub["start"] + off, end_s=sub["end"] + off, words=tuple(
             Word(w["start"] + off, w["end"] + off, w["word"], float(w["probability"])) for w in sub.get("words") or ()))
@@ -413,6 +414,10 @@ _PREPEND = "\"'“¿([{-"
 _APPEND = "\"'.。,，!！?？:：”)]}、"  # noqa: RUF001 (full-width marks on purpose: CJK punctuation)
 
 
+#: Samples per log-mel frame (10 ms at 16 kHz: Whisper's hop of 160), the unit of the frame
+#: counts faster-whisper's alignment takes.
+_HOP = _SAMPLE_RATE // 100
+
 #: A resumed rest's last word aligned alone (``FasterWhisperBackend._last_word_end``) ending
 #: within this many seconds of its window's end is aligned again with the window's whole text.
 #: Every misplaced end found in review lay within 0.06 s of it; a speech-filled rest rarely does,
@@ -434,7 +439,7 @@ def _aligned_end(model: WhisperModel, tok: Tokenizer, encoder_output: np.ndarray
     encoded again, and its last word came out 0.7 s late)."""
     if len(encoder_output) - first == model.model.n_mels and first > 0:
         first -= 1
-    frames = samples // 160 - 2 * first  # 10 ms feature frames, two per encoder position
+    frames = samples // _HOP - 2 * first  # feature frames, two per encoder position
     if frames < 2:
         return None
     one = ctranslate2.StorageView.from_array(np.ascontiguousarray(encoder_output[None, first:]))
