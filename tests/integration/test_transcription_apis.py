@@ -138,3 +138,31 @@ def test_request_id_is_kept_or_made(endpoint):
         assert len(made) == 32
         err = c.post("/invocations", content=b"{", headers={"X-Request-Id": "bad-1"})
         assert err.headers["X-Request-Id"] == "bad-1" and err.json()["request_id"] == "bad-1"
+
+
+def test_silence_is_empty_text_on_every_api(endpoint):
+    """Issue 13: 10 s of digital silence came back as "You" (the model's hallucination on
+    silence). Through the gateway it is "" on each API: SageMaker, KServe v2 (tritonclient) and
+    OpenAI (json, text and verbose_json, the last with no segment)."""
+    from audio import encode
+
+    silence = encode(np.zeros(10 * 16_000, np.float32), "wav")
+    with endpoint.client() as c:
+        r = c.post("/invocations", json={"audio_data": base64.b64encode(silence).decode()})
+        assert r.status_code == 200, r.text
+        assert r.json()["transcribe_text"] == ""
+        for fmt in ("json", "text", "verbose_json"):
+            r = c.post("/v1/audio/transcriptions", data={"model": "whisper-tiny.en", "response_format": fmt},
+                       files={"file": ("silence.wav", silence, "audio/wav")})
+            assert r.status_code == 200, (fmt, r.text)
+            if fmt == "text":
+                assert r.text.strip() == ""
+            else:
+                assert r.json()["text"] == "", (fmt, r.json())
+            if fmt == "verbose_json":
+                assert r.json()["segments"] == []
+    client = triton.InferenceServerClient(url=f"127.0.0.1:{endpoint.port}", network_timeout=120, connection_timeout=10)
+    audio = triton.InferInput("AUDIO", [1], "BYTES")
+    audio.set_data_from_numpy(np.array([silence], dtype=np.object_), binary_data=True)
+    result = client.infer("whisper-tiny.en", [audio], outputs=[triton.InferRequestedOutput("TEXT", binary_data=True)])
+    assert result.as_numpy("TEXT")[0].decode() == ""
