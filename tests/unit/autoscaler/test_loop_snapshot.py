@@ -46,3 +46,18 @@ def test_a_replica_the_runtime_no_longer_lists_is_stopped_in_the_core():
     scaler.snapshot()
     assert set(d.load.replicas) == {"cpu-2", "cpu-3"}
     assert d.load.replicas["cpu-2"].state == ReplicaState.READY
+
+
+def test_the_snapshot_counts_work_in_audio_seconds_not_requests():
+    """Issue 13: a 20-minute upload on one replica did not move the autoscaler, whose load was
+    counted in requests. The snapshot carries each replica's outstanding audio seconds: one
+    20-minute file is 1200 s of work where two short clips are 4 s, though both are requests."""
+    runtime = Runtime({"cpu": [("cpu-1", "ready"), ("cpu-2", "ready")]})
+    d = Dispatcher(runtime, max_pending=10, hold_timeout_s=30)
+    scaler = Autoscaler(SPEC, d, runtime)
+    d.load.dispatched("cpu-1", "cpu", 1200.0)
+    d.load.dispatched("cpu-2", "cpu", 2.0)
+    d.load.dispatched("cpu-2", "cpu", 2.0)
+    (pool,) = scaler.snapshot().pools
+    work = {r.id: (r.outstanding, r.outstanding_audio_s) for r in pool.replicas}
+    assert work == {"cpu-1": (1, 1200.0), "cpu-2": (2, 4.0)}
