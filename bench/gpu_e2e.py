@@ -311,7 +311,13 @@ def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: 
     done: dict[int, float] = {}
     texts: dict[int, list] = {}
 
+    totals: dict[str, float] = {}  # the engine's stats messages (EngineStats deltas) summed
+
     def emit(msg: tuple) -> None:
+        if msg[0] == "stats":
+            for f in ("windows", "executions", "rows_stepped", "chunks", "features_s", "encoder_s", "decode_s",
+                      "detokenize_s"):
+                totals[f] = totals.get(f, 0) + getattr(msg[1], f)
         if msg[0] == "segment":
             texts.setdefault(msg[1], []).append((msg[2], msg[3]))
             if len(texts[msg[1]]) == len(prepared[msg[1] % len(files)].cuts) or msg[1] < 0:
@@ -326,6 +332,7 @@ def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: 
         loop.run_once()
     done.clear()
     texts.clear()
+    totals.clear()
     if loop_request:  # a window forced to the token limit, with the others
         backend.decoding = Decoding(**{**kw, "min_new_tokens": 440})
         loop.submit(-1, prepared[0].segments()[:1], RequestOptions())
@@ -366,6 +373,12 @@ def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: 
             "encoder_graphs": graphed, "run_ahead": ahead, "pace_by_bucket": pace, "cross_fp8": cross_fp8,
             "attention": attention, "compiled_encoder": compiled, "compiled_step": step_compiled,
             "weights_fp8": weights_fp8, "wall_s": wall,
+            # where the wall went, from the engine's own counters: windows per encoder pass, rows
+            # per decode chunk (of `batch`), the encoder's device time per window, the decode wall
+            "engine_stats": {**{k: round(v, 3) for k, v in totals.items()},
+                             "windows_per_encoder_pass": round(totals.get("windows", 0) / max(1, totals.get("executions", 0)), 2),
+                             "rows_per_chunk": round(totals.get("rows_stepped", 0) / max(1, totals.get("chunks", 0)), 2),
+                             "encoder_ms_per_window": round(1e3 * totals.get("encoder_s", 0) / max(1, totals.get("windows", 0)), 3)},
             "rtfx": audio_s / wall, "p50_s": pct(lat, 50), "p99_s": pct(lat, 99), "gpu_busy": gpu.busy,
             "texts": text_of}
 
