@@ -271,7 +271,7 @@ def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: 
                      encoder_graphs: bool | None = None, run_ahead: int | None = None, cross_fp8: bool = False,
                      attention: str | None = None, compile_encoder: bool | None = None,
                      compile_decoder: bool | None = None, profile_to: Path | None = None,
-                     weights_fp8: bool = False) -> dict:
+                     weights_fp8: bool = False, encoder_gelu_epilogue: bool | None = None) -> dict:
     """All ``n_requests`` (file k % len(files)) submitted at once to an EngineLoop over the backend.
     ``profile_to``: the timed part runs under PyTorch's profiler (CUDA kernels only) and its
     kernel time by kind and by kernel goes to that file (``kernel_table``); the profiler slows the
@@ -298,7 +298,7 @@ def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: 
     batch = batch or a.batch
     backend = TorchWhisperBackend(Path(a.model_dir), Target.parse(a.target), decoding, max_batch_size=batch,
                                   encoder_graphs=encoder_graphs, cross_fp8=cross_fp8, compile_encoder=compile_encoder,
-                                  compile_decoder=compile_decoder,
+                                  compile_decoder=compile_decoder, encoder_gelu_epilogue=encoder_gelu_epilogue,
                                   **({} if attention is None else {"attention": attention}),
                                   **({} if run_ahead is None else {"run_ahead": run_ahead}))
     if weights_fp8:  # after load: a model compiled at load (large-v3) compiles again on first use
@@ -366,13 +366,14 @@ def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: 
     pace = {b: {"step_ms": round(x * 1e3, 3), "pace": dec.step_times.pace_for(b)}
             for b, x in sorted(dec.step_times.step_s.items())}
     attention = backend.model.attention
+    encoder_gelu = any(layer.gelu_epilogue for layer in backend.model.encoder.layers)
     del backend, loop
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return {"requests": n_requests, "batch": batch, "chunk_steps": steps,
             "encoder_graphs": graphed, "run_ahead": ahead, "pace_by_bucket": pace, "cross_fp8": cross_fp8,
             "attention": attention, "compiled_encoder": compiled, "compiled_step": step_compiled,
-            "weights_fp8": weights_fp8, "wall_s": wall,
+            "weights_fp8": weights_fp8, "encoder_gelu_epilogue": encoder_gelu, "wall_s": wall,
             # where the wall went, from the engine's own counters: windows per encoder pass, rows
             # per decode chunk (of `batch`), the encoder's device time per window, the decode wall
             "engine_stats": {**{k: round(v, 3) for k, v in totals.items()},
@@ -542,7 +543,9 @@ def main() -> int:
                          "(after the engine, as before 2026-12-06), to compare the two on one machine")
     ap.add_argument("--engine-sweep", default="",
                     help="comma list of BATCHxCHUNK_STEPS[:nograph][:aheadN][:fp8][:fp8w][:triton|:sdpa][:nocompile]"
-                         "[:stepcompile|:nostepcompile] for extra in-process engine runs (nograph: no encoder CUDA graphs; "
+                         "[:stepcompile|:nostepcompile][:nogelu] for extra in-process engine runs (CHUNK_STEPS 0: the "
+                         "backend's paced chunk; nograph: no encoder CUDA graphs; nogelu: the encoder's GELU a kernel of its "
+                         "own, not in fc1's epilogue; "
                          "aheadN: N run-ahead decoder steps, else paced by the step time (decode_pace); "
                          "fp8: cross-attention keys and values in FP8; fp8w: the layers' matrix products in FP8 "
                          "(bench/fp8_linear.py, applied after load); triton / sdpa: the step's attention kernels, "
@@ -619,7 +622,8 @@ def main() -> int:
                                  attention=next((f for f in flags if f in ("triton", "sdpa")), None),
                                  compile_encoder=False if "nocompile" in flags else None,
                                  compile_decoder=False if "nostepcompile" in flags else
-                                 True if "stepcompile" in flags else None, weights_fp8="fp8w" in flags)
+                                 True if "stepcompile" in flags else None, weights_fp8="fp8w" in flags,
+                                 encoder_gelu_epilogue=False if "nogelu" in flags else None)
             res["engine_sweep"].append({k: v for k, v in e.items() if k != "texts"})
             if "engine" not in skip:  # the same requests' text against the default engine's (word error rate)
                 res["engine_sweep"][-1]["wer_vs_engine"] = statistics.mean(

@@ -11,8 +11,10 @@ Families (``--families``): ``fma`` (the shipped kernel), ``dot`` (tensor cores),
 since 2026-12-07 ``dotwide`` (tensor cores at 64-256 positions, 4-8 warps, 3-5 stages), ``pipe``
 (the shipped loop with Triton's software pipelining asked for on the loop, ``tl.range(...,
 num_stages=)``: asynchronous copies of the next blocks while this one is reduced) and ``pre``
-(the next block's keys and values loaded into registers before this block is reduced). The last
-three ask whether the shipped kernel, which reads about 2.7 TB/s on an H100 and about 2.8 on an
+(the next block's keys and values loaded into registers before this block is reduced), and
+``split`` (each row and head cut into 2 or 4 parts with a Triton combine: more programs than the
+1,280 of batch 64, whose last wave leaves SMs idle; named ``split_t{block}_w{warps}_st{parts}``).
+The last four ask whether the shipped kernel, which reads about 2.7 TB/s on an H100 and about 2.8 on an
 H200 (58% of its 4.8 TB/s), is short of loads in flight rather than of bandwidth.
 
     python3 bench/gpu_fp8_tune.py --json $OUT/fp8_tune.json [--families fma,dotwide,pipe,pre]
@@ -169,6 +171,38 @@ def attend_pre(q, k8, v8, ks, vs, block_t=128, num_warps=4, num_stages=1):
     return out
 
 
+@triton.jit
+def _combine_kernel(part_ptr, out_ptr, H, o_sb, D: tl.constexpr, SPLIT: tl.constexpr):
+    # The parts of one row and head (flash-decoding's second pass): each part's unnormalised sum
+    # weighted by exp(its max - the largest), over the weighted denominators.
+    bh = tl.program_id(0)
+    b = bh // H
+    h = bh % H
+    d = tl.arange(0, D)
+    sp = tl.arange(0, SPLIT)
+    base = part_ptr + (bh * SPLIT + sp) * (D + 2)
+    m = tl.load(base + D)
+    w = tl.exp(m - tl.max(m, axis=0))
+    acc = tl.load(base[:, None] + d[None, :])
+    o = tl.sum(acc * w[:, None], axis=0) / tl.sum(tl.load(base + D + 1) * w, axis=0)
+    tl.store(out_ptr + b * o_sb + h * D + d, o.to(out_ptr.dtype.element_ty))
+
+
+def attend_split(q, k8, v8, ks, vs, block_t=128, num_warps=4, split=2):
+    """The shipped kernel's parts (``SPLIT`` programs per row and head) and a Triton combine:
+    two kernels a layer, where ``triton_kernels.attend(split=)`` combines in eager PyTorch."""
+    b, h, d = q.shape
+    out = torch.empty_like(q)
+    part = torch.empty((b * h, split, d + 2), dtype=torch.float32, device=q.device)
+    fa._attend_kernel[(b * h, split)](
+        q, k8, v8, ks, vs, out, part, h, k8.shape[2], d ** -0.5,
+        q.stride(0), q.stride(1), k8.stride(0), k8.stride(1), k8.stride(2), v8.stride(0), v8.stride(1), v8.stride(2),
+        ks.stride(0), out.stride(0), out.stride(1), D=d, BLOCK_T=block_t, SPLIT=split, num_warps=num_warps,
+        num_stages=3)
+    _combine_kernel[(b * h,)](part, out, h, out.stride(0), D=d, SPLIT=split, num_warps=1)
+    return out
+
+
 def attend_slots(q, k8, v8, ks, vs, block_t=64, num_warps=4, num_stages=3):
     b, h, d = q.shape
     out = torch.empty_like(q)
@@ -194,6 +228,7 @@ FAMILIES = {  # (positions per block, warps, stages[, parts]) tried per family
     "slots": [(bt, w, 2) for bt in (32, 64) for w in (4, 8)],
     "pipe": [(bt, w, st) for bt in (64, 128, 256) for w in (4, 8) for st in (2, 3, 4)],
     "pre": [(bt, w, 1) for bt in (64, 128) for w in (4, 8)] + [(32, 2, 1), (64, 2, 1)],
+    "split": [(bt, 4, sp) for bt in (128, 256) for sp in (2, 4)],  # the third number: parts, not stages
 }
 
 
@@ -227,7 +262,7 @@ def tune_batch(b: int, families: set[str]) -> dict:
             timed(f"fma_t{bt}_w{w}_st{st}_s{sp}", lambda i, bt=bt, w=w, st=st, sp=sp: fa.attend(
                 q, *kv(i), split=sp, block_t=bt, num_warps=w, num_stages=st))
     for fam, fn in (("dot", attend_dot), ("dotwide", attend_dot), ("slots", attend_slots),
-                    ("pipe", attend_pipe), ("pre", attend_pre)):
+                    ("pipe", attend_pipe), ("pre", attend_pre), ("split", attend_split)):
         if fam in families:
             for bt, w, st in FAMILIES[fam]:
                 timed(f"{fam.replace('wide', '')}_t{bt}_w{w}_st{st}",

@@ -154,3 +154,18 @@ def test_a_28_s_window_is_decoded_to_its_end_on_the_torch_backend(hf_dir, en_cli
     assert len(result.text.split()) == len(window.reference.split()) == 63
     assert result.unfinished_from_s is None
     assert result.segments[-1].end_s > 28.25 - 2.89 - 0.8  # inside the last clip (the fox, 2.89 s)
+
+
+def test_the_encoder_gelu_in_fc1s_epilogue_is_on_only_where_the_encoder_is_compiled(hf_dir, en_clips):
+    """``encoder_gelu_epilogue`` defaults to where the encoder is compiled (CUDA models wider than
+    the encoder graphs' limit), so not here; asked for, every encoder layer carries it and tiny.en
+    writes the same text (on the CPU the GELU stays exact)."""
+    decoding = Decoding(beam_size=1, without_timestamps=True)
+    shipped = TorchWhisperBackend(hf_dir, Target.parse("cpu-x86_64-fp32"), decoding)
+    fused = TorchWhisperBackend(hf_dir, Target.parse("cpu-x86_64-fp32"), decoding, encoder_gelu_epilogue=True)
+    assert not any(layer.gelu_epilogue for layer in shipped.model.encoder.layers)
+    assert all(layer.gelu_epilogue for layer in fused.model.encoder.layers)
+    tasks = [WindowTask(samples=c.samples) for c in en_clips]
+    got = [r.text for r in fused.transcribe_batch(tasks)[0]]
+    assert got == [r.text for r in shipped.transcribe_batch(tasks)[0]]
+    assert got[1:] == ["Hello world.", "The quick brown fox jumps over the lazy dog."]

@@ -123,7 +123,9 @@ class TorchWhisperBackend:
     (``GreedyDecoder(compile_step=True)``); default on for the models whose encoder is compiled by
     default (``CompiledEncoder.enabled_for``, whatever ``compile_encoder`` says) when the attention
     is Triton's (large-v3 with FP8 keys and values; ``GreedyDecoder.compiles_step_for`` gives the
-    measurements), off otherwise.
+    measurements), off otherwise. ``encoder_gelu_epilogue``: each encoder layer's fc1 product and
+    its GELU in one BLAS call (``Whisper.fuse_encoder_gelu``, which gives the measurements; on CUDA
+    the tanh-approximate GELU); default on where the encoder is compiled, off otherwise.
     """
 
     def __init__(self, model_dir: Path, target: Target, decoding: Decoding, cpu_threads: int = 0,
@@ -131,7 +133,8 @@ class TorchWhisperBackend:
                  encoder_graphs: bool | None = None, instances: int = 1, run_ahead: int | None = None,
                  language_id: LanguageIdConfig | None = None, background_nice: int = 0,
                  cross_fp8: bool = False, attention: str | None = None,
-                 compile_encoder: bool | None = None, compile_decoder: bool | None = None) -> None:
+                 compile_encoder: bool | None = None, compile_decoder: bool | None = None,
+                 encoder_gelu_epilogue: bool | None = None) -> None:
         del instances, background_nice  # continuous batching: one decode loop holds every slot
         self.device = _device_for(target)
         if decoding.beam_size != 1:
@@ -181,6 +184,10 @@ class TorchWhisperBackend:
                          if encoder_graphs is None else encoder_graphs and self.device.type == "cuda")
         if compile_encoder is None:
             compile_encoder = not graph_encoder and CompiledEncoder.enabled_for(self.model, self.device)
+        if encoder_gelu_epilogue is None:
+            encoder_gelu_epilogue = compile_encoder and not graph_encoder  # where the encoder is compiled
+        if encoder_gelu_epilogue:
+            self.model.fuse_encoder_gelu()
         self.encode: Callable[[torch.Tensor], torch.Tensor] = (
             GraphedEncoder(self.model, max_batch_size) if graph_encoder
             else CompiledEncoder(self.model, max_batch_size) if compile_encoder else self.model.encode)

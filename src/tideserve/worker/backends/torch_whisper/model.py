@@ -114,6 +114,23 @@ class Attention(nn.Module):
         return x.transpose(1, 2).reshape(b, t, h * d)
 
 
+@torch.library.custom_op("tideserve::linear_gelu", mutates_args=())
+def linear_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``gelu(x W^T + b)`` in one BLAS call with the GELU in the product's epilogue
+    (``torch._addmm_activation``): ``x [..., K]``, ``weight [N, K]``, ``bias [N]`` -> ``[..., N]``.
+    On CUDA the GELU is cuBLASLt's, the tanh approximation (Hendrycks & Gimpel 2016, eq. 2); on
+    the CPU PyTorch applies the exact (erf) GELU after the product. A custom operator, so that
+    ``torch.compile`` keeps the call whole (Inductor would split it into a product and a GELU
+    kernel of its own, which reads and writes the [tokens, ffn] activations once more)."""
+    y = torch._addmm_activation(bias, x.reshape(-1, x.shape[-1]), weight.t(), use_gelu=True)
+    return y.view(*x.shape[:-1], weight.shape[0])
+
+
+@linear_gelu.register_fake
+def _linear_gelu_shape(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
 class EncoderLayer(nn.Module):
     def __init__(self, d_model: int, heads: int, ffn: int) -> None:
         super().__init__()
@@ -122,13 +139,16 @@ class EncoderLayer(nn.Module):
         self.fc1 = nn.Linear(d_model, ffn)
         self.fc2 = nn.Linear(ffn, d_model)
         self.final_layer_norm = nn.LayerNorm(d_model)
+        self.gelu_epilogue = False  # fc1 and its GELU in one product (``linear_gelu``): ``Whisper.fuse_encoder_gelu``
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         a = self.self_attn
         h = self.self_attn_layer_norm(x)
         q, k, v = a.split(a.q_proj(h)), a.split(a.k_proj(h)), a.split(a.v_proj(h))
         x = x + a.out_proj(a.merge(F.scaled_dot_product_attention(q, k, v)))
-        return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
+        h = self.final_layer_norm(x)
+        h = linear_gelu(h, self.fc1.weight, self.fc1.bias) if self.gelu_epilogue else F.gelu(self.fc1(h))
+        return x + self.fc2(h)
 
 
 class Encoder(nn.Module):
@@ -259,6 +279,21 @@ class Whisper(nn.Module):
         """``Attention.fuse_qkv`` for every decoder self-attention (used by ``attention="triton"``)."""
         for layer in self.decoder.blocks():
             layer.self_attn.fuse_qkv()
+
+    def fuse_encoder_gelu(self, on: bool = True) -> None:
+        """Every encoder layer's fc1 product and its GELU in one BLAS call (``linear_gelu``), or
+        back to two (``on=False``). Why: compiled, Inductor runs the GELU as a kernel of its own
+        that reads and writes the [1500, ffn] activations of each window; at large-v3 size that
+        kernel took 0.54 of the encoder's 5.5 ms a window in the engine (H100, 2026-12-07,
+        ``bench/results/gpu_engine_kernels_large_v3_h100_600.txt``), and the compiled encoder ran
+        4.35 against 4.69 ms a window with the GELU in the product's epilogue (batch 62; 4.71
+        against 5.02 at 32; ``bench/gpu_encoder_gelu.py``, ``bench/results/gpu_encoder_gelu_h100.json``).
+        On CUDA that GELU is the tanh approximation (see ``linear_gelu``): the encoder's output
+        then differs from the exact GELU's by rounding (cosine 0.99997 on random large-v3
+        weights), and real tiny.en wrote the same words with either on every shipped clip and the
+        1, 5 and 20-minute files (CPU, fp32, ``bench/gelu_accuracy.py``)."""
+        for layer in self.encoder.layers:
+            cast(EncoderLayer, layer).gelu_epilogue = on
 
     @property
     def encoder(self) -> Encoder:

@@ -1,0 +1,79 @@
+"""Word error rate of tiny.en with its encoder's GELU exact (erf, Whisper's) and tanh-approximate
+(cuBLASLt's GELU epilogue, ``model.linear_gelu`` on CUDA), on the CPU: does the approximation
+that lets the large encoder's fc1 product carry its GELU change the transcripts?
+
+The torch backend on the CPU (fp32, real tiny.en), greedy, with timestamps (verbose_json), as
+``bench/accuracy.py --beam 1 --systems tideserve-torch`` runs it, over every shipped English clip
+and the 1, 5 and 20-minute files of bench/accuracy.py (seeds 13-15), once with
+``EncoderLayer.forward`` as shipped and once with ``F.gelu(..., approximate="tanh")`` in its place.
+
+    .venv/bin/python bench/gelu_accuracy.py --json bench/results/gelu_accuracy_cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+for _p in ("tests", "bench", "src"):
+    sys.path.insert(0, str(ROOT / _p))
+
+import audio  # noqa: E402
+from inproc import REQUEST_KINDS, Tideserve  # noqa: E402
+from longfiles import long_file  # noqa: E402
+from tideserve.spec.models import Decoding  # noqa: E402
+from tideserve.worker.backends.torch_whisper import model as wm  # noqa: E402
+
+
+def tanh_forward(self: wm.EncoderLayer, x: torch.Tensor) -> torch.Tensor:
+    """``EncoderLayer.forward`` with the tanh-approximate GELU."""
+    a = self.self_attn
+    h = self.self_attn_layer_norm(x)
+    q, k, v = a.split(a.q_proj(h)), a.split(a.k_proj(h)), a.split(a.v_proj(h))
+    x = x + a.out_proj(a.merge(F.scaled_dot_product_attention(q, k, v)))
+    return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x)), approximate="tanh"))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--minutes", default="1,5,20")
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args()
+    without, asked = REQUEST_KINDS["verbose_json"]
+    ts = Tideserve("torch", "cpu-x86_64-fp32", Decoding(beam_size=1, without_timestamps=without), 8)
+    clips = audio.load_en_clips()
+    files = [(c.name, c.samples, c.reference) for c in clips]
+    for i, m in enumerate(float(x) for x in a.minutes.split(",") if x):
+        s, ref = long_file(clips, m, seed=13 + i)
+        files.append((f"long-{m:g}min", s, ref))
+    shipped = wm.EncoderLayer.forward
+    rows, texts = [], {}
+    try:
+        for name, forward in (("erf", shipped), ("tanh", tanh_forward)):
+            wm.EncoderLayer.forward = forward  # type: ignore[method-assign]
+            for fname, samples, ref in files:
+                t0 = time.perf_counter()
+                text = " ".join(t.strip() for _, _, t in ts(samples, timestamps=asked))
+                texts[name, fname] = text
+                row = {"gelu": name, "file": fname, "wer": round(audio.wer(ref, text), 4),
+                       "wer_vs_erf": round(audio.wer(texts["erf", fname], text), 4),
+                       "same_text": text == texts["erf", fname], "s": round(time.perf_counter() - t0, 1)}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    finally:
+        wm.EncoderLayer.forward = shipped  # type: ignore[method-assign]
+    if a.json:
+        a.json.write_text(json.dumps({"command": "python bench/gelu_accuracy.py " + " ".join(sys.argv[1:]),
+                                      "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
