@@ -56,7 +56,10 @@ class Fp8Linear(nn.Module):
 def quantize_fp8(model: Whisper) -> int:
     """Replace every ``nn.Linear`` of ``model``'s encoder and decoder layers (attention projections,
     the fused q/k/v product of ``fuse_qkv``, the MLP) by ``Fp8Linear``; the convolutions,
-    embeddings and the output projection (the tied token embedding) stay. Returns how many."""
+    embeddings and the output projection (the tied token embedding) stay. Returns how many. The
+    encoder's fc1 then runs with its GELU apart (``Whisper.fuse_encoder_gelu(False)``): the fused
+    call takes fc1's bf16 weight, which an ``Fp8Linear`` holds as E4M3 without its scale."""
+    model.fuse_encoder_gelu(False)
     n = 0
     for layer in [*model.encoder.layers, *model.decoder.layers]:
         for parent in [layer, *(m for m in layer.children() if isinstance(m, Attention))]:
