@@ -284,8 +284,10 @@ class Whisper(nn.Module):
         """Every encoder layer's fc1 product and its GELU in one BLAS call (``linear_gelu``), or
         back to two (``on=False``). Why: compiled, Inductor runs the GELU as a kernel of its own
         that reads and writes the [1500, ffn] activations of each window; at large-v3 size that
-        kernel took 0.54 of the encoder's 5.5 ms a window in the engine (H100, 2026-12-07,
-        ``bench/results/gpu_engine_kernels_large_v3_h100_600.txt``), and the compiled encoder ran
+        kernel took 0.54 ms a window under the profiler
+        (``bench/results/gpu_engine_kernels_large_v3_h100_600.txt``: 0.40 s over 750 windows), of
+        an encoder that took 5.52 ms a window in the engine (H100, 2026-12-07,
+        ``gpu_e2e_large_v3_h100_engine_stats.json``), and the compiled encoder ran
         4.35 against 4.69 ms a window with the GELU in the product's epilogue (batch 62; 4.71
         against 5.02 at 32; ``bench/gpu_encoder_gelu.py``, ``bench/results/gpu_encoder_gelu_h100.json``).
         On CUDA that GELU is the tanh approximation (see ``linear_gelu``): the encoder's output
@@ -529,8 +531,10 @@ class GraphedEncoder:
 
 
 class CompiledEncoder:
-    """The encoder through ``torch.compile`` (Inductor: the layer norms, GELUs, residual adds and
-    layout changes fused into few kernels between the matrix products), with the batch dimension
+    """The encoder through ``torch.compile`` (Inductor: the layer norms, the convolutions' GELUs,
+    residual adds and layout changes fused into few kernels between the matrix products; fc1's
+    GELU rides in its product where ``Whisper.fuse_encoder_gelu`` is on, as the backend sets it for
+    a compiled encoder), with the batch dimension
     compiled as dynamic, so one compilation serves every admission of 2 to ``max_batch`` windows;
     a single window runs eagerly (a size of 1 would be specialised and compiled again, and padding
     it to two rows would cost a second window's encoder). Compiled at construction (one pass of two
