@@ -4,8 +4,9 @@ that lets the large encoder's fc1 product carry its GELU change the transcripts?
 
 The torch backend on the CPU (fp32, real tiny.en), greedy, with timestamps (verbose_json), as
 ``bench/accuracy.py --beam 1 --systems tideserve-torch`` runs it, over every shipped English clip
-and the 1, 5 and 20-minute files of bench/accuracy.py (seeds 13-15), once with
-``EncoderLayer.forward`` as shipped and once with ``F.gelu(..., approximate="tanh")`` in its place.
+and the 1, 5 and 20-minute files of bench/accuracy.py (seeds 13-15), once as shipped (exact GELU)
+and once with ``Whisper.fuse_encoder_gelu`` on and ``model.linear_gelu`` computing as it does on
+CUDA (``F.gelu(..., approximate="tanh")`` after the product; on the CPU it stays exact).
 
     .venv/bin/python bench/gelu_accuracy.py --json bench/results/gelu_accuracy_cpu.json
 """
@@ -32,13 +33,9 @@ from tideserve.spec.models import Decoding  # noqa: E402
 from tideserve.worker.backends.torch_whisper import model as wm  # noqa: E402
 
 
-def tanh_forward(self: wm.EncoderLayer, x: torch.Tensor) -> torch.Tensor:
-    """``EncoderLayer.forward`` with the tanh-approximate GELU."""
-    a = self.self_attn
-    h = self.self_attn_layer_norm(x)
-    q, k, v = a.split(a.q_proj(h)), a.split(a.k_proj(h)), a.split(a.v_proj(h))
-    x = x + a.out_proj(a.merge(F.scaled_dot_product_attention(q, k, v)))
-    return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x)), approximate="tanh"))
+def tanh_linear_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``model.linear_gelu`` as it computes on CUDA (the tanh-approximate GELU), in plain PyTorch."""
+    return F.gelu(F.linear(x, weight, bias), approximate="tanh")
 
 
 def main() -> int:
@@ -53,11 +50,13 @@ def main() -> int:
     for i, m in enumerate(float(x) for x in a.minutes.split(",") if x):
         s, ref = long_file(clips, m, seed=13 + i)
         files.append((f"long-{m:g}min", s, ref))
-    shipped = wm.EncoderLayer.forward
+    exact = wm.linear_gelu
+    model = ts.backend.model
     rows, texts = [], {}
     try:
-        for name, forward in (("erf", shipped), ("tanh", tanh_forward)):
-            wm.EncoderLayer.forward = forward  # type: ignore[method-assign]
+        for name in ("erf", "tanh"):
+            wm.linear_gelu = tanh_linear_gelu if name == "tanh" else exact  # type: ignore[assignment]
+            model.fuse_encoder_gelu(name == "tanh")
             for fname, samples, ref in files:
                 t0 = time.perf_counter()
                 text = " ".join(t.strip() for _, _, t in ts(samples, timestamps=asked))
@@ -68,7 +67,8 @@ def main() -> int:
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     finally:
-        wm.EncoderLayer.forward = shipped  # type: ignore[method-assign]
+        wm.linear_gelu = exact  # type: ignore[assignment]
+        model.fuse_encoder_gelu(False)
     if a.json:
         a.json.write_text(json.dumps({"command": "python bench/gelu_accuracy.py " + " ".join(sys.argv[1:]),
                                       "rows": rows}, indent=1))

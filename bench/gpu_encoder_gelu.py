@@ -4,12 +4,14 @@ shapes, bf16), milliseconds per 30-s window:
 - ``compiled``: the encoder as served (``model.compile_batch_dynamic(model.encode)``, the batch
   dimension dynamic), where Inductor runs each layer's GELU as a kernel of its own after cuBLAS's
   fc1 product: on an H100 (2026-12-07, ``gpu_e2e.py --profile-requests 600``) that GELU kernel
-  took 0.54 ms of the encoder's 5.5 ms a window, reading and writing the [1500, 5120] activations.
+  took 0.54 ms a window under the profiler (the encoder: 5.52 ms a window in the engine), reading and writing the [1500, 5120] activations.
 - ``compiled_gelu_epilogue``: the same with fc1 and its GELU in one cuBLASLt call
-  (``torch._addmm_activation(..., use_gelu=True)``, the GELU in the product's epilogue; cuBLASLt's
-  GELU is the tanh approximation, Whisper's the exact erf one), wrapped as a custom operator so that
-  Inductor keeps it whole. Reported with its output's largest difference from ``compiled`` and their
-  cosine similarity (random weights: a check of the arithmetic, not of accuracy on speech).
+  (``Whisper.fuse_encoder_gelu``: ``model.linear_gelu``, ``torch._addmm_activation(...,
+  use_gelu=True)``, the GELU in the product's epilogue; cuBLASLt's GELU is the tanh approximation,
+  Whisper's the exact erf one), a custom operator that Inductor keeps whole. (The first run, of
+  2026-12-07, had its own copy of that operator and of the layer's forward.) Reported with its
+  output's largest difference from ``compiled`` and their cosine similarity (random weights: a
+  check of the arithmetic, not of accuracy on speech).
 - ``attention_<backend>``: the encoder's 32 self-attentions alone, eager, with each of PyTorch's
   attention backends forced (``torch.nn.attention.sdpa_kernel``); PyTorch picks cuDNN's on an H100.
 
@@ -37,27 +39,6 @@ from tideserve.worker.backends.torch_whisper import model as wm
 from gpu_step_parts import eager_ms
 
 
-@torch.library.custom_op("tsbench::linear_gelu", mutates_args=())
-def linear_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """``gelu_tanh(x W^T + b)`` in one cuBLASLt product: ``x [..., K]``, ``weight [N, K]`` -> ``[..., N]``."""
-    y = torch._addmm_activation(bias, x.reshape(-1, x.shape[-1]), weight.t(), use_gelu=True)
-    return y.view(*x.shape[:-1], weight.shape[0])
-
-
-@linear_gelu.register_fake
-def _linear_gelu_shape(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    return x.new_empty(*x.shape[:-1], weight.shape[0])
-
-
-def fused_forward(self: wm.EncoderLayer, x: torch.Tensor) -> torch.Tensor:
-    """``EncoderLayer.forward`` with fc1 and its GELU in one product."""
-    a = self.self_attn
-    h = self.self_attn_layer_norm(x)
-    q, k, v = a.split(a.q_proj(h)), a.split(a.k_proj(h)), a.split(a.v_proj(h))
-    x = x + a.out_proj(a.merge(F.scaled_dot_product_attention(q, k, v)))
-    return x + self.fc2(linear_gelu(self.final_layer_norm(x), self.fc1.weight, self.fc1.bias))
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", type=Path, required=True)
@@ -72,9 +53,8 @@ def main() -> int:
     res: dict = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": []}
     feats = {b: torch.randn(b, dims.num_mel_bins, 3000, device="cuda", dtype=torch.bfloat16) for b in batches}
     outs: dict = {}
-    served_forward = wm.EncoderLayer.forward
-    for name, forward in (("compiled", wm.EncoderLayer.forward), ("compiled_gelu_epilogue", fused_forward)):
-        wm.EncoderLayer.forward = forward  # type: ignore[method-assign]
+    for name, fused in (("compiled", False), ("compiled_gelu_epilogue", True)):
+        model.fuse_encoder_gelu(fused)
         torch._dynamo.reset()
         t0 = time.perf_counter()
         enc = wm.compile_batch_dynamic(model.encode, max(batches))
@@ -91,7 +71,7 @@ def main() -> int:
                     row["cosine"] = F.cosine_similarity(got.flatten(), ref.flatten(), dim=0).item()
                 res["rows"].append(row)
                 print(json.dumps(row), flush=True)
-    wm.EncoderLayer.forward = served_forward  # type: ignore[method-assign]
+    model.fuse_encoder_gelu(False)
     heads, hd = dims.encoder_attention_heads, dims.d_model // dims.encoder_attention_heads
     for b in batches:
         q, k, v = (torch.randn(b, heads, 1500, hd, device="cuda", dtype=torch.bfloat16) for _ in range(3))

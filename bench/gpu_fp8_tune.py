@@ -14,6 +14,8 @@ num_stages=)``: asynchronous copies of the next blocks while this one is reduced
 (the next block's keys and values loaded into registers before this block is reduced), and
 ``split`` (each row and head cut into 2 or 4 parts with a Triton combine: more programs than the
 1,280 of batch 64, whose last wave leaves SMs idle; named ``split_t{block}_w{warps}_st{parts}``).
+(``bench/results/gpu_fp8_tune_families_h100.json`` names its ``dotwide`` rows ``dot_``: it was
+measured before they had a name of their own, and that run had no ``dot`` family.)
 The last four ask whether the shipped kernel, which reads about 2.7 TB/s on an H100 and about 2.8 on an
 H200 (58% of its 4.8 TB/s), is short of loads in flight rather than of bandwidth.
 
@@ -265,7 +267,7 @@ def tune_batch(b: int, families: set[str]) -> dict:
                     ("pipe", attend_pipe), ("pre", attend_pre), ("split", attend_split)):
         if fam in families:
             for bt, w, st in FAMILIES[fam]:
-                timed(f"{fam.replace('wide', '')}_t{bt}_w{w}_st{st}",
+                timed(f"{fam}_t{bt}_w{w}_st{st}",
                       lambda i, fn=fn, bt=bt, w=w, st=st: fn(q, *kv(i), bt, w, st))
     for bt, w in ((128, 4),):  # the same kernel over bf16 values (scales 1): conversion's cost
         row[f"fma_bf16kv_t{bt}_w{w}_ms"] = graph_ms(lambda bt=bt, w=w: [

@@ -1,8 +1,9 @@
 """The decoder step's matrix products at large-v3 shapes under PyTorch's BLAS choices: does another
 cuBLAS path read the step's weights faster than the one PyTorch takes? On an H100 the compiled
 step's 193 products (32 layers' fused q/k/v, self-attention output, cross-attention query and
-output, fc1, fc2, each with its bias, and the vocabulary projection) took about 1.34 ms a step at 64
-rows, reading 1.5 GB of weights at about 1.1 TB/s, a third of the card's bandwidth
+output, fc1, fc2, each with its bias, and the vocabulary projection, without one) took about 1.34
+ms a step at 64 rows under the profiler, reading 1.6 GB of weights at about 1.2 TB/s, about a third
+of the card's bandwidth
 (``bench/results/gpu_engine_kernels_large_v3_h100_600.txt``): small products bound by their
 latency, not by bytes.
 
