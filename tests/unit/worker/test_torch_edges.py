@@ -203,3 +203,26 @@ def test_the_encoders_fc1_and_gelu_in_one_product_encode_the_same_and_compile_wh
     assert code.count("gelu(") - code.count("linear_gelu(") == 2  # the two convolutions' GELUs only
     m.fuse_encoder_gelu(False)
     assert not any(layer.gelu_epilogue for layer in m.encoder.layers)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="cuBLASLt's GELU epilogue needs a GPU (runs on the GPU machine)")
+def test_on_cuda_the_fused_fc1_gelu_is_the_tanh_approximation() -> None:
+    # model.linear_gelu's documented CUDA semantics: cuBLASLt's epilogue GELU is the tanh
+    # approximation, not Whisper's exact (erf) one. In fp32 through an identity product the two
+    # differ by up to about 3e-4 around |x| = 2, far above fp32's rounding.
+    from tideserve.worker.backends.torch_whisper.model import linear_gelu
+
+    x = torch.linspace(-4, 4, 64 * 256, device="cuda").view(64, 256)
+    got = linear_gelu(x, torch.eye(256, device="cuda"), torch.zeros(256, device="cuda"))
+    tanh, exact = (torch.nn.functional.gelu(x, approximate=a) for a in ("tanh", "none"))
+    assert (got - tanh).abs().max().item() < 2e-5
+    assert (got - exact).abs().max().item() > 1e-4
+    # bf16 at large-v3's fc1 shape, as served: the shape, and the values within bf16's rounding
+    torch.manual_seed(7)
+    xb = torch.randn(2, 300, 1280, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(5120, 1280, device="cuda", dtype=torch.bfloat16) * 0.03
+    b = torch.randn(5120, device="cuda", dtype=torch.bfloat16) * 0.1
+    got = linear_gelu(xb, w, b)
+    assert got.shape == (2, 300, 5120) and got.dtype == torch.bfloat16
+    want = torch.nn.functional.gelu(torch.nn.functional.linear(xb.float(), w.float(), b.float()), approximate="tanh")
+    assert (got.float() - want).abs().max().item() < 0.05
