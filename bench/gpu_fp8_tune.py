@@ -155,24 +155,6 @@ def _attend_pre_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, H, T, sm_sc
     tl.store(out_ptr + b * o_sb + h * D + d, (acc * (v_scale / denom)).to(out_ptr.dtype.element_ty))
 
 
-def attend_pipe(q, k8, v8, ks, vs, block_t=128, num_warps=4, num_stages=3):
-    b, h, d = q.shape
-    out = torch.empty_like(q)
-    _attend_pipe_kernel[(b * h,)](q, k8, v8, ks, vs, out, h, k8.shape[2], d ** -0.5,
-                                  q.stride(0), k8.stride(0), k8.stride(1), k8.stride(2), ks.stride(0), out.stride(0),
-                                  D=d, BLOCK_T=block_t, STAGES=num_stages, num_warps=num_warps)
-    return out
-
-
-def attend_pre(q, k8, v8, ks, vs, block_t=128, num_warps=4, num_stages=1):
-    b, h, d = q.shape
-    out = torch.empty_like(q)
-    _attend_pre_kernel[(b * h,)](q, k8, v8, ks, vs, out, h, k8.shape[2], d ** -0.5,
-                                 q.stride(0), k8.stride(0), k8.stride(1), k8.stride(2), ks.stride(0), out.stride(0),
-                                 D=d, BLOCK_T=block_t, num_warps=num_warps, num_stages=num_stages)
-    return out
-
-
 @triton.jit
 def _combine_kernel(part_ptr, out_ptr, H, o_sb, D: tl.constexpr, SPLIT: tl.constexpr):
     # The parts of one row and head (flash-decoding's second pass): each part's unnormalised sum
@@ -205,22 +187,33 @@ def attend_split(q, k8, v8, ks, vs, block_t=128, num_warps=4, split=2):
     return out
 
 
-def attend_slots(q, k8, v8, ks, vs, block_t=64, num_warps=4, num_stages=3):
+def _launch(kernel, q, k8, v8, ks, vs, block_t, num_warps, num_stages, stages_in_loop=False):
+    """One program per row and head of ``kernel`` (the variants' shared signature); ``num_stages``
+    goes to the loop's ``tl.range`` (the kernel's STAGES) where ``stages_in_loop``, else to Triton's
+    launch."""
     b, h, d = q.shape
     out = torch.empty_like(q)
-    _attend_slots_kernel[(b * h,)](q, k8, v8, ks, vs, out, h, k8.shape[2], d ** -0.5,
-                                   q.stride(0), k8.stride(0), k8.stride(1), k8.stride(2), ks.stride(0), out.stride(0),
-                                   D=d, BLOCK_T=block_t, num_warps=num_warps, num_stages=num_stages)
+    stages = {"STAGES": num_stages} if stages_in_loop else {"num_stages": num_stages}
+    kernel[(b * h,)](q, k8, v8, ks, vs, out, h, k8.shape[2], d ** -0.5,
+                     q.stride(0), k8.stride(0), k8.stride(1), k8.stride(2), ks.stride(0), out.stride(0),
+                     D=d, BLOCK_T=block_t, num_warps=num_warps, **stages)
     return out
+
+
+def attend_slots(q, k8, v8, ks, vs, block_t=64, num_warps=4, num_stages=3):
+    return _launch(_attend_slots_kernel, q, k8, v8, ks, vs, block_t, num_warps, num_stages)
 
 
 def attend_dot(q, k8, v8, ks, vs, block_t=128, num_warps=4, num_stages=3):
-    b, h, d = q.shape
-    out = torch.empty_like(q)
-    _attend_dot_kernel[(b * h,)](q, k8, v8, ks, vs, out, h, k8.shape[2], d ** -0.5,
-                                 q.stride(0), k8.stride(0), k8.stride(1), k8.stride(2), ks.stride(0), out.stride(0),
-                                 D=d, BLOCK_T=block_t, num_warps=num_warps, num_stages=num_stages)
-    return out
+    return _launch(_attend_dot_kernel, q, k8, v8, ks, vs, block_t, num_warps, num_stages)
+
+
+def attend_pipe(q, k8, v8, ks, vs, block_t=128, num_warps=4, num_stages=3):
+    return _launch(_attend_pipe_kernel, q, k8, v8, ks, vs, block_t, num_warps, num_stages, stages_in_loop=True)
+
+
+def attend_pre(q, k8, v8, ks, vs, block_t=128, num_warps=4, num_stages=1):
+    return _launch(_attend_pre_kernel, q, k8, v8, ks, vs, block_t, num_warps, num_stages)
 
 
 FAMILIES = {  # (positions per block, warps, stages[, parts]) tried per family
