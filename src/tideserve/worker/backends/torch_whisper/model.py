@@ -118,7 +118,7 @@ class Attention(nn.Module):
 def linear_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """``gelu(x W^T + b)`` in one BLAS call with the GELU in the product's epilogue
     (``torch._addmm_activation``): ``x [..., K]``, ``weight [N, K]``, ``bias [N]`` -> ``[..., N]``.
-    On CUDA the GELU is cuBLASLt's, the tanh approximation (Hendrycks & Gimpel 2016, eq. 2); on
+    On CUDA the GELU is cuBLASLt's, the tanh approximation (Hendrycks & Gimpel 2016, section 2); on
     the CPU PyTorch applies the exact (erf) GELU after the product. A custom operator, so that
     ``torch.compile`` keeps the call whole (Inductor would split it into a product and a GELU
     kernel of its own, which reads and writes the [tokens, ffn] activations once more)."""
