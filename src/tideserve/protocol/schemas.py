@@ -9,7 +9,8 @@ checked by the parsers after validation.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import difflib
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -19,14 +20,18 @@ RESPONSE_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
 
 
 class _Body(BaseModel):
-    # Unknown keys are ignored, as the parsers always did; no coercion between JSON types.
+    # Unknown keys are ignored, as the parsers always did (clients send their own), unless one
+    # is a misspelling of a field (``validate``); no coercion between JSON types.
     model_config = ConfigDict(extra="allow", strict=True)
+    #: Keys that are another API's name for one of these fields: key -> the field's name here.
+    MISNAMED: ClassVar[dict[str, str]] = {}
 
 
 # --- SageMaker style -------------------------------------------------------------------------
 class InvocationRequest(_Body):
     """``POST /invocations`` (and ``/endpoints/{endpoint}/invocations``) as JSON."""
 
+    MISNAMED: ClassVar[dict[str, str]] = {"prompt": "whisper_prompt", "initial_prompt": "whisper_prompt"}
     audio_data: str = Field(min_length=1, description="the base64-encoded audio file (WAV, FLAC, MP3, OGG, ...)")
     whisper_prompt: str | None = Field(None, description="Whisper's initial prompt (text)")
     language: str | None = Field(None, description="the spoken language, e.g. en (ISO-639-1); default: the model's")
@@ -119,10 +124,39 @@ class ErrorBody(_Body):
     error: str | dict[str, Any] | None = None
 
 
+#: How alike (difflib's ratio) an unknown key and a field's name must be for the key to be taken
+#: as a misspelling of it: "langauge" and "language" are 0.875, "task_id" and "task" 0.73 (a
+#: client's own key, left alone).
+MISSPELLING_RATIO = 0.8
+
+
+def unknown_key_error(model: type[BaseModel], data: Any, what: str) -> str | None:
+    """The message for the first key of ``data`` that is not a field of ``model`` but names one
+    (``model.MISNAMED``) or is a misspelling of one (``MISSPELLING_RATIO``), else None: such a
+    key would otherwise be ignored silently, and the request served without what it asked for
+    (a misspelt ``language`` transcribed as the model's default)."""
+    if not isinstance(data, dict):
+        return None
+    names = [f.alias or n for n, f in model.model_fields.items()]
+    misnamed: dict[str, str] = getattr(model, "MISNAMED", {})
+    for key in data:
+        if not isinstance(key, str) or key in names:
+            continue
+        if key in misnamed:
+            return f"unknown field '{key}' in {what}: this API calls it '{misnamed[key]}'"
+        close = difflib.get_close_matches(key, names, n=1, cutoff=MISSPELLING_RATIO)
+        if close:
+            return f"unknown field '{key}' in {what}: did you mean '{close[0]}'?"
+    return None
+
+
 def validate(model: type[BaseModel], data: Any, what: str) -> Any:
     """``data`` (parsed JSON, or form fields) validated as ``model``; returns the model
     instance. Raises BadInputError naming the first wrong field of ``what`` and what it
-    must be (its description when it has one)."""
+    must be (its description when it has one), or a key that misspells or misnames a field
+    (``unknown_key_error``); other unknown keys are ignored."""
+    if (msg := unknown_key_error(model, data, what)) is not None:
+        raise BadInputError(msg)
     try:
         return model.model_validate(data)
     except ValidationError as exc:

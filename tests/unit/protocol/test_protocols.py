@@ -135,6 +135,17 @@ def test_openai_form_errors(fields, file, exc, words):
         openai.parse_form(fields, file, "m")
 
 
+def test_an_unknown_model_is_answered_with_the_served_name_and_its_aliases():
+    # Found by a new user's try: the answer named only the model, not the whisper-1 alias that
+    # OpenAI clients use (and the README's examples).
+    with pytest.raises(UnknownModelError) as err:
+        openai.parse_form({"model": "whisper-2"}, b"x", "whisper-tiny.en", aliases=("whisper-1",))
+    assert str(err.value) == "model 'whisper-2' is not served here; this endpoint serves 'whisper-tiny.en' " \
+                             "(also as 'whisper-1')"
+    with pytest.raises(UnknownModelError, match=r"serves 'm'$"):
+        openai.models_response("m", "other")
+
+
 RESULT = TranscriptionResult("Hello world. Bye.", "en", 3661.5, [
     Segment(0.0, 1.25, " Hello world."), Segment(3600.5, 3661.5, " Bye.", window_start_s=3598.25, temperature=0.2),
 ])
@@ -365,3 +376,34 @@ def test_invocation_form_urlencoded_body_says_how_to_send_a_file():
     form = b"--x\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\r\nRIFF\x80\r\n--x--\r\n"
     with pytest.raises(BadInputError, match=r"no multipart form.*Content-Type audio/\*.*/v1/audio/transcriptions"):
         sagemaker.parse_invocation(form, "multipart/form-data; boundary=x")
+
+
+@pytest.mark.parametrize("extra,words", [
+    # Before: a misspelt or misnamed optional field was ignored, and the request served without
+    # it (a misspelt language transcribed in the model's default, with a 200).
+    ({"langauge": "de"}, "unknown field 'langauge' in the request body: did you mean 'language'?"),
+    ({"Language": "de"}, "did you mean 'language'?"),
+    ({"tsk": "translate"}, "did you mean 'task'?"),
+    ({"prompt": "Hi"}, "unknown field 'prompt' in the request body: this API calls it 'whisper_prompt'"),
+    ({"initial_prompt": "Hi"}, "this API calls it 'whisper_prompt'"),
+])
+def test_a_misspelt_or_misnamed_field_is_refused_by_name(extra, words):
+    body = json.dumps({"audio_data": base64.b64encode(b"RIFFxx").decode(), **extra}).encode()
+    with pytest.raises(BadInputError, match=words.replace("?", r"\?")):
+        sagemaker.parse_invocation(body)
+
+
+def test_a_clients_own_keys_are_still_ignored():
+    # Keys that resemble no field (difflib ratio under MISSPELLING_RATIO: "task_id" against
+    # "task" is 0.73) stay a client's own business, on every API.
+    from tideserve.protocol.schemas import InferRequest, TranscriptionForm, unknown_key_error
+
+    body = {"audio_data": base64.b64encode(b"RIFFxx").decode(), "task_id": "7", "custom_attributes": "x"}
+    assert sagemaker.parse_invocation(json.dumps(body).encode()).audio == b"RIFFxx"
+    assert unknown_key_error(InferRequest, {"inputs": [], "id": "1", "sequence_id": 3}, "x") is None
+    assert unknown_key_error(InferRequest, {"inputs": [], "output": []}, "the request") == \
+        "unknown field 'output' in the request: did you mean 'outputs'?"
+    form = {"file": b"", "model": "m", "include[]": "logprobs", "chunking_strategy": "auto"}  # OpenAI SDK fields
+    assert unknown_key_error(TranscriptionForm, form, "the form") is None
+    assert unknown_key_error(TranscriptionForm, {**form, "languag": "en"}, "the form") == \
+        "unknown field 'languag' in the form: did you mean 'language'?"
