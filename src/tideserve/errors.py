@@ -9,6 +9,8 @@ This module imports nothing from tideserve (an import-linter contract checks it)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class TideserveError(Exception):
     """Base class. ``code`` is stable; ``http_status`` is what a server answers with."""
@@ -85,6 +87,13 @@ class UnknownModelError(TideserveError):
 
     code = "unknown_model"
     http_status = 404
+
+    @classmethod
+    def naming(cls, name: str, served: str, aliases: Sequence[str] = ()) -> UnknownModelError:
+        """The error for a request naming ``name`` where the endpoint serves ``served``, also
+        known as ``aliases`` (which the message lists: OpenAI clients send ``whisper-1``)."""
+        also = f" (also as {', '.join(repr(a) for a in aliases)})" if aliases else ""
+        return cls(f"model '{name}' is not served here; this endpoint serves '{served}'{also}")
 
 
 class PayloadTooLargeError(TideserveError):

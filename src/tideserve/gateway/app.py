@@ -360,7 +360,7 @@ def build_gateway_app(
 
     def check_model(name: str) -> None:
         if not spec.model.serves(name):
-            raise UnknownModelError(f"model '{name}' is not served here; this endpoint serves '{model}'")
+            raise UnknownModelError.naming(name, model, spec.model.aliases)
 
     def any_ready() -> bool:
         return any(e.ready for e in runtime.endpoints())

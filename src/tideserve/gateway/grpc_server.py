@@ -80,7 +80,7 @@ class InferenceService:
 
     def _check_model(self, name: str) -> None:
         if not self.core.endpoint.spec.model.serves(name):
-            raise UnknownModelError(f"model '{name}' is not served here; this endpoint serves '{self.model}'")
+            raise UnknownModelError.naming(name, self.model, self.core.endpoint.spec.model.aliases)
 
     # --- health and metadata ------------------------------------------------------------------
     async def ServerLive(self, req: Any, ctx: dict) -> Any:

@@ -32,7 +32,7 @@ def models_response(served_model: str, model_id: str | None, aliases: Sequence[s
     if model_id is None:
         return {"object": "list", "data": [model_object(m) for m in (served_model, *aliases)]}
     if model_id != served_model and model_id not in aliases:
-        raise UnknownModelError(f"model '{model_id}' is not served here; this endpoint serves '{served_model}'")
+        raise UnknownModelError.naming(model_id, served_model, aliases)
     return model_object(model_id)
 
 
@@ -54,11 +54,9 @@ def parse_form(fields: dict[str, str], file_bytes: bytes | None, served_model: s
         raise BadInputError(f"missing form field 'model'; this endpoint serves '{served_model}'")
     schemas.validate(schemas.TranscriptionForm, {**fields, "file": file_bytes, GRANULARITIES: list(granularities) or None},
                      "the form")  # structure
-    model = fields.get("model")
-    if not model:
-        raise BadInputError(f"missing form field 'model'; this endpoint serves '{served_model}'")
+    model = fields["model"]
     if model != served_model and model not in aliases:
-        raise UnknownModelError(f"model '{model}' is not served here; use '{served_model}'")
+        raise UnknownModelError.naming(model, served_model, aliases)
     fmt = fields.get("response_format") or "json"
     if fmt not in RESPONSE_FORMATS:
         raise BadInputError(f"response_format '{fmt}' is not supported; use one of {', '.join(RESPONSE_FORMATS)}")
