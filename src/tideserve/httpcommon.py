@@ -6,6 +6,7 @@ right status, and echo or create ``X-Request-Id`` on every response.
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import re
@@ -45,6 +46,14 @@ def _valid_request_id(value: str | None) -> TypeGuard[str]:
     return value is not None and _REQUEST_ID_RE.fullmatch(value) is not None
 
 
+def _route_hint(request: web.Request) -> str:
+    """"; did you mean P?" for the app's route P nearest to the path asked for (difflib's ratio of
+    at least 0.8: "/v1/transcriptions" against "/v1/audio/transcriptions" is 0.86), else ""."""
+    paths = sorted({r.canonical for r in request.app.router.resources()})
+    close = difflib.get_close_matches(request.path, paths, n=1, cutoff=0.8)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
 @web.middleware
 async def request_id_and_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Set the request id (kept when the client sends a sane one), turn every error into
@@ -62,7 +71,7 @@ async def request_id_and_errors(request: web.Request, handler: Handler) -> web.S
             return error_response(request, PayloadTooLargeError(
                 f"request body is larger than the limit of {request.app._client_max_size} bytes; send a smaller file"))
         except web.HTTPNotFound:
-            error = TideserveError(f"no route for {request.method} {request.path}")
+            error = TideserveError(f"no route for {request.method} {request.path}{_route_hint(request)}")
             error.http_status, error.code = 404, "not_found"
             return error_response(request, error)
         except web.HTTPMethodNotAllowed as exc:
