@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import shutil
 import signal
 import ssl
 import sys
@@ -133,12 +134,13 @@ async def run_endpoint(
         replicas_note = ("but NO pool can run on this machine, so every request is refused (503):\n    "
                          + "\n    ".join(f"pool {p['name']}: {p['reason']}" for p in unusable))
     cacert = f" --cacert {cfg.tls_cert_file}" if ctx else ""
+    cli = cli_command()
     print(
         f"tideserve: endpoint '{endpoint.metadata.name}' serves model '{endpoint.spec.model.name}' at {url}\n"
-        f"  {replicas_note}; `tideserve status{cli_opts}`{key_note} shows them.\n"
+        f"  {replicas_note}; `{cli} status{cli_opts}`{key_note} shows them.\n"
         f"  try:  (printf '{{\"audio_data\": \"'; base64 -w0 clip.wav; printf '\"}}') | "
         f"curl{cacert} -X POST {url}/invocations{auth} -H 'Content-Type: application/json' --data-binary @-\n"
-        f"  or:   tideserve invoke {endpoint_file} clip.wav{cli_opts}{key_note}\n"
+        f"  or:   {cli} invoke {endpoint_file} clip.wav{cli_opts}{key_note}\n"
         + (f"  gRPC (KServe v2 / Triton): {gw.host}:{app['grpc_port']}\n" if app.get("grpc_port") else "") +
         "  Ctrl-C stops the endpoint and every replica.",
         file=sys.stderr, flush=True,
@@ -154,3 +156,21 @@ async def run_endpoint(
     await runtime.stop()
     log.info("stopped")
     return 0
+
+
+def cli_command(argv0: str | None = None, cwd: Path | None = None) -> str:
+    """How the user's shell runs this CLI, for the start-up banner's example commands:
+    ``tideserve`` when that name on PATH is the program that is running, else the path it was
+    started by, relative to ``cwd`` when under it (``make run`` starts ``.venv/bin/tideserve``,
+    which a shell without the virtualenv activated finds only by its path); ``tideserve`` when
+    started some other way (``python -m tideserve``)."""
+    started = Path(argv0 if argv0 is not None else sys.argv[0])
+    if started.name != "tideserve":
+        return "tideserve"
+    on_path = shutil.which("tideserve")
+    if on_path and Path(on_path).resolve() == started.resolve():
+        return "tideserve"
+    try:
+        return str(started.resolve().relative_to((cwd or Path.cwd()).resolve()))
+    except ValueError:
+        return str(started.resolve())

@@ -1,0 +1,28 @@
+"""The start-up banner's example commands name the CLI the way the user's shell can run it."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from tideserve.cli.serve import cli_command
+
+
+def _script(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\n")
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return path
+
+
+def test_the_banner_names_the_cli_by_the_path_make_run_started(tmp_path, monkeypatch):
+    # Found by a new user's try: `make run` starts .venv/bin/tideserve, and the banner said
+    # `tideserve invoke ...`, which a shell without the virtualenv activated does not find.
+    exe = _script(tmp_path / ".venv" / "bin" / "tideserve")
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    assert cli_command(str(exe), tmp_path) == os.path.join(".venv", "bin", "tideserve")
+    assert cli_command(str(exe), tmp_path / "elsewhere") == str(exe.resolve())  # outside the folder: absolute
+    monkeypatch.setenv("PATH", f"{exe.parent}:/usr/bin")  # the virtualenv activated: the bare name runs it
+    assert cli_command(str(exe), tmp_path) == "tideserve"
+    assert cli_command("/usr/lib/python3/tideserve/__main__.py", tmp_path) == "tideserve"  # python -m tideserve
