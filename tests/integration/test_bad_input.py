@@ -128,7 +128,7 @@ def test_language_the_model_does_not_know(endpoint, en_clips, served_after):
     with endpoint.client() as c:
         r = c.post("/v1/audio/transcriptions", data={"model": "whisper-tiny.en", "language": "fr"},
                    files={"file": ("a.wav", en_clips[0].wav, "audio/wav")})
-    _error(r, 400, "bad_input", "language 'fr' is not supported", "use one of en")
+    _error(r, 400, "bad_input", "language 'fr' is not supported", "which transcribes only 'en': use 'en' or leave the language out")
     # The same on the other two APIs: a "language" field in /invocations, a LANGUAGE input in KServe.
     audio = base64.b64encode(en_clips[0].wav).decode()
     with endpoint.client() as c:
@@ -137,14 +137,14 @@ def test_language_the_model_does_not_know(endpoint, en_clips, served_after):
             {"name": "AUDIO", "datatype": "BYTES", "shape": [1], "data": [audio]},
             {"name": "LANGUAGE", "datatype": "BYTES", "shape": [1], "data": ["fr"]}]})
         ok = c.post("/invocations", json={"audio_data": audio, "language": "en"})
-    _error(sm, 400, "bad_input", "language 'fr' is not supported", "use one of en")
+    _error(sm, 400, "bad_input", "language 'fr' is not supported", "which transcribes only 'en': use 'en' or leave the language out")
     with endpoint.client() as c:  # and an English-only model does not translate, on any API
         tr = c.post("/v1/audio/translations", data={"model": "whisper-tiny.en"},
                     files={"file": ("a.wav", en_clips[0].wav, "audio/wav")})
         tr_sm = c.post("/invocations", json={"audio_data": audio, "task": "translate"})
     _error(tr, 400, "bad_input", "is English-only and cannot translate", "examples/whisper-base.yaml")
     _error(tr_sm, 400, "bad_input", "is English-only and cannot translate")
-    _error(ks, 400, "bad_input", "language 'fr' is not supported", "use one of en")
+    _error(ks, 400, "bad_input", "language 'fr' is not supported", "which transcribes only 'en': use 'en' or leave the language out")
     assert ok.status_code == 200 and ok.json()["transcribe_text"]
 
 

@@ -185,7 +185,9 @@ class WorkerService:
             known = ", ".join(sorted(self.languages))  # every one (Whisper's 99 two-letter codes: ~400 characters)
             raise BadInputError(f"language '{req.language}' is not supported by model '{self.model_name}'; use one of "
                                 f"{known} (or leave it out to detect it)" if len(self.languages) > 1 else
-                                f"language '{req.language}' is not supported by model '{self.model_name}'; use one of {known}")
+                                f"language '{req.language}' is not supported by model '{self.model_name}', which "
+                                f"transcribes only '{known}': use '{known}' or leave the language out, or serve a "
+                                "multilingual model (examples/whisper-base.yaml)")
 
     async def prepare(self, fn, *args) -> Prepared:
         """Run a ``worker.prep`` function in a prep process, timing the stage. When the engine
