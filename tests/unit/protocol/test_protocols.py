@@ -407,3 +407,15 @@ def test_a_clients_own_keys_are_still_ignored():
     assert unknown_key_error(TranscriptionForm, form, "the form") is None
     assert unknown_key_error(TranscriptionForm, {**form, "languag": "en"}, "the form") == \
         "unknown field 'languag' in the form: did you mean 'language'?"
+
+
+def test_only_the_first_unknown_keys_are_compared_with_the_fields():
+    # A body of a million unknown keys took 8.4 s of CPU to compare (0.7 s to parse): only the
+    # first MAX_KEYS_COMPARED (32) unknown keys are, so a misspelling after them is not seen.
+    from tideserve.protocol.schemas import MAX_KEYS_COMPARED, InvocationRequest, unknown_key_error
+
+    own = {f"client_key_{i}": i for i in range(MAX_KEYS_COMPARED)}
+    assert MAX_KEYS_COMPARED == 32
+    assert unknown_key_error(InvocationRequest, {**own, "langauge": "de"}, "x") is None
+    assert unknown_key_error(InvocationRequest, {"audio_data": "A", **dict(list(own.items())[:31]), "langauge": "de"},
+                             "x") == "unknown field 'langauge' in x: did you mean 'language'?"
