@@ -9,7 +9,6 @@ checked by the parsers after validation.
 
 from __future__ import annotations
 
-import difflib
 import itertools
 from typing import Any, ClassVar, Literal
 
@@ -22,9 +21,9 @@ RESPONSE_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
 
 class _Body(BaseModel):
     # Unknown keys are ignored, as the parsers always did (clients send their own), unless one
-    # is a misspelling of a field (``validate``); no coercion between JSON types.
+    # stands for a field the body lacks (``unknown_key_error``); no coercion between JSON types.
     model_config = ConfigDict(extra="allow", strict=True)
-    #: Keys that are another API's name for one of these fields: key -> the field's name here.
+    #: Keys that are another API's name for one of these fields: key (lower case) -> the field's name here.
     MISNAMED: ClassVar[dict[str, str]] = {}
 
 
@@ -32,7 +31,7 @@ class _Body(BaseModel):
 class InvocationRequest(_Body):
     """``POST /invocations`` (and ``/endpoints/{endpoint}/invocations``) as JSON."""
 
-    MISNAMED: ClassVar[dict[str, str]] = {"prompt": "whisper_prompt", "initial_prompt": "whisper_prompt"}
+    MISNAMED: ClassVar[dict[str, str]] = {"prompt": "whisper_prompt", "initial_prompt": "whisper_prompt", "lang": "language"}
     audio_data: str = Field(min_length=1, description="the base64-encoded audio file (WAV, FLAC, MP3, OGG, ...)")
     whisper_prompt: str | None = Field(None, description="Whisper's initial prompt (text)")
     language: str | None = Field(None, description="the spoken language, e.g. en (ISO-639-1); default: the model's")
@@ -98,6 +97,9 @@ class TranscriptionForm(_Body):
     """``POST /v1/audio/transcriptions`` (multipart/form-data): every field but ``file`` is text."""
 
     model_config = ConfigDict(extra="allow", strict=False)
+    MISNAMED: ClassVar[dict[str, str]] = {"whisper_prompt": "prompt", "initial_prompt": "prompt", "lang": "language",
+                                          "timestamp_granularities": "timestamp_granularities[]",
+                                          "timestamp_granularity": "timestamp_granularities[]"}
     file: bytes = Field(description="the audio file", json_schema_extra={"format": "binary"})
     model: str = Field(min_length=1, description="the served model's name")
     prompt: str | None = None
@@ -125,33 +127,57 @@ class ErrorBody(_Body):
     error: str | dict[str, Any] | None = None
 
 
-#: How alike (difflib's ratio) an unknown key and a field's name must be for the key to be taken
-#: as a misspelling of it: "langauge" and "language" are 0.875, "task_id" and "task" 0.73 (a
-#: client's own key, left alone).
-MISSPELLING_RATIO = 0.8
 #: How many unknown keys of one body are compared with the fields: a misspelling sits among a
 #: request's few keys, and comparing them all would let a body of a million keys cost seconds of
-#: CPU (8.4 s, against 0.7 s to parse it, 2026-12-07).
+#: CPU (difflib over every key: 8.4 s, against 0.7 s to parse the body, 2026-12-07).
 MAX_KEYS_COMPARED = 32
+#: Fields shorter than this are not matched (``id``, ``task``, ``file``: a client's ``uid`` or
+#: ``tsk`` is as likely its own key as a slip).
+MIN_FIELD_CHARS = 5
+
+
+def typo_distance(a: str, b: str) -> int:
+    """Edits between ``a`` and ``b``, case ignored: insertions, deletions, substitutions and
+    swaps of two neighbours (the optimal string alignment distance, Damerau 1964), so
+    ``langauge`` is 1 from ``language`` and ``prompt_id`` 3 from ``prompt``. O(len(a) * len(b)):
+    the callers pass field names and keys of at most 64 characters. (The standard library's
+    difflib has no edit distance; a dependency for these few lines is not worth it.)"""
+    a, b = a.lower(), b.lower()
+    prev2: list[int] = []
+    prev = list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        row = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            row[j] = min(prev[j] + 1, row[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1]))
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                row[j] = min(row[j], prev2[j - 2] + 1)
+        prev2, prev = prev, row
+    return prev[-1]
 
 
 def unknown_key_error(model: type[BaseModel], data: Any, what: str) -> str | None:
-    """The message for the first key of ``data`` that is not a field of ``model`` but names one
-    (``model.MISNAMED``) or is a misspelling of one (``MISSPELLING_RATIO``), else None: such a
-    key would otherwise be ignored silently, and the request served without what it asked for
-    (a misspelt ``language`` transcribed as the model's default). Only the first
-    ``MAX_KEYS_COMPARED`` unknown keys are looked at."""
+    """The message for the first key of ``data`` that is not a field of ``model`` but stands for
+    one the body lacks, else None: another API's name for it (``model.MISNAMED``), or a slip of
+    the keyboard (``typo_distance`` at most 1, or 2 for a field of more than 8 characters; fields
+    of ``MIN_FIELD_CHARS`` or more). Such a key would otherwise be ignored silently and the
+    request served without what it asked for (a misspelt ``language`` transcribed in the model's
+    default). A key beside the field it resembles (``languages`` with ``language``) is the
+    client's own, as is every other unknown key. Only the first ``MAX_KEYS_COMPARED`` unknown
+    keys are looked at."""
     if not isinstance(data, dict):
         return None
     names = [f.alias or n for n, f in model.model_fields.items()]
+    absent = [n for n in names if n not in data and len(n) >= MIN_FIELD_CHARS]
     misnamed: dict[str, str] = getattr(model, "MISNAMED", {})
     unknown = (key for key in data if isinstance(key, str) and key not in names)
     for key in itertools.islice(unknown, MAX_KEYS_COMPARED):
-        if key in misnamed:
-            return f"unknown field '{key}' in {what}: this API calls it '{misnamed[key]}'"
-        close = difflib.get_close_matches(key, names, n=1, cutoff=MISSPELLING_RATIO)
-        if close:
-            return f"unknown field '{key}' in {what}: did you mean '{close[0]}'?"
+        if (meant := misnamed.get(key.lower())) in absent:
+            return f"unknown field '{key}' in {what}: this API calls it '{meant}'"
+        if len(key) > 64:
+            continue
+        for name in absent:
+            if abs(len(key) - len(name)) <= 2 and typo_distance(key, name) <= (1 if len(name) <= 8 else 2):
+                return f"unknown field '{key}' in {what}: did you mean '{name}'?"
     return None
 
 

@@ -382,10 +382,12 @@ def test_invocation_form_urlencoded_body_says_how_to_send_a_file():
     # Before: a misspelt or misnamed optional field was ignored, and the request served without
     # it (a misspelt language transcribed in the model's default, with a 200).
     ({"langauge": "de"}, "unknown field 'langauge' in the request body: did you mean 'language'?"),
-    ({"Language": "de"}, "did you mean 'language'?"),
-    ({"tsk": "translate"}, "did you mean 'task'?"),
+    ({"LANGUAGE": "de"}, "did you mean 'language'?"),
+    ({"languages": "de"}, "did you mean 'language'?"),  # without a language of its own
     ({"prompt": "Hi"}, "unknown field 'prompt' in the request body: this API calls it 'whisper_prompt'"),
+    ({"Prompt": "Hi"}, "this API calls it 'whisper_prompt'"),
     ({"initial_prompt": "Hi"}, "this API calls it 'whisper_prompt'"),
+    ({"lang": "de"}, "this API calls it 'language'"),
 ])
 def test_a_misspelt_or_misnamed_field_is_refused_by_name(extra, words):
     body = json.dumps({"audio_data": base64.b64encode(b"RIFFxx").decode(), **extra}).encode()
@@ -394,19 +396,36 @@ def test_a_misspelt_or_misnamed_field_is_refused_by_name(extra, words):
 
 
 def test_a_clients_own_keys_are_still_ignored():
-    # Keys that resemble no field (difflib ratio under MISSPELLING_RATIO: "task_id" against
-    # "task" is 0.73) stay a client's own business, on every API.
-    from tideserve.protocol.schemas import InferRequest, TranscriptionForm, unknown_key_error
+    # Keys that are no slip for a field the body lacks stay a client's own business, on every API.
+    # An adversarial helper found the first version (difflib's ratio >= 0.8) refusing these:
+    # "uid" beside "id", "languages" beside "language", "temperature_inc", "prompt_id".
+    from tideserve.protocol.schemas import InferRequest, InvocationRequest, TranscriptionForm, unknown_key_error
 
-    body = {"audio_data": base64.b64encode(b"RIFFxx").decode(), "task_id": "7", "custom_attributes": "x"}
+    audio = base64.b64encode(b"RIFFxx").decode()
+    body = {"audio_data": audio, "task_id": "7", "custom_attributes": "x", "language": "en", "languages": ["en"],
+            "audio_data_url": "u", "whisper_prompt_id": "p", "taskid": 1, "tsk": 2}
     assert sagemaker.parse_invocation(json.dumps(body).encode()).audio == b"RIFFxx"
-    assert unknown_key_error(InferRequest, {"inputs": [], "id": "1", "sequence_id": 3}, "x") is None
+    assert unknown_key_error(InvocationRequest, {"audio_data": audio, "language_code": "de"}, "x") is None
+    assert unknown_key_error(InferRequest, {"inputs": [], "id": "1", "sequence_id": 3, "uid": "x", "sid": 1}, "x") is None
+    assert unknown_key_error(TranscriptionForm, {"file": b"", "model": "m", "temperature": "0", "temperature_inc": "0.2",
+                                                 "prompt_id": "1", "mode": "x"}, "x") is None
     assert unknown_key_error(InferRequest, {"inputs": [], "output": []}, "the request") == \
         "unknown field 'output' in the request: did you mean 'outputs'?"
     form = {"file": b"", "model": "m", "include[]": "logprobs", "chunking_strategy": "auto"}  # OpenAI SDK fields
     assert unknown_key_error(TranscriptionForm, form, "the form") is None
     assert unknown_key_error(TranscriptionForm, {**form, "languag": "en"}, "the form") == \
         "unknown field 'languag' in the form: did you mean 'language'?"
+    assert unknown_key_error(TranscriptionForm, {**form, "whisper_prompt": "p"}, "the form") == \
+        "unknown field 'whisper_prompt' in the form: this API calls it 'prompt'"
+    assert unknown_key_error(TranscriptionForm, {**form, "timestamp_granularity": "word"}, "the form") == \
+        "unknown field 'timestamp_granularity' in the form: this API calls it 'timestamp_granularities[]'"
+
+
+def test_the_typo_distance_counts_a_swap_of_neighbours_as_one_edit():
+    from tideserve.protocol.schemas import typo_distance
+
+    assert [typo_distance(a, b) for a, b in [("langauge", "language"), ("Language", "language"), ("prompt_id", "prompt"),
+                                             ("audioData", "audio_data"), ("", "abc"), ("ca", "abc")]] == [1, 0, 3, 1, 3, 3]
 
 
 def test_only_the_first_unknown_keys_are_compared_with_the_fields():
