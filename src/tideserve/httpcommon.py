@@ -47,11 +47,25 @@ def _valid_request_id(value: str | None) -> TypeGuard[str]:
 
 
 def _route_hint(request: web.Request) -> str:
-    """"; did you mean P?" for the app's route P nearest to the path asked for (difflib's ratio of
-    at least 0.8: "/v1/transcriptions" against "/v1/audio/transcriptions" is 0.86), else ""."""
-    paths = sorted({r.canonical for r in request.app.router.resources()})
-    close = difflib.get_close_matches(request.path, paths, n=1, cutoff=0.8)
-    return f"; did you mean {close[0]}?" if close else ""
+    """"; did you mean P?" for the route P nearest to the path asked for, else "". Candidates: the
+    routes that take the request's method, under the same first segment when the path has more
+    than one (``/v2/model`` is not a slip for ``/v1/models``); a route's ``{parameter}`` segments
+    are compared as the request's own segments there (``/v2/models/whisper/infe`` is near
+    ``/v2/models/{name}/infer``). Near: difflib's ratio of at least 0.8 ("/v1/transcriptions"
+    against "/v1/audio/transcriptions" is 0.86)."""
+    asked = request.path.split("/")
+    candidates: dict[str, str] = {}  # the route as compared -> the route as shown
+    for resource in request.app.router.resources():
+        if not any(route.method in (request.method, "*") for route in resource):
+            continue
+        shown = resource.canonical
+        parts = shown.split("/")
+        if len(asked) > 2 and parts[1:2] != asked[1:2]:
+            continue
+        filled = [asked[i] if p.startswith("{") and i < len(asked) else p for i, p in enumerate(parts)]
+        candidates["/".join(filled)] = shown
+    close = difflib.get_close_matches(request.path, list(candidates), n=1, cutoff=0.8)
+    return f"; did you mean {candidates[close[0]]}?" if close else ""
 
 
 @web.middleware

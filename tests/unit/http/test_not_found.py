@@ -32,7 +32,14 @@ def test_a_near_miss_path_is_answered_with_the_route_it_likely_meant():
     status, body = asyncio.run(_post("/v1/transcriptions"))
     assert status == 404 and body["code"] == "not_found"
     assert body["message"] == "no route for POST /v1/transcriptions; did you mean /v1/audio/transcriptions?"
+    # An adversarial helper's findings: a route with a parameter was compared as its template (so
+    # /v2/models/whisper-1/infe got no hint), the method was not heeded (POST /pin -> GET /ping),
+    # and another API's path was offered (/v2/model -> /v1/models).
+    status, body = asyncio.run(_post("/v2/models/whisper-1/infe"))
+    assert body["message"] == "no route for POST /v2/models/whisper-1/infe; did you mean /v2/models/{name}/infer?"
     status, body = asyncio.run(_post("/pin"))
-    assert body["message"] == "no route for POST /pin; did you mean /ping?"
+    assert body["message"] == "no route for POST /pin"  # /ping takes GET only
+    status, body = asyncio.run(_post("/v2/audio/transcriptions"))
+    assert body["message"] == "no route for POST /v2/audio/transcriptions"  # not a v1 route
     status, body = asyncio.run(_post("/something/else"))  # nothing near: no guess
     assert status == 404 and body["message"] == "no route for POST /something/else"
