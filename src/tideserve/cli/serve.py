@@ -158,19 +158,17 @@ async def run_endpoint(
     return 0
 
 
-def cli_command(argv0: str | None = None, cwd: Path | None = None) -> str:
+def cli_command(argv0: str | None = None, executable: str | None = None) -> str:
     """How the user's shell runs this CLI, for the start-up banner's example commands:
-    ``tideserve`` when that name on PATH is the program that is running, else the path it was
-    started by, relative to ``cwd`` when under it (``make run`` starts ``.venv/bin/tideserve``,
-    which a shell without the virtualenv activated finds only by its path); ``tideserve`` when
-    started some other way (``python -m tideserve``)."""
+    ``tideserve`` when that name on PATH is the program that is running; else its absolute path
+    (``make run`` starts ``.venv/bin/tideserve``, which a shell without the virtualenv activated
+    finds only by its path, from whatever folder it is in); started another way (``python -m
+    tideserve``, a link of another name), ``<this Python's absolute path> -m tideserve``.
+    ``argv0``/``executable``: ``sys.argv[0]`` and ``sys.executable`` (tests pass their own)."""
     started = Path(argv0 if argv0 is not None else sys.argv[0])
     if started.name != "tideserve":
-        return "tideserve"
+        return f"{Path(executable or sys.executable).absolute()} -m tideserve"
     on_path = shutil.which("tideserve")
     if on_path and Path(on_path).resolve() == started.resolve():
         return "tideserve"
-    try:
-        return str(started.resolve().relative_to((cwd or Path.cwd()).resolve()))
-    except ValueError:
-        return str(started.resolve())
+    return str(started.absolute())

@@ -18,11 +18,14 @@ def _script(path: Path) -> Path:
 
 def test_the_banner_names_the_cli_by_the_path_make_run_started(tmp_path, monkeypatch):
     # Found by a new user's try: `make run` starts .venv/bin/tideserve, and the banner said
-    # `tideserve invoke ...`, which a shell without the virtualenv activated does not find.
+    # `tideserve invoke ...`, which a shell without the virtualenv activated does not find. Then
+    # an adversarial helper's: a relative path fails from another folder (make -C), and
+    # `python -m tideserve` printed a bare `tideserve` that was not on PATH.
     exe = _script(tmp_path / ".venv" / "bin" / "tideserve")
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
-    assert cli_command(str(exe), tmp_path) == os.path.join(".venv", "bin", "tideserve")
-    assert cli_command(str(exe), tmp_path / "elsewhere") == str(exe.resolve())  # outside the folder: absolute
+    assert cli_command(str(exe)) == str(exe)  # absolute: it runs from any folder
     monkeypatch.setenv("PATH", f"{exe.parent}:/usr/bin")  # the virtualenv activated: the bare name runs it
-    assert cli_command(str(exe), tmp_path) == "tideserve"
-    assert cli_command("/usr/lib/python3/tideserve/__main__.py", tmp_path) == "tideserve"  # python -m tideserve
+    assert cli_command(str(exe)) == "tideserve"
+    python = tmp_path / ".venv" / "bin" / "python"
+    assert cli_command("/usr/lib/python3/tideserve/__main__.py", str(python)) == f"{python} -m tideserve"
+    assert os.path.isabs(cli_command("serve-it", "bin/python").split()[0])
