@@ -93,7 +93,8 @@ class UnknownModelError(TideserveError):
         """The error for a request naming ``name`` where the endpoint serves ``served``, also
         known as ``aliases`` (which the message lists: OpenAI clients send ``whisper-1``)."""
         also = f" (also as {', '.join(repr(a) for a in aliases)})" if aliases else ""
-        return cls(f"model '{name}' is not served here; this endpoint serves '{served}'{also}")
+        shown = name if len(name) <= 80 else name[:80] + f"... ({len(name)} characters)"  # a 10 MB name is not echoed
+        return cls(f"model '{shown}' is not served here; this endpoint serves '{served}'{also}")
 
 
 class PayloadTooLargeError(TideserveError):

@@ -144,6 +144,10 @@ def test_an_unknown_model_is_answered_with_the_served_name_and_its_aliases():
                              "(also as 'whisper-1')"
     with pytest.raises(UnknownModelError, match=r"serves 'm'$"):
         openai.models_response("m", "other")
+    # An adversarial helper's: a model name of 10 MB came back in full, twice, in a 20 MB answer.
+    with pytest.raises(UnknownModelError) as err:
+        openai.parse_form({"model": "x" * 10_000_000}, b"x", "m")
+    assert str(err.value) == "model '" + "x" * 80 + "... (10000000 characters)' is not served here; this endpoint serves 'm'"
 
 
 RESULT = TranscriptionResult("Hello world. Bye.", "en", 3661.5, [
