@@ -37,7 +37,7 @@ for _p in ("tests", "bench", "src"):
 
 import audio  # noqa: E402
 from inproc import REQUEST_KINDS, Tideserve  # noqa: E402
-from longfiles import long_file  # noqa: E402
+from longfiles import long_files  # noqa: E402
 from tideserve.spec.models import Decoding  # noqa: E402
 from tideserve.worker.backends.torch_whisper import model as wm  # noqa: E402
 
@@ -85,9 +85,7 @@ def main() -> int:
     ts = Tideserve("torch", "cpu-x86_64-fp32", Decoding(beam_size=1, without_timestamps=without), 8)
     clips = audio.load_en_clips()
     files = [(c.name, c.samples, c.reference) for c in clips]
-    for i, m in enumerate(float(x) for x in a.minutes.split(",") if x):
-        s, ref = long_file(clips, m, seed=13 + i)
-        files.append((f"long-{m:g}min", s, ref))
+    files += long_files(clips, [float(x) for x in a.minutes.split(",") if x])
     exact = wm.linear_gelu
     model = ts.backend.model
     rows, texts = [], {}

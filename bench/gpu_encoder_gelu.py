@@ -15,7 +15,7 @@ shapes, bf16), milliseconds per 30-s window:
 - ``attention_<backend>``: the encoder's 32 self-attentions alone, eager, with each of PyTorch's
   attention backends forced (``torch.nn.attention.sdpa_kernel``); PyTorch picks cuDNN's on an H100.
 
-Median of 10 timed passes after 2 warm-up passes (CUDA events, ``gpu_step_parts.eager_ms``).
+Median of 10 timed passes after 2 warm-up passes (CUDA events, ``gpu_encoder_parts.per_window_ms``).
 
     python3 bench/gpu_encoder_gelu.py --json $OUT/encoder_gelu.json [--batches 62,32]
 """
@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tideserve.worker.backends.torch_whisper import model as wm
-from gpu_step_parts import eager_ms
+from gpu_encoder_parts import per_window_ms
 
 
 def main() -> int:
@@ -63,7 +63,7 @@ def main() -> int:
             compile_s = time.perf_counter() - t0
             for b in batches:
                 outs[name, b] = enc(feats[b]).float()
-                ms = eager_ms(lambda b=b, enc=enc: enc(feats[b]), repeats=10) / b
+                ms = per_window_ms(lambda b=b, enc=enc: enc(feats[b]), b)
                 row = {"variant": name, "batch": b, "ms_per_window": round(ms, 3), "compile_s": round(compile_s, 1)}
                 if name != "compiled":
                     ref, got = outs["compiled", b], outs[name, b]
@@ -78,9 +78,8 @@ def main() -> int:
         for backend in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
             try:
                 with sdpa_kernel(backend):
-                    ms = eager_ms(lambda q=q, k=k, v=v: [F.scaled_dot_product_attention(q, k, v)
-                                                        for _ in range(dims.encoder_layers)],
-                                  repeats=10) / b
+                    ms = per_window_ms(lambda q=q, k=k, v=v: [F.scaled_dot_product_attention(q, k, v)
+                                                             for _ in range(dims.encoder_layers)], b)
                 row = {"variant": f"attention_{backend.name.lower()}", "batch": b, "ms_per_window": round(ms, 3)}
             except RuntimeError as exc:
                 row = {"variant": f"attention_{backend.name.lower()}", "batch": b, "failed": str(exc)[:120]}

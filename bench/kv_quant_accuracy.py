@@ -38,7 +38,7 @@ for _p in ("tests", "bench", "src"):
 
 import audio  # noqa: E402
 from inproc import REQUEST_KINDS, Tideserve  # noqa: E402
-from longfiles import long_file  # noqa: E402
+from longfiles import long_files  # noqa: E402
 from tideserve.spec.models import Decoding  # noqa: E402
 from tideserve.worker.backends.torch_whisper.model import Whisper  # noqa: E402
 
@@ -96,9 +96,7 @@ def main() -> int:
     decoding = Decoding(beam_size=1, without_timestamps=without)
     clips = audio.load_en_clips()
     files = [(c.name, c.samples, c.reference) for c in clips]
-    for i, m in enumerate(float(x) for x in a.minutes.split(",") if x):
-        s, ref = long_file(clips, m, seed=13 + i)
-        files.append((f"long-{m:g}min", s, ref))
+    files += long_files(clips, [float(x) for x in a.minutes.split(",") if x])
     ts = Tideserve("torch", "cpu-x86_64-fp32", decoding, 8)
     original = Whisper.fill_cross
     rows, texts = [], {}
