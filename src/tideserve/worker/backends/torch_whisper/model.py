@@ -551,10 +551,20 @@ class CompiledEncoder:
     models wider than ``GraphedEncoder.MAX_D_MODEL``, where the graphs are off.
     """
 
-    def __init__(self, model: Whisper, max_batch: int) -> None:
+    # The most windows one compiled pass takes; an admission of more runs in passes of at most this.
+    # Why: compiled for large-v3 with the batch dynamic up to 128, Dynamo refused the range: the
+    # graph it built holds only for 2..64 windows ("Constraints violated ... <= 64", an H100,
+    # 2026-12-07; most likely Inductor's 32-bit indexing of a buffer that grows with the batch),
+    # so a replica with ``max_batch_size`` over 64 failed at load. Every buffer of a narrower
+    # model is smaller, so 64 holds for them too; at large-v3 size passes of 62 windows already
+    # ran the encoder at its best per window (``gpu_encoder_gelu_h100.json``).
+    MAX_PASS = 64
+
+    def __init__(self, model: Whisper, max_batch: int, max_pass: int = MAX_PASS) -> None:
         self.max_batch = max_batch
+        self.max_pass = max(1, min(max_batch, max_pass))
         self._eager = model.encode
-        self._compiled = compile_batch_dynamic(model.encode, max_batch)
+        self._compiled = compile_batch_dynamic(model.encode, self.max_pass)
         p = next(model.parameters())
         with torch.inference_mode():
             self._compiled(torch.zeros(2, model.dims.num_mel_bins, 3000, dtype=p.dtype, device=p.device))
@@ -565,7 +575,9 @@ class CompiledEncoder:
 
     @torch.inference_mode()
     def __call__(self, features: torch.Tensor) -> torch.Tensor:
-        """``[n, n_mels, 3000]`` -> ``[n, 1500, d_model]``. Raises ValueError for more rows than
-        ``max_batch``."""
+        """``[n, n_mels, 3000]`` -> ``[n, 1500, d_model]``, in passes of at most ``max_pass``
+        windows. Raises ValueError for more rows than ``max_batch``."""
         n = check_encoder_batch(features.shape[0], self.max_batch)
+        if n > self.max_pass:
+            return torch.cat([self(part) for part in features.split(self.max_pass)])
         return self._eager(features) if n == 1 else self._compiled(features)
