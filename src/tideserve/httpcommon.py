@@ -81,7 +81,11 @@ async def request_id_and_errors(request: web.Request, handler: Handler) -> web.S
             resp = await handler(request)
         except TideserveError as err:
             return error_response(request, err)
-        except web.HTTPRequestEntityTooLarge:
+        except web.HTTPRequestEntityTooLarge as exc:
+            if "form fields" in (exc.text or ""):  # aiohttp's cap on a form's fields, not its bytes
+                return error_response(request, PayloadTooLargeError(
+                    f"the form has more than {request._client_max_fields} fields; send only the fields this API "
+                    "takes (the file, the model and its options)"))
             return error_response(request, PayloadTooLargeError(
                 f"request body is larger than the limit of {request.app._client_max_size} bytes; send a smaller file"))
         except web.HTTPNotFound:
