@@ -10,6 +10,7 @@ checked by the parsers after validation.
 from __future__ import annotations
 
 import itertools
+import typing
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -181,12 +182,42 @@ def unknown_key_error(model: type[BaseModel], data: Any, what: str) -> str | Non
     return None
 
 
+#: The most elements of a list of bodies (KServe's ``inputs`` and ``outputs``) whose keys are compared.
+MAX_ITEMS_COMPARED = 16
+
+
+def _body_type(annotation: Any) -> type[BaseModel] | None:
+    """The body model inside a field's annotation (``X``, ``list[X]``, ``list[X] | None``), else None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next((t for t in map(_body_type, typing.get_args(annotation)) if t is not None), None)
+
+
+def nested_key_error(model: type[BaseModel], data: Any, what: str) -> str | None:
+    """``unknown_key_error`` for ``data`` and, in turn, for the bodies nested in it (a KServe
+    request's input and output tensors: ``"paramters"`` for ``parameters`` would otherwise drop
+    ``binary_data_size`` silently), each named by its place (``inputs[0]``); at most
+    ``MAX_ITEMS_COMPARED`` elements of a list."""
+    if (msg := unknown_key_error(model, data, what)) is not None or not isinstance(data, dict):
+        return msg
+    for name, field in model.model_fields.items():
+        sub, value = _body_type(field.annotation), data.get(field.alias or name)
+        if sub is None or value is None:
+            continue
+        items = value[:MAX_ITEMS_COMPARED] if isinstance(value, list) else [value]
+        for i, item in enumerate(items):
+            place = f"{name}[{i}]" if isinstance(value, list) else name
+            if (msg := nested_key_error(sub, item, f"{what} ({place})")) is not None:
+                return msg
+    return None
+
+
 def validate(model: type[BaseModel], data: Any, what: str) -> Any:
     """``data`` (parsed JSON, or form fields) validated as ``model``; returns the model
     instance. Raises BadInputError naming the first wrong field of ``what`` and what it
     must be (its description when it has one), or a key that misspells or misnames a field
-    (``unknown_key_error``); other unknown keys are ignored."""
-    if (msg := unknown_key_error(model, data, what)) is not None:
+    (``nested_key_error``: the body's own keys and its nested bodies'); other unknown keys are ignored."""
+    if (msg := nested_key_error(model, data, what)) is not None:
         raise BadInputError(msg)
     try:
         return model.model_validate(data)

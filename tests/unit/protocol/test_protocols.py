@@ -442,3 +442,25 @@ def test_only_the_first_unknown_keys_are_compared_with_the_fields():
     assert unknown_key_error(InvocationRequest, {**own, "langauge": "de"}, "x") is None
     assert unknown_key_error(InvocationRequest, {"audio_data": "A", **dict(list(own.items())[:31]), "langauge": "de"},
                              "x") == "unknown field 'langauge' in x: did you mean 'language'?"
+
+
+def test_a_misspelt_key_inside_a_kserve_tensor_is_refused_with_its_place():
+    # An adversarial helper's finding: keys were compared only at the top level, so "paramters" in an input
+    # tensor dropped its binary_data_size silently, and in an output its binary_data (a JSON
+    # answer where the client asked for binary).
+    from tideserve.protocol.schemas import MAX_ITEMS_COMPARED, InferRequest, nested_key_error
+
+    audio = {"name": "AUDIO", "datatype": "BYTES", "shape": [1], "data": [base64.b64encode(b"RIFFxx").decode()]}
+    for key, place in (("inputs", "inputs[0]"), ("outputs", "outputs[0]")):
+        tensor = audio if key == "inputs" else {"name": "TEXT"}
+        body = {"inputs": [audio], key: [{**tensor, "paramters": {"binary_data": True}}]}
+        with pytest.raises(BadInputError) as exc:
+            kserve.parse_infer(json.dumps(body).encode(), None)
+        assert str(exc.value) == f"unknown field 'paramters' in the inference request ({place}): did you mean 'parameters'?"
+    # tritonclient's keys and a client's own pass; only the first 16 tensors of a list are compared
+    ok = {"inputs": [{**audio, "parameters": {}, "tag": 1}], "outputs": [{"name": "TEXT", "parameters": {}}], "id": "7"}
+    assert kserve.parse_infer(json.dumps(ok).encode(), None).request.audio == b"RIFFxx"
+    many = {"inputs": [audio] * MAX_ITEMS_COMPARED + [{**audio, "paramters": {}}]}
+    assert MAX_ITEMS_COMPARED == 16 and nested_key_error(InferRequest, many, "x") is None
+    many["inputs"][3] = {**audio, "paramters": {}}
+    assert nested_key_error(InferRequest, many, "x") == "unknown field 'paramters' in x (inputs[3]): did you mean 'parameters'?"
