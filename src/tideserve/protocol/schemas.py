@@ -224,6 +224,10 @@ def validate(model: type[BaseModel], data: Any, what: str) -> Any:
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
+        if err["type"] == "string_unicode":  # a lone surrogate in a value, or in a key (then loc is the key's object)
+            place = f"'{where}' in {what}" if where else what
+            raise BadInputError(f"{place} holds text that is not valid ({str(err.get('input'))[:40]!r} has a lone "
+                                "surrogate); send keys and values as UTF-8 text") from None
         field = model.model_fields.get(str(err["loc"][0])) if err["loc"] else None
         if err["type"] == "missing":
             hint = f": {field.description}" if field is not None and field.description else ""

@@ -246,8 +246,21 @@ def test_invocation_surrogate_pair_is_text():
 
 
 def test_invocation_surrogate_in_audio_data_is_bad_input():
-    with pytest.raises(BadInputError, match="'audio_data' in the request body is wrong"):
+    with pytest.raises(BadInputError, match="'audio_data' in the request body holds text that is not valid"):
         sagemaker.parse_invocation(b'{"audio_data": "AA\\ud800AA"}')
+
+
+def test_a_key_with_a_lone_surrogate_is_bad_input_that_says_so():
+    # An adversarial helper's finding: such a key far from any field was answered "'' in the
+    # request body is wrong: input should be a valid string ...", naming no place.
+    with pytest.raises(BadInputError) as exc:
+        sagemaker.parse_invocation(('{"audio_data": "' + _AUDIO_B64 + '", "\\ud800zzzzzz": 1}').encode())
+    assert str(exc.value) == ("the request body holds text that is not valid ('\\ud800zzzzzz' has a lone surrogate); "
+                              "send keys and values as UTF-8 text")
+    body = ('{"inputs": [{"name": "AUDIO", "datatype": "BYTES", "shape": [1], "data": ["' + _AUDIO_B64 + '"], '
+            '"\\udc00k": 1}]}').encode()
+    with pytest.raises(BadInputError, match=r"^'inputs\.0' in the inference request holds text that is not valid"):
+        kserve.parse_infer(body, None)
 
 
 def test_kserve_json_prompt_with_lone_surrogate_is_bad_input():
