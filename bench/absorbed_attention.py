@@ -50,7 +50,7 @@ def quantize_positions(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @triton.jit
-def _absorbed_block(q_base, e_base, t, tv, dc, hv, q_sh, e_st, c: tl.constexpr, DC: tl.constexpr, s):
+def _absorbed_block(q_base, e_base, t, tv, dc, hv, e_st, c: tl.constexpr, DC: tl.constexpr, s):
     """Chunk ``c`` (columns ``c*DC .. c*DC+DC``) of a block's scores: returns the chunk of E
     ``[BLOCK_T, DC]`` in q's dtype and ``s + q_c e_c^T``."""
     e = tl.load(e_base + t[:, None] * e_st + c * DC + dc[None, :], mask=tv[:, None], other=0.0)
@@ -85,15 +85,15 @@ def _absorbed_attend_kernel(q_ptr, e_ptr, es_ptr, out_ptr, part_ptr, H, T, sm_sc
         t = t0 + tl.arange(0, BLOCK_T)
         tv = t < stop
         s = tl.zeros((HB, BLOCK_T), tl.float32)
-        e0, s = _absorbed_block(q_base, e_base, t, tv, dc, hv, q_sh, e_st, 0, DC, s)
+        e0, s = _absorbed_block(q_base, e_base, t, tv, dc, hv, e_st, 0, DC, s)
         if NC > 1:
-            e1, s = _absorbed_block(q_base, e_base, t, tv, dc, hv, q_sh, e_st, 1, DC, s)
+            e1, s = _absorbed_block(q_base, e_base, t, tv, dc, hv, e_st, 1, DC, s)
         if NC > 2:
-            e2, s = _absorbed_block(q_base, e_base, t, tv, dc, hv, q_sh, e_st, 2, DC, s)
+            e2, s = _absorbed_block(q_base, e_base, t, tv, dc, hv, e_st, 2, DC, s)
         if NC > 3:
-            e3, s = _absorbed_block(q_base, e_base, t, tv, dc, hv, q_sh, e_st, 3, DC, s)
+            e3, s = _absorbed_block(q_base, e_base, t, tv, dc, hv, e_st, 3, DC, s)
         if NC > 4:
-            e4, s = _absorbed_block(q_base, e_base, t, tv, dc, hv, q_sh, e_st, 4, DC, s)
+            e4, s = _absorbed_block(q_base, e_base, t, tv, dc, hv, e_st, 4, DC, s)
         es = tl.load(es_ptr + b * es_sb + t, mask=tv, other=0.0)
         s = tl.where(tv[None, :], s * (es * sm_scale)[None, :], float("-inf"))  # log2 units
         m_new = tl.maximum(m, tl.max(s, axis=1))
@@ -152,6 +152,19 @@ def absorbed_chunks(d: int) -> tuple[int, int]:
     raise ValueError(f"absorbed_attend: the model width {d} is not 1-5 chunks of 16-256 columns (a power of two)")
 
 
+def _check(qa: torch.Tensor, e8: torch.Tensor, e_scale: torch.Tensor) -> tuple[int, int, int]:
+    """``qa``'s ``(B, H, D)`` once ``qa``, ``e8`` and ``e_scale`` fit ``absorbed_attend``; else ValueError."""
+    b, h, d = qa.shape
+    if e8.dim() != 3 or e8.shape[0] < b or e8.shape[2] != d or e8.dtype != torch.float8_e4m3fn or e8.stride(2) != 1:
+        raise ValueError(f"absorbed_attend: qa {tuple(qa.shape)} does not match E {tuple(e8.shape)} ({e8.dtype}; "
+                         "float8_e4m3fn [B, T, D] with contiguous rows needed)")
+    if e_scale.shape != e8.shape[:2] or e_scale.dtype != torch.float32 or e_scale.stride(1) != 1 \
+            or qa.stride(2) != 1:
+        raise ValueError(f"absorbed_attend: scales must be float32 {tuple(e8.shape[:2])} with contiguous rows "
+                         f"(got {e_scale.dtype} {tuple(e_scale.shape)}), and qa's last dimension contiguous")
+    return b, h, d
+
+
 def absorbed_attend(qa: torch.Tensor, e8: torch.Tensor, e_scale: torch.Tensor, head_dim: int, split: int = 1,
                     block_t: int | None = None, heads_per_program: int = 16, num_warps: int = 8,
                     num_stages: int = 1) -> torch.Tensor:
@@ -165,14 +178,7 @@ def absorbed_attend(qa: torch.Tensor, e8: torch.Tensor, e_scale: torch.Tensor, h
     sums. ``split`` cuts T into parts, each a program, combined after (more programs when B is
     small). Static shapes, no host synchronisation: safe inside a CUDA graph. ValueError for
     shapes, strides or dtypes it does not take."""
-    b, h, d = qa.shape
-    if e8.dim() != 3 or e8.shape[0] < b or e8.shape[2] != d or e8.dtype != torch.float8_e4m3fn or e8.stride(2) != 1:
-        raise ValueError(f"absorbed_attend: qa {tuple(qa.shape)} does not match E {tuple(e8.shape)} ({e8.dtype}; "
-                         "float8_e4m3fn [B, T, D] with contiguous rows needed)")
-    if e_scale.shape != e8.shape[:2] or e_scale.dtype != torch.float32 or e_scale.stride(1) != 1 \
-            or qa.stride(2) != 1:
-        raise ValueError(f"absorbed_attend: scales must be float32 {tuple(e8.shape[:2])} with contiguous rows "
-                         f"(got {e_scale.dtype} {tuple(e_scale.shape)}), and qa's last dimension contiguous")
+    b, h, d = _check(qa, e8, e_scale)
     dc, nc = absorbed_chunks(d)
     block_t = block_t or (32 if qa.is_cuda else 512)
     hb = heads_per_program
@@ -180,8 +186,10 @@ def absorbed_attend(qa: torch.Tensor, e8: torch.Tensor, e_scale: torch.Tensor, h
         raise ValueError(f"absorbed_attend: split >= 1, block_t and heads_per_program powers of two >= 16 "
                          f"(got {split}, {block_t}, {hb})")
     t = e8.shape[1]
-    out = torch.empty((b, h, d), dtype=qa.dtype, device=qa.device)
-    part = torch.empty((b, h, split, d + 2), dtype=torch.float32, device=qa.device) if split > 1 else out
+    if split > 1:  # the kernel writes partials; ``out`` is only its unused pointer then
+        part = out = torch.empty((b, h, split, d + 2), dtype=torch.float32, device=qa.device)
+    else:
+        part = out = torch.empty((b, h, d), dtype=qa.dtype, device=qa.device)
     sm_scale = head_dim ** -0.5 * 1.4426950408889634  # 1/sqrt(head_dim) and log2(e): exp2 in the kernel
     _absorbed_attend_kernel[(b, triton.cdiv(h, hb), split)](
         qa, e8, e_scale, out, part, h, t, sm_scale,
@@ -272,7 +280,7 @@ def absorbed_attend_positions(qa: torch.Tensor, e8: torch.Tensor, e_scale: torch
                               block_t: int = 64, heads_per_program: int = 32, num_warps: int = 8,
                               num_stages: int = 1) -> torch.Tensor:
     """``absorbed_attend``'s result by the ``positions`` kernel (module doc); the same arguments."""
-    b, h, d = qa.shape
+    b, h, d = _check(qa, e8, e_scale)
     dc, nc = absorbed_chunks(d)
     out = torch.empty((b, h, d), dtype=qa.dtype, device=qa.device)
     sm_scale = head_dim ** -0.5 * 1.4426950408889634

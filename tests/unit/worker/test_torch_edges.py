@@ -109,14 +109,20 @@ def test_compiled_encoder_equals_eager_for_every_batch_size_after_one_compilatio
     assert counters["stats"]["unique_graphs"] == compiled  # no compilation per size
     # Before: a replica with max_batch_size 1 failed at load (its two-window warm-up was refused).
     assert torch.allclose(CompiledEncoder(m, max_batch=1)(x[:1]), got[:1], atol=1e-4)
-    # More windows than one compiled pass takes run in passes (before: compiled for up to 128
-    # windows, large-v3's encoder failed at load on an H100, its graph good for 64 at most).
-    passes = CompiledEncoder(m, max_batch=4, max_pass=3)
+    # More windows than one compiled pass takes run in equal passes (before: compiled for up to 128
+    # windows, large-v3's encoder failed at load on an H100, its graph good for 64 at most). A fresh
+    # Dynamo, so that the graph compiled for 2..4 windows above is not reused: compiled for 2..3,
+    # 4 windows in one pass would be refused.
+    torch._dynamo.reset()
+    passes = CompiledEncoder(m, max_batch=5, max_pass=3)
     assert passes.max_pass == 3
-    compiled = counters["stats"]["unique_graphs"]
+    compiled, sizes, inner = counters["stats"]["unique_graphs"], [], passes._compiled
+    passes._compiled = lambda f: (sizes.append(f.shape[0]), inner(f))[1]
     with torch.inference_mode():
-        assert torch.allclose(passes(x), m.encode(x), atol=1e-4)  # 3 windows, then 1 (eagerly)
-        assert torch.allclose(passes(x[:2]), got[:2], atol=1e-4)
+        y = torch.randn(5, DIMS.num_mel_bins, N_FRAMES)
+        assert torch.allclose(passes(y), m.encode(y), atol=1e-4)
+        assert torch.allclose(passes(y[:4]), m.encode(y[:4]), atol=1e-4)
+    assert sizes == [3, 2, 2, 2]  # 5 -> 3 + 2, 4 -> 2 + 2: no window left alone
     assert counters["stats"]["unique_graphs"] == compiled
     # On by default only for CUDA models wider than the encoder graphs' limit (large-v3: 1280).
     wide = SimpleNamespace(dims=WhisperDims.large_v3())

@@ -536,7 +536,8 @@ class CompiledEncoder:
     residual adds and layout changes fused into few kernels between the matrix products; fc1's
     GELU rides in its product where ``Whisper.fuse_encoder_gelu`` is on, as the backend sets it for
     a compiled encoder), with the batch dimension
-    compiled as dynamic, so one compilation serves every admission of 2 to ``max_batch`` windows;
+    compiled as dynamic, so one compilation serves every pass of 2 to ``max_pass`` windows (an
+    admission of more runs in equal passes);
     a single window runs eagerly (a size of 1 would be specialised and compiled again, and padding
     it to two rows would cost a second window's encoder). Compiled at construction (one pass of two
     zero windows), not on the first request.
@@ -551,13 +552,14 @@ class CompiledEncoder:
     models wider than ``GraphedEncoder.MAX_D_MODEL``, where the graphs are off.
     """
 
-    # The most windows one compiled pass takes; an admission of more runs in passes of at most this.
-    # Why: compiled for large-v3 with the batch dynamic up to 128, Dynamo refused the range: the
-    # graph it built holds only for 2..64 windows ("Constraints violated ... <= 64", an H100,
-    # 2026-12-07; most likely Inductor's 32-bit indexing of a buffer that grows with the batch),
-    # so a replica with ``max_batch_size`` over 64 failed at load. Every buffer of a narrower
-    # model is smaller, so 64 holds for them too; at large-v3 size passes of 62 windows already
-    # ran the encoder at its best per window (``gpu_encoder_gelu_h100.json``).
+    # The most windows one compiled pass takes; an admission of more runs in equal passes of at
+    # most this. Why: compiled for large-v3 with the batch dynamic up to 128, Dynamo refused the
+    # range: the graph it built holds only for 2..64 windows ("Constraints violated ... <= 64", an
+    # H100, 2026-12-07; a guess at the cause: Inductor's 32-bit indexing of a buffer that grows
+    # with the batch), so a replica with ``max_batch_size`` over 64 failed at load. Every buffer
+    # of a narrower model is smaller, so 64 should hold for them too (not tried); at large-v3
+    # size passes of 62 windows ran 4.35 ms a window against 4.71 at 32
+    # (``bench/results/gpu_encoder_gelu_h100.json``), larger passes were not measured.
     MAX_PASS = 64
 
     def __init__(self, model: Whisper, max_batch: int, max_pass: int = MAX_PASS) -> None:
@@ -575,9 +577,9 @@ class CompiledEncoder:
 
     @torch.inference_mode()
     def __call__(self, features: torch.Tensor) -> torch.Tensor:
-        """``[n, n_mels, 3000]`` -> ``[n, 1500, d_model]``, in passes of at most ``max_pass``
-        windows. Raises ValueError for more rows than ``max_batch``."""
+        """``[n, n_mels, 3000]`` -> ``[n, 1500, d_model]``, in equal passes of at most
+        ``max_pass`` windows. Raises ValueError for more rows than ``max_batch``."""
         n = check_encoder_batch(features.shape[0], self.max_batch)
-        if n > self.max_pass:
-            return torch.cat([self(part) for part in features.split(self.max_pass)])
+        if n > self.max_pass:  # equal passes (65 -> 33 + 32), so no single window is left to run eagerly
+            return torch.cat([self(part) for part in features.tensor_split(-(-n // self.max_pass))])
         return self._eager(features) if n == 1 else self._compiled(features)
