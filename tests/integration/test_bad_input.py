@@ -182,6 +182,23 @@ def test_broken_multipart_is_bad_input(endpoint, served_after):
     _error(r, 400, "bad_input", "malformed multipart body")
 
 
+def test_a_text_field_sent_as_a_file_is_read_and_a_file_sent_as_text_is_named(endpoint, en_clips, served_after):
+    # An adversarial helper's findings: a text field sent as a file part (curl -F langauge=@x.txt)
+    # was dropped silently, so its misspelling went unseen; the audio sent as a text part (curl -F
+    # 'file=<clip.wav') was "malformed multipart body (UnicodeDecodeError: ...)".
+    def part(name: str, value: bytes, filename: str | None = None) -> bytes:
+        fn = f'; filename="{filename}"' if filename else ""
+        return f'--b\r\nContent-Disposition: form-data; name="{name}"{fn}\r\n\r\n'.encode() + value + b"\r\n"
+    model = part("model", b"whisper-tiny.en")
+    as_file = model + part("langauge", b"de", "lang.txt") + part("file", en_clips[0].wav, "a.wav") + b"--b--\r\n"
+    as_text = model + part("file", en_clips[0].wav) + b"--b--\r\n"
+    with endpoint.client() as c:
+        r1 = c.post("/v1/audio/transcriptions", content=as_file, headers={"Content-Type": "multipart/form-data; boundary=b"})
+        r2 = c.post("/v1/audio/transcriptions", content=as_text, headers={"Content-Type": "multipart/form-data; boundary=b"})
+    _error(r1, 400, "bad_input", "unknown field 'langauge' in the form: did you mean 'language'?")
+    _error(r2, 400, "bad_input", "send the audio as a file upload (curl -F file=@clip.wav)")
+
+
 def test_too_many_form_fields_is_json_413_not_a_crash(endpoint, served_after):
     body = ("--b\r\n" + "".join(
         f'Content-Disposition: form-data; name="f{i}"\r\n\r\n{"x" * 1000}\r\n--b\r\n' for i in range(10_000)

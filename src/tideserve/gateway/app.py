@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -27,7 +26,6 @@ from aiohttp import web
 
 from tideserve import __version__
 from tideserve.errors import (
-    BadInputError,
     CapacityError,
     RequestTimeoutError,
     TideserveError,
@@ -426,14 +424,7 @@ def build_gateway_app(
         return web.json_response(stats.to_json(model))
 
     async def repository_index(request: web.Request) -> web.Response:
-        body: bytes = request.get("body", b"")  # read by read_unused_body
-        try:
-            doc = json.loads(body) if body.strip() else {}
-        except (ValueError, RecursionError):
-            doc = None
-        if not isinstance(doc, dict) or not isinstance(doc.get("ready", False), bool):
-            raise BadInputError('the repository index request must be empty or a JSON object such as {"ready": true}')
-        ready_only = doc.get("ready", False)
+        ready_only = kserve.parse_repository_index(request.get("body", b""))  # the body read by read_unused_body
         return web.json_response(kserve.repository_index(model, runtime.accepting(), ready_only))
 
     async def models(request: web.Request) -> web.Response:

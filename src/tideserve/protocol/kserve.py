@@ -79,10 +79,10 @@ def parse_infer(body: bytes, header_length: str | None) -> InferRequest:
     (a JSON-form ``PROMPT``, a binary ``PROMPT`` once decoded, the request ``id``) must be valid
     UTF-8 text, without lone surrogates."""
     if header_length is not None:
-        try:
-            hlen = int(header_length)
-        except ValueError:
-            raise BadInputError(f"{HEADER_LENGTH} must be an integer, got {header_length!r}") from None
+        # ASCII digits only: int() also takes "1_0" and other scripts' digits, which no client sends
+        if not (header_length.isascii() and header_length.isdigit()):
+            raise BadInputError(f"{HEADER_LENGTH} must be an integer, got {header_length[:40]!r}")
+        hlen = int(header_length)
         if not 0 < hlen <= len(body):
             raise BadInputError(f"{HEADER_LENGTH} is {hlen} but the body has {len(body)} bytes")
         head, binary = body[:hlen], body[hlen:]
@@ -234,6 +234,21 @@ def model_config(name: str, backend: str, max_batch_size: int, max_queue_delay_m
         "parameters": {"tideserve_max_batch_size": {"string_value": str(max_batch_size)},
                        "tideserve_max_queue_delay_ms": {"string_value": f"{max_queue_delay_ms:g}"}},
     }
+
+
+def parse_repository_index(body: bytes) -> bool:
+    """Whether ``POST /v2/repository/index``'s body (empty, or a JSON object) asks for ready models
+    only (``{"ready": true}``). Raises BadInputError for another body, or for a key that misspells
+    ``ready`` (``schemas.nested_key_error``: ``{"redy": true}`` would list every model)."""
+    try:
+        doc = json.loads(body) if body.strip() else {}
+    except (ValueError, RecursionError):
+        doc = None
+    if not isinstance(doc, dict) or not isinstance(doc.get("ready", False), bool):
+        raise BadInputError('the repository index request must be empty or a JSON object such as {"ready": true}')
+    if (msg := schemas.nested_key_error(schemas.RepositoryIndexRequest, doc, "the repository index request")) is not None:
+        raise BadInputError(msg)
+    return bool(doc.get("ready", False))
 
 
 def repository_index(name: str, ready: bool, ready_only: bool = False) -> list[dict]:

@@ -48,12 +48,16 @@ def parse_form(fields: dict[str, str], file_bytes: bytes | None, served_model: s
     ``unicode_escape`` can produce)."""
     for key, value in fields.items():
         require_text(value, f"form field {key}")
+    if file_bytes is None and "file" in fields:
+        raise BadInputError("form field 'file' was sent as text; attach the audio as a file upload "
+                            "(curl -F file=@clip.wav)")
     if file_bytes is None:
         raise BadInputError("missing form field 'file': attach the audio file (multipart/form-data)")
     if not fields.get("model"):
         raise BadInputError(f"missing form field 'model'; this endpoint serves '{served_model}'")
-    schemas.validate(schemas.TranscriptionForm, {**fields, "file": file_bytes, GRANULARITIES: list(granularities) or None},
-                     "the form")  # structure
+    # the granularities only when sent, so that another API's name for them is seen as standing for them
+    sent = {GRANULARITIES: list(granularities)} if granularities else {}
+    schemas.validate(schemas.TranscriptionForm, {**fields, "file": file_bytes, **sent}, "the form")  # structure
     model = fields["model"]
     if model != served_model and model not in aliases:
         raise UnknownModelError.naming(model, served_model, aliases)

@@ -196,7 +196,7 @@ def _body_type(annotation: Any) -> type[BaseModel] | None:
 def nested_key_error(model: type[BaseModel], data: Any, what: str) -> str | None:
     """``unknown_key_error`` for ``data`` and, in turn, for the bodies nested in it (a KServe
     request's input and output tensors: ``"paramters"`` for ``parameters`` would otherwise drop
-    ``binary_data_size`` silently), each named by its place (``inputs[0]``); at most
+    ``binary_data_size`` silently), each named by its place (``inputs.0``); at most
     ``MAX_ITEMS_COMPARED`` elements of a list."""
     if (msg := unknown_key_error(model, data, what)) is not None or not isinstance(data, dict):
         return msg
@@ -206,7 +206,7 @@ def nested_key_error(model: type[BaseModel], data: Any, what: str) -> str | None
             continue
         items = value[:MAX_ITEMS_COMPARED] if isinstance(value, list) else [value]
         for i, item in enumerate(items):
-            place = f"{name}[{i}]" if isinstance(value, list) else name
+            place = f"{name}.{i}" if isinstance(value, list) else name  # as validate names places
             if (msg := nested_key_error(sub, item, f"{what} ({place})")) is not None:
                 return msg
     return None
@@ -225,9 +225,9 @@ def validate(model: type[BaseModel], data: Any, what: str) -> Any:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
         if err["type"] == "string_unicode":  # a lone surrogate in a value, or in a key (then loc is the key's object)
-            place = f"'{where}' in {what}" if where else what
-            raise BadInputError(f"{place} holds text that is not valid ({str(err.get('input'))[:40]!r} has a lone "
-                                "surrogate); send keys and values as UTF-8 text") from None
+            place = f"'{where}' in {what}" if where else f"a key of {what}"
+            raise BadInputError(f"{place} holds text that is not valid ({str(err.get('input'))[:40]!r}: a lone "
+                                "surrogate, or bytes that are not UTF-8); send keys and values as UTF-8 text") from None
         field = model.model_fields.get(str(err["loc"][0])) if err["loc"] else None
         if err["type"] == "missing":
             hint = f": {field.description}" if field is not None and field.description else ""

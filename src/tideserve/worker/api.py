@@ -367,6 +367,9 @@ async def read_form(request: web.Request, fields: str) -> MultiDictProxy:
         return await request.post()
     except web.HTTPRequestEntityTooLarge:
         raise
+    except UnicodeDecodeError as exc:  # a text part's bytes (a file sent as text: curl -F 'file=<clip.wav')
+        raise BadInputError(f"a text field of the form is not {exc.encoding} text; send the audio as a file upload "
+                            "(curl -F file=@clip.wav) and text fields as UTF-8") from None
     except (ValueError, LookupError, RuntimeError, UnicodeError, web.HTTPException) as exc:
         # aiohttp raises many kinds for a broken multipart body (bad charset, unknown
         # transfer encoding, invalid or over-long part headers): all are the client's.
@@ -528,9 +531,14 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
         fields: dict[str, str] = {}
         file_bytes = None
         for key, value in form.items():
-            if isinstance(value, web.FileField):
-                if key == "file":
-                    file_bytes = value.file.read()
+            if isinstance(value, web.FileField) and key == "file":
+                file_bytes = value.file.read()
+            elif isinstance(value, web.FileField):  # a text field sent as a file (curl -F prompt=@prompt.txt)
+                try:
+                    fields[key] = value.file.read().decode("utf-8")
+                except UnicodeDecodeError:
+                    raise BadInputError(f"form field '{key[:40]}' was sent as a file whose bytes are not UTF-8 text; "
+                                        "send it as a text field") from None
             else:
                 fields[key] = str(value)
         granularities = [str(v) for v in form.getall(openai.GRANULARITIES, [])]

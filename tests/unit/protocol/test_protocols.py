@@ -255,8 +255,8 @@ def test_a_key_with_a_lone_surrogate_is_bad_input_that_says_so():
     # request body is wrong: input should be a valid string ...", naming no place.
     with pytest.raises(BadInputError) as exc:
         sagemaker.parse_invocation(('{"audio_data": "' + _AUDIO_B64 + '", "\\ud800zzzzzz": 1}').encode())
-    assert str(exc.value) == ("the request body holds text that is not valid ('\\ud800zzzzzz' has a lone surrogate); "
-                              "send keys and values as UTF-8 text")
+    assert str(exc.value) == ("a key of the request body holds text that is not valid ('\\ud800zzzzzz': a lone "
+                              "surrogate, or bytes that are not UTF-8); send keys and values as UTF-8 text")
     body = ('{"inputs": [{"name": "AUDIO", "datatype": "BYTES", "shape": [1], "data": ["' + _AUDIO_B64 + '"], '
             '"\\udc00k": 1}]}').encode()
     with pytest.raises(BadInputError, match=r"^'inputs\.0' in the inference request holds text that is not valid"):
@@ -464,7 +464,7 @@ def test_a_misspelt_key_inside_a_kserve_tensor_is_refused_with_its_place():
     from tideserve.protocol.schemas import MAX_ITEMS_COMPARED, InferRequest, nested_key_error
 
     audio = {"name": "AUDIO", "datatype": "BYTES", "shape": [1], "data": [base64.b64encode(b"RIFFxx").decode()]}
-    for key, place in (("inputs", "inputs[0]"), ("outputs", "outputs[0]")):
+    for key, place in (("inputs", "inputs.0"), ("outputs", "outputs.0")):
         tensor = audio if key == "inputs" else {"name": "TEXT"}
         body = {"inputs": [audio], key: [{**tensor, "paramters": {"binary_data": True}}]}
         with pytest.raises(BadInputError) as exc:
@@ -476,4 +476,33 @@ def test_a_misspelt_key_inside_a_kserve_tensor_is_refused_with_its_place():
     many = {"inputs": [audio] * MAX_ITEMS_COMPARED + [{**audio, "paramters": {}}]}
     assert MAX_ITEMS_COMPARED == 16 and nested_key_error(InferRequest, many, "x") is None
     many["inputs"][3] = {**audio, "paramters": {}}
-    assert nested_key_error(InferRequest, many, "x") == "unknown field 'paramters' in x (inputs[3]): did you mean 'parameters'?"
+    assert nested_key_error(InferRequest, many, "x") == "unknown field 'paramters' in x (inputs.3): did you mean 'parameters'?"
+
+
+def test_another_apis_name_for_the_granularities_is_refused_on_the_form():
+    # An adversarial helper's finding: the form always passed timestamp_granularities[] (None when
+    # not sent), so the field never counted as absent and "timestamp_granularities=word" (no [])
+    # was served without words, with a 200.
+    fields = {"model": "whisper-tiny.en", "response_format": "verbose_json"}
+    for key in ("timestamp_granularities", "timestamp_granularity"):
+        with pytest.raises(BadInputError, match=r"this API calls it 'timestamp_granularities\[\]'"):
+            openai.parse_form({**fields, key: "word"}, b"RIFF", "whisper-tiny.en")
+    req, fmt = openai.parse_form(fields, b"RIFF", "whisper-tiny.en", granularities=["word"])
+    assert req.words and fmt == "verbose_json"
+    with pytest.raises(BadInputError, match=r"^form field 'file' was sent as text; attach the audio as a file upload"):
+        openai.parse_form({**fields, "file": "RIFF"}, None, "whisper-tiny.en")
+
+
+def test_the_binary_header_length_takes_ascii_digits_only_and_the_repository_index_its_one_key():
+    # An adversarial helper's findings: int() took "1_0" and Arabic-Indic digits as lengths, and
+    # {"redy": true} listed every model instead of the ready ones.
+    body, _ = _binary_request(b"RIFFxx")
+    for bad in ("1_0", "\u0661\u0660", " 10", "+10"):
+        with pytest.raises(BadInputError, match="Inference-Header-Content-Length must be an integer"):
+            kserve.parse_infer(body, bad)
+    assert kserve.parse_repository_index(b"") is False and kserve.parse_repository_index(b'{"ready": true}') is True
+    for key in ("redy", "Ready", "readyy"):
+        with pytest.raises(BadInputError, match=f"unknown field '{key}' in the repository index request: did you mean 'ready'"):
+            kserve.parse_repository_index(f'{{"{key}": true}}'.encode())
+    with pytest.raises(BadInputError, match="must be empty or a JSON object"):
+        kserve.parse_repository_index(b'{"ready": 1}')
