@@ -104,7 +104,10 @@ def test_malformed_and_contradictory_requests_are_invalid_argument(endpoint, en_
             t.contents.bytes_contents.append(wav)
         r.raw_input_contents.append(len(wav).to_bytes(4, "little") + wav)
         for name in kw.pop("outputs", []):
-            r.outputs.add(name=name)
+            out = r.outputs.add(name=name)
+            if kw.get("shm"):
+                out.parameters["shared_memory_region"].string_param = "out0"
+        kw.pop("shm", None)
         if kw.pop("twice", False):
             r.inputs.add(name="AUDIO", datatype="BYTES", shape=[1])
             r.raw_input_contents.append(len(wav).to_bytes(4, "little") + wav)
@@ -113,7 +116,10 @@ def test_malformed_and_contradictory_requests_are_invalid_argument(endpoint, en_
     for kw, words in (({"inline": True}, "both contents and raw_input_contents"),
                       ({"outputs": ["NOPE"]}, "unknown output 'NOPE'"),
                       ({"shape": [2]}, "send shape [1]"),
-                      ({"twice": True}, "given twice")):
+                      ({"twice": True}, "given twice"),
+                      # an output in shared memory came back inline (an adversarial helper's finding)
+                      ({"outputs": ["TEXT"], "shm": True}, "output 'TEXT' asks for Triton's shared-memory extension"),
+                      ({"outputs": ["TEXT", "TEXT"]}, "'outputs' names 2 outputs")):
         with pytest.raises(grpc.RpcError) as err:
             stub.ModelInfer(request(**kw), timeout=60)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and words in err.value.details(), (kw, err.value)

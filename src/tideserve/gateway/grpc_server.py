@@ -30,7 +30,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from tideserve import __version__
-from tideserve.errors import TideserveError, UnauthorizedError, UnknownModelError
+from tideserve.errors import BadInputError, TideserveError, UnauthorizedError, UnknownModelError
 from tideserve.gateway import inference_pb2 as pb
 from tideserve.gateway.app import GatewayCore
 from tideserve.protocol import kserve
@@ -147,6 +147,14 @@ class InferenceService:
         if req.raw_input_contents and len(req.raw_input_contents) != len(req.inputs):
             raise _Failed(400, f"raw_input_contents has {len(req.raw_input_contents)} entries for "
                                f"{len(req.inputs)} inputs; send one per input")
+        if len(req.outputs) > 1:
+            raise _Failed(400, f"'outputs' names {len(req.outputs)} outputs; this model has one, {kserve.OUTPUT_TEXT}: "
+                               "ask for it once")
+        try:  # the extensions a tensor's parameters may ask for and this server lacks, as over HTTP
+            for tensor, kind in [(t, "input") for t in req.inputs] + [(o, "output") for o in req.outputs]:
+                kserve.refuse_extensions(tensor.parameters, f"{kind} '{tensor.name}'")
+        except BadInputError as exc:
+            raise _Failed(400, str(exc)) from None
         inputs = []
         for i, t in enumerate(req.inputs):
             if req.raw_input_contents and t.HasField("contents"):

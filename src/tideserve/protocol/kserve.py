@@ -15,7 +15,9 @@ from __future__ import annotations
 import json
 import math
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from tideserve.errors import BadInputError
 from tideserve.protocol import schemas
@@ -110,6 +112,7 @@ def parse_infer(body: bytes, header_length: str | None) -> InferRequest:
         params = tensor.get("parameters") or {}
         if not isinstance(params, dict):
             raise BadInputError(f"'parameters' of input '{name}' must be an object")
+        refuse_extensions(params, f"input '{name}'")
         size = params.get("binary_data_size")
         if size is not None:
             if not isinstance(size, int) or size < 0 or offset + size > len(binary):
@@ -154,6 +157,9 @@ def parse_infer(body: bytes, header_length: str | None) -> InferRequest:
         raise BadInputError(f"input '{INPUT_TASK}' must be transcribe or translate, got {task[:20]!r}")
 
     binary_output = bool((data.get("parameters") or {}).get("binary_data_output", False))
+    if len(data.get("outputs") or []) > 1:
+        raise BadInputError(f"'outputs' names {len(data['outputs'])} outputs; this model has one, {OUTPUT_TEXT}: "
+                            "ask for it once")
     for out in data.get("outputs") or []:
         if not isinstance(out, dict):
             raise BadInputError("each entry of 'outputs' must be an object with a 'name'")
@@ -162,11 +168,28 @@ def parse_infer(body: bytes, header_length: str | None) -> InferRequest:
         out_params = out.get("parameters") or {}
         if not isinstance(out_params, dict):
             raise BadInputError(f"'parameters' of output '{OUTPUT_TEXT}' must be an object")
+        refuse_extensions(out_params, f"output '{OUTPUT_TEXT}'")
         if "binary_data" in out_params:
             binary_output = bool(out_params["binary_data"])
     req_id = require_text(data["id"], "id") if isinstance(data.get("id"), str) else None
     return InferRequest(TranscriptionRequest(audio=values[INPUT_AUDIO], prompt=prompt or None, language=language,
                                              task=task.decode()), req_id, binary_output)
+
+
+#: Triton's protocol extensions that a tensor's parameters can ask for and this server does not
+#: implement (https://github.com/triton-inference-server/server/tree/main/docs/protocol): served as if
+#: not asked, a shared-memory client would read its region, never written, as the answer.
+UNSUPPORTED_EXTENSIONS = {"shared_memory_region": "shared-memory", "classification": "classification"}
+
+
+def refuse_extensions(params: Mapping[str, Any], what: str) -> None:
+    """BadInputError when a tensor's ``params`` (its JSON ``parameters``, or gRPC's map) ask for an
+    extension of ``UNSUPPORTED_EXTENSIONS``."""
+    for key, extension in UNSUPPORTED_EXTENSIONS.items():
+        if key in params:
+            raise BadInputError(f"{what} asks for Triton's {extension} extension ('{key}'), which this server does "
+                                "not support; send the data in the request (JSON or binary_data_size) and read the "
+                                "text from the answer")
 
 
 def _flatten(x: list) -> list:

@@ -506,3 +506,25 @@ def test_the_binary_header_length_takes_ascii_digits_only_and_the_repository_ind
             kserve.parse_repository_index(f'{{"{key}": true}}'.encode())
     with pytest.raises(BadInputError, match="must be empty or a JSON object"):
         kserve.parse_repository_index(b'{"ready": 1}')
+
+
+def test_triton_extensions_this_server_lacks_are_refused_not_ignored():
+    # An adversarial helper's finding: an output in shared memory came back inline with a 200 (a
+    # shared-memory client reads its region, never written), classification was ignored, and two
+    # TEXT outputs with opposite binary_data were both accepted (the last one won).
+    audio = {"name": "AUDIO", "datatype": "BYTES", "shape": [1], "data": [base64.b64encode(b"RIFFxx").decode()]}
+    shm = {"shared_memory_region": "out0", "shared_memory_byte_size": 64}
+    for body, words in (
+            ({"inputs": [audio], "outputs": [{"name": "TEXT", "parameters": shm}]},
+             "output 'TEXT' asks for Triton's shared-memory extension ('shared_memory_region')"),
+            ({"inputs": [{**audio, "parameters": shm}]}, "input 'AUDIO' asks for Triton's shared-memory extension"),
+            ({"inputs": [audio], "outputs": [{"name": "TEXT", "parameters": {"classification": 2}}]},
+             "output 'TEXT' asks for Triton's classification extension"),
+            ({"inputs": [audio], "outputs": [{"name": "TEXT", "parameters": {"binary_data": True}},
+                                             {"name": "TEXT", "parameters": {"binary_data": False}}]},
+             "'outputs' names 2 outputs; this model has one, TEXT: ask for it once")):
+        with pytest.raises(BadInputError) as exc:
+            kserve.parse_infer(json.dumps(body).encode(), None)
+        assert str(exc.value).startswith(words), str(exc.value)
+    ok = {"inputs": [audio], "outputs": [{"name": "TEXT", "parameters": {"binary_data": True}}]}
+    assert kserve.parse_infer(json.dumps(ok).encode(), None).binary_output is True
