@@ -24,7 +24,8 @@ class _Body(BaseModel):
     # Unknown keys are ignored, as the parsers always did (clients send their own), unless one
     # stands for a field the body lacks (``unknown_key_error``); no coercion between JSON types.
     model_config = ConfigDict(extra="allow", strict=True)
-    #: Keys that are another API's name for one of these fields: key (lower case) -> the field's name here.
+    #: Keys that are another API's name for one of these fields: key -> the field's name here (compared
+    #: in any case, with or without ``_`` and ``-`` between words).
     MISNAMED: ClassVar[dict[str, str]] = {}
 
 
@@ -156,6 +157,11 @@ def typo_distance(a: str, b: str) -> int:
     return prev[-1]
 
 
+def _joined(key: str) -> str:
+    """``key`` in lower case without ``_`` and ``-``: the form ``MISNAMED``'s keys are compared in."""
+    return key.lower().replace("_", "").replace("-", "")
+
+
 def unknown_key_error(model: type[BaseModel], data: Any, what: str) -> str | None:
     """The message for the first key of ``data`` that is not a field of ``model`` but stands for
     one the body lacks, else None: another API's name for it (``model.MISNAMED``), or a slip of
@@ -169,10 +175,11 @@ def unknown_key_error(model: type[BaseModel], data: Any, what: str) -> str | Non
         return None
     names = [f.alias or n for n, f in model.model_fields.items()]
     absent = [n for n in names if n not in data and len(n) >= MIN_FIELD_CHARS]
-    misnamed: dict[str, str] = getattr(model, "MISNAMED", {})
+    # another API's names, in any case or word joining (initial_prompt, initialPrompt, initial-prompt)
+    misnamed = {_joined(k): v for k, v in getattr(model, "MISNAMED", {}).items()}
     unknown = (key for key in data if isinstance(key, str) and key not in names)
     for key in itertools.islice(unknown, MAX_KEYS_COMPARED):
-        if (meant := misnamed.get(key.lower())) in absent:
+        if (meant := misnamed.get(_joined(key))) in absent:
             return f"unknown field '{key}' in {what}: this API calls it '{meant}'"
         if len(key) > 64:
             continue

@@ -405,6 +405,9 @@ def test_invocation_form_urlencoded_body_says_how_to_send_a_file():
     ({"Prompt": "Hi"}, "this API calls it 'whisper_prompt'"),
     ({"initial_prompt": "Hi"}, "this API calls it 'whisper_prompt'"),
     ({"lang": "de"}, "this API calls it 'language'"),
+    # An adversarial helper's finding: another API's name written in camel case was not seen.
+    ({"initialPrompt": "Hi"}, "unknown field 'initialPrompt' in the request body: this API calls it 'whisper_prompt'"),
+    ({"Initial-Prompt": "Hi"}, "this API calls it 'whisper_prompt'"),
 ])
 def test_a_misspelt_or_misnamed_field_is_refused_by_name(extra, words):
     body = json.dumps({"audio_data": base64.b64encode(b"RIFFxx").decode(), **extra}).encode()
