@@ -147,10 +147,8 @@ class InferenceService:
         if req.raw_input_contents and len(req.raw_input_contents) != len(req.inputs):
             raise _Failed(400, f"raw_input_contents has {len(req.raw_input_contents)} entries for "
                                f"{len(req.inputs)} inputs; send one per input")
-        if len(req.outputs) > 1:
-            raise _Failed(400, f"'outputs' names {len(req.outputs)} outputs; this model has one, {kserve.OUTPUT_TEXT}: "
-                               "ask for it once")
-        try:  # the extensions a tensor's parameters may ask for and this server lacks, as over HTTP
+        try:  # what the request asks for and this server lacks, checked as over HTTP
+            kserve.refuse_outputs(len(req.outputs))
             for tensor, kind in [(t, "input") for t in req.inputs] + [(o, "output") for o in req.outputs]:
                 kserve.refuse_extensions(tensor.parameters, f"{kind} '{tensor.name}'")
         except BadInputError as exc:

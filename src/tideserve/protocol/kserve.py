@@ -157,9 +157,7 @@ def parse_infer(body: bytes, header_length: str | None) -> InferRequest:
         raise BadInputError(f"input '{INPUT_TASK}' must be transcribe or translate, got {task[:20]!r}")
 
     binary_output = bool((data.get("parameters") or {}).get("binary_data_output", False))
-    if len(data.get("outputs") or []) > 1:
-        raise BadInputError(f"'outputs' names {len(data['outputs'])} outputs; this model has one, {OUTPUT_TEXT}: "
-                            "ask for it once")
+    refuse_outputs(len(data.get("outputs") or []))
     for out in data.get("outputs") or []:
         if not isinstance(out, dict):
             raise BadInputError("each entry of 'outputs' must be an object with a 'name'")
@@ -190,6 +188,12 @@ def refuse_extensions(params: Mapping[str, Any], what: str) -> None:
             raise BadInputError(f"{what} asks for Triton's {extension} extension ('{key}'), which this server does "
                                 "not support; send the data in the request (JSON or binary_data_size) and read the "
                                 "text from the answer")
+
+
+def refuse_outputs(count: int) -> None:
+    """BadInputError when a request asks for more than the model's one output (``TEXT``)."""
+    if count > 1:
+        raise BadInputError(f"'outputs' names {count} outputs; this model has one, {OUTPUT_TEXT}: ask for it once")
 
 
 def _flatten(x: list) -> list:
