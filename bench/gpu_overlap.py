@@ -11,7 +11,14 @@ steps on one stream and the encoder passes on another, with the decoder's stream
 equal priority. ``gain`` = serial / overlap time: what the device gives if the engine encodes
 the next windows while the running rows decode (1.0: nothing; 2.0: the encoder for free).
 
-    python3 bench/gpu_overlap.py --json $OUT/overlap.json [--sizes large-v3,tiny]
+``--green N,...`` (2026-12-07 addition): the two streams took turns (gain 1.00 on an H100), most
+likely because each side's kernels fill every SM. A CUDA green context (PyTorch's
+``torch.cuda.green_contexts``, CUDA's SM partitioning, as NanoFlow (Zhu et al. 2024) overlaps
+compute- and memory-bound operations on one device) confines one side to N SMs, so the other
+always has the rest: ``enc<N>`` confines the encoder (the decoder may use any SM), ``dec<N>`` the
+decoder. For each, the confined side alone, then both on two streams.
+
+    python3 bench/gpu_overlap.py --json $OUT/overlap.json [--sizes large-v3,tiny] [--green 32,64]
 """
 
 from __future__ import annotations
@@ -44,7 +51,28 @@ def timed(fn) -> float:
     return a.elapsed_time(b) / 1000.0
 
 
-def measure(size: str, batch: int, steps: int, encode_rows: list[int], repeats: int) -> list[dict]:
+_KEEP: list = []  # the green contexts live as long as the process
+
+
+def green_stream(num_sms: int) -> torch.cuda.Stream:
+    """A stream whose kernels run on ``num_sms`` SMs of device 0 (a green context), or RuntimeError
+    where this PyTorch or driver has none."""
+    from torch.cuda import green_contexts as gc
+    ctx = gc.GreenContext.create(num_sms=num_sms, device_id=0)
+    if hasattr(ctx, "Stream"):
+        stream = ctx.Stream()
+    else:  # PyTorch 2.10: a stream made while the green context is current belongs to it
+        ctx.set_context()
+        stream = torch.cuda.Stream()
+        ctx.pop_context()
+    _KEEP.append(ctx)
+    if not isinstance(stream, torch.cuda.Stream):  # a device-generic torch.Stream
+        stream = torch.cuda.ExternalStream(stream.cuda_stream if hasattr(stream, "cuda_stream") else stream.stream_id)
+    return stream
+
+
+def measure(size: str, batch: int, steps: int, encode_rows: list[int], repeats: int,
+            green: list[int] = ()) -> list[dict]:
     dims = WhisperDims.large_v3() if size == "large-v3" else WhisperDims.tiny()
     torch.manual_seed(0)
     with torch.device("cuda"):
@@ -116,6 +144,42 @@ def measure(size: str, batch: int, steps: int, encode_rows: list[int], repeats: 
             out["gain_equal"] = round(out["serial_s"] / out["overlap_equal_s"], 3)
             out["ms_per_step"] = round(1000 * out["decode_s"] / steps, 3)
             out["ms_per_window_encoded"] = round(1000 * out["encode_s"] / (passes * rows), 3)
+            for n in green:
+                for side in ("enc", "dec"):
+                    try:
+                        gs = green_stream(n)
+                    except Exception as exc:  # reported in the results; the run goes on
+                        out[f"{side}{n}_error"] = repr(exc)[:300]
+                        continue
+                    enc_s, dec_s = (gs, low) if side == "enc" else (low, gs)
+
+                    def alone(fn, s=gs) -> None:
+                        s.wait_stream(torch.cuda.current_stream())
+                        with torch.cuda.stream(s):
+                            fn()
+                        torch.cuda.current_stream().wait_stream(s)
+
+                    def both(enc=enc, es=enc_s, ds=dec_s) -> None:
+                        main = torch.cuda.current_stream()
+                        es.wait_stream(main)
+                        ds.wait_stream(main)
+                        with torch.cuda.stream(es):
+                            enc()
+                        with torch.cuda.stream(ds):
+                            decode()
+                        main.wait_stream(es)
+                        main.wait_stream(ds)
+
+                    confined = enc if side == "enc" else decode
+                    t_alone, t_both = [], []
+                    for _ in range(repeats):
+                        fresh()
+                        t_alone.append(timed(lambda c=confined: alone(c)))
+                        fresh()
+                        t_both.append(timed(both))
+                    out[f"{side}{n}_alone_s"] = round(sorted(t_alone)[len(t_alone) // 2], 4)
+                    out[f"{side}{n}_overlap_s"] = round(sorted(t_both)[len(t_both) // 2], 4)
+                    out[f"{side}{n}_gain"] = round(out["serial_s"] / out[f"{side}{n}_overlap_s"], 3)
             out["device"] = torch.cuda.get_device_name(0)
             print(json.dumps(out), flush=True)
             results.append(out)
@@ -129,11 +193,13 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--encode-rows", default="64,16")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--green", default="", help="SM counts for the green-context runs, e.g. 32,64")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
     rows_out = []
     for size in a.sizes.split(","):
-        rows_out += measure(size, a.batch, a.steps, [int(x) for x in a.encode_rows.split(",")], a.repeats)
+        rows_out += measure(size, a.batch, a.steps, [int(x) for x in a.encode_rows.split(",")], a.repeats,
+                            [int(x) for x in a.green.split(",") if x])
     if a.json:
         a.json.write_text(json.dumps(rows_out, indent=1))
     return 0
