@@ -24,28 +24,38 @@ from tideserve.errors import BadInputError, PayloadTooLargeError
 SAMPLE_RATE = 16_000
 
 
-def check_wav_complete(data: bytes) -> None:
-    """Raise BadInputError if ``data`` is a RIFF/WAVE file whose ``data`` chunk is cut short.
-
-    FFmpeg decodes a truncated WAV without complaint, silently losing the end of the speech,
-    so the declared chunk size is checked against the bytes present.
-    """
+def wav_data_chunk(data: bytes) -> tuple[int, int | None] | None:
+    """Where a RIFF/WAVE file's ``data`` chunk starts and how many bytes it holds: ``(offset of
+    its first byte, size)``, size None where the writer left it unfilled (0 or 0xFFFFFFFF, as
+    FFmpeg and other streaming writers do when they cannot seek back: the bytes to the end of the
+    file are the data); None for a file that is not RIFF/WAVE. Raises BadInputError for a file
+    that ends before its ``data`` chunk or inside it."""
     if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
-        return
+        return None
     pos = 12
     while pos + 8 <= len(data):
         cid, size = data[pos : pos + 4], struct.unpack_from("<I", data, pos + 4)[0]
         body = pos + 8
         if cid == b"data":
-            # 0 and 0xFFFFFFFF mark a streamed WAV whose size was never filled in.
-            if size not in (0, 0xFFFFFFFF) and body + size > len(data):
+            if size in (0, 0xFFFFFFFF):
+                return body, None
+            if body + size > len(data):
                 raise BadInputError(
                     f"truncated WAV: its data chunk declares {size} bytes but only {len(data) - body} are present; "
                     "send the whole file"
                 )
-            return
+            return body, size
         pos = body + size + (size & 1)
     raise BadInputError("truncated WAV: the file ends before its 'data' chunk; send the whole file")
+
+
+def check_wav_complete(data: bytes) -> None:
+    """Raise BadInputError if ``data`` is a RIFF/WAVE file whose ``data`` chunk is cut short.
+
+    FFmpeg decodes a truncated WAV without complaint, silently losing the end of the speech,
+    so the declared chunk size is checked against the bytes present (``wav_data_chunk``).
+    """
+    wav_data_chunk(data)
 
 
 MIN_SAMPLE_RATE = 1000
@@ -104,6 +114,9 @@ def _decode_chunks(data: bytes, max_duration_s: float | None) -> Iterator[np.nda
             if not container.streams.audio:
                 raise BadInputError(f"the file holds no audio stream; send {_FORMATS}")
             stream = container.streams.audio[0]
+            if stream.codec_context is None:  # FFmpeg knows no decoder for the stream's codec
+                raise BadInputError(f"the file's audio codec cannot be decoded here; send {_FORMATS} "
+                                    "with a common codec (e.g. PCM, FLAC, MP3, AAC, Opus, Vorbis)")
             rate = stream.codec_context.sample_rate or stream.rate or 0
             if rate and rate < MIN_SAMPLE_RATE:
                 raise BadInputError(f"sample rate {rate} Hz is too low for speech; send audio at {MIN_SAMPLE_RATE} Hz or more")
@@ -163,26 +176,29 @@ def wav_file(pcm: np.ndarray) -> bytes:
 
 def pcm16_wav(data: bytes, max_duration_s: float | None = None) -> np.ndarray | None:
     """The samples of a complete RIFF/WAVE file that is already 16 kHz, mono, 16-bit PCM (read
-    without FFmpeg, one copy), or None for any other file. The duration limit is checked from
-    the header before any sample is read. Raises PayloadTooLargeError past ``max_duration_s``."""
-    if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
+    without FFmpeg, one copy), or None for any other file. A ``data`` chunk whose size was left
+    unfilled (a WAV written to a pipe, ``wav_data_chunk``) holds the bytes to the end of the file.
+    The duration limit is checked from the sizes before any sample is read. Raises
+    PayloadTooLargeError past ``max_duration_s``; BadInputError for a truncated file."""
+    chunk = wav_data_chunk(data)
+    if chunk is None:
         return None
+    body, size = chunk
     try:
         with wave.open(io.BytesIO(data), "rb") as w:
             if (w.getnchannels(), w.getsampwidth(), w.getframerate(), w.getcomptype()) != (1, 2, SAMPLE_RATE, "NONE"):
                 return None
-            n = w.getnframes()
-            if max_duration_s is not None and n > int(max_duration_s * SAMPLE_RATE):
-                raise PayloadTooLargeError(
-                    f"audio is longer than the limit of {max_duration_s:g} s (spec.gateway.max_audio_s); "
-                    "send a shorter file or raise the limit"
-                )
-            frames = w.readframes(n)
     except (wave.Error, EOFError, struct.error):
         return None  # FFmpeg decides (and names the problem)
-    if len(frames) != 2 * n or n == 0:
+    n = (len(data) - body if size is None else size) // 2
+    if max_duration_s is not None and n > int(max_duration_s * SAMPLE_RATE):
+        raise PayloadTooLargeError(
+            f"audio is longer than the limit of {max_duration_s:g} s (spec.gateway.max_audio_s); "
+            "send a shorter file or raise the limit"
+        )
+    if n == 0:
         return None
-    return np.frombuffer(frames, dtype="<i2").astype(np.int16)
+    return np.frombuffer(data, dtype="<i2", count=n, offset=body).astype(np.int16)
 
 
 def decode_pcm16(data: bytes, max_duration_s: float | None = None) -> np.ndarray:

@@ -131,3 +131,41 @@ def test_wav_with_no_samples():
     wav = b"RIFF" + struct.pack("<I", 36) + b"WAVE" + b"fmt " + struct.pack("<I", 16) + fmt + b"data" + struct.pack("<I", 0)
     with pytest.raises(BadInputError, match=r"no samples|could not decode"):
         decode_audio(wav)
+
+
+def _pcm_wav(pcm: np.ndarray, tag: int = 1, bits: int = 16, riff_size: int | None = None,
+             data_size: int | None = None) -> bytes:
+    import struct
+
+    body = pcm.astype("<i2").tobytes()
+    fmt = struct.pack("<HHIIHH", tag, 1, SR, SR * 2, 2, bits)
+    riff = 36 + len(body) if riff_size is None else riff_size
+    size = len(body) if data_size is None else data_size
+    return b"RIFF" + struct.pack("<I", riff) + b"WAVE" + b"fmt " + struct.pack("<I", 16) + fmt + b"data" + \
+        struct.pack("<I", size) + body
+
+
+@pytest.mark.parametrize("unfilled", [0xFFFFFFFF, 0])
+def test_a_wav_written_to_a_pipe_is_read_to_its_end(unfilled):
+    """FFmpeg writing WAV to a pipe leaves the RIFF and data sizes at 0xFFFFFFFF (or 0): the
+    samples are the bytes to the end of the file. An adversarial helper found a 3 s file refused
+    as "longer than 3600 s" (the declared 2^31 - 1 frames were checked against the limit)."""
+    from tideserve.errors import PayloadTooLargeError
+    from tideserve.worker.audio import decode_pcm16
+
+    pcm = (np.sin(np.arange(3 * SR) * 0.1) * 8000).astype(np.int16)
+    wav = _pcm_wav(pcm, riff_size=unfilled, data_size=unfilled)
+    out = decode_pcm16(wav, max_duration_s=3600)
+    assert out.dtype == np.int16 and np.array_equal(out, pcm)
+    with pytest.raises(PayloadTooLargeError, match="longer than the limit of 2 s"):
+        decode_pcm16(wav, max_duration_s=2)
+    assert len(decode_audio(wav)) == 3 * SR
+
+
+@pytest.mark.parametrize("tag, bits", [(0x1234, 16), (1, 0)])
+def test_an_audio_codec_ffmpeg_cannot_decode_is_bad_input(tag, bits):
+    """A WAV whose format tag FFmpeg does not know (or with 0 bits a sample) has a stream without
+    a decoder: a clear BadInputError, not an AttributeError (a 500, found by an adversarial helper)."""
+    pcm = np.zeros(SR, np.int16)
+    with pytest.raises(BadInputError, match="audio codec cannot be decoded here"):
+        decode_audio(_pcm_wav(pcm, tag=tag, bits=bits))
