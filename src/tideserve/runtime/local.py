@@ -23,6 +23,7 @@ import ctypes
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import sys
@@ -31,7 +32,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -92,6 +93,22 @@ def _set_pdeathsig() -> None:  # runs in the child between fork and exec
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
         pass
+
+
+_REASON = re.compile(r"cannot start|error|exception", re.IGNORECASE)
+_WARNING = re.compile(r"warn", re.IGNORECASE)
+
+
+def reason_line(log_tail: Iterable[str]) -> str:
+    """The line of a replica's last output that names why it stopped: the last one that says
+    "cannot start" or names an error or exception (any case: ``ERROR`` log records,
+    ``AttributeError``), skipping warnings (multiprocessing's resource_tracker warns on every
+    exit after a crash); else the last line; "(no output)" for none. At most 400 characters."""
+    lines = list(log_tail)
+    for line in reversed(lines):
+        if _REASON.search(line) and not _WARNING.search(line):
+            return line[-400:]
+    return lines[-1][-400:] if lines else "(no output)"
 
 
 @dataclass
@@ -487,10 +504,7 @@ class LocalRuntime:
         return min(rp.backoff_max_s, rp.backoff_initial_s * (2 ** max(0, n_recent - 1)))
 
     def _last_reason_line(self, r: Replica) -> str:
-        for line in reversed(r.log_tail):
-            if "cannot start" in line or "Error" in line or "error" in line:
-                return line[-400:]
-        return r.log_tail[-1][-400:] if r.log_tail else "(no output)"
+        return reason_line(r.log_tail)
 
     def _on_exit(self, ps: PoolState, r: Replica, code: int) -> None:
         ps.replica_seconds_done += time.monotonic() - r.started_at
