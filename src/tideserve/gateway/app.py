@@ -314,7 +314,12 @@ def build_gateway_app(
                                     metrics.request_seconds.labels(ep_name, replica.pool).inc(
                                         time.monotonic() - ctx["started"])
                             if resp.status == 503 and attempt < MAX_ATTEMPTS:
-                                failed.add(replica.id)  # draining or not ready yet: try another
+                                # Not ready (its engine died, it is draining) or past its audio
+                                # budget: route around it until a health check passes (at once if
+                                # it is ready after all), and hold for a ready replica.
+                                failed.add(replica.id)
+                                runtime.report_unreachable(replica.id)
+                                metrics.retries.labels(ep_name, replica.pool).inc()
                                 continue
                             out = {h: resp.headers[h] for h in _FORWARD_RESPONSE_HEADERS if h in resp.headers}
                             return resp.status, out, data
