@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
+import contextlib
 import os
 import signal
 import time
@@ -63,6 +64,35 @@ def test_a_dead_engine_restarts_the_replica_and_requests_are_answered(tmp_path, 
         r = invoke(ep, en_clips[0].wav, timeout=120)
         assert r.status_code == 200, r.text
         assert r.json()["transcribe_text"]
+
+
+def test_a_stopped_engine_is_ended_and_its_replica_restarted(tmp_path, en_clips):
+    """An engine process that stops making progress (here SIGSTOP; in service a hung device
+    call) is found by its missing heartbeats within local config's engine_stall_s: it is ended,
+    the request is answered (503 with Retry-After, or 200 from the restarted replica, the
+    gateway holding it), and the replica restarts. Before, the replica stayed ready and every
+    request to it waited for request_timeout_s (found by an adversarial helper)."""
+    path = write_endpoint(tmp_path)
+    with EndpointProcess(path, tmp_path, config={"engine_stall_s": 2}) as ep:
+        assert invoke(ep, en_clips[0].wav).status_code == 200
+        (worker,) = ep.worker_pids()
+        engine = _engine_pid(worker)
+        os.kill(engine, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            r = invoke(ep, en_clips[0].wav, timeout=120)
+            assert r.status_code in (200, 503), r.text
+            if r.status_code == 503:
+                assert r.headers["Retry-After"]
+            assert time.monotonic() - started < 100  # not the 300 s request timeout
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(engine, signal.SIGKILL)
+        ep.wait_for(lambda s: any(rep["pid"] not in (None, worker) and rep["state"] == "ready"
+                                  for p in s["pools"] for rep in p["replicas"]), timeout_s=180, what="a new replica")
+        r = invoke(ep, en_clips[0].wav, timeout=120)
+        assert r.status_code == 200, r.text
+        assert "no progress for" in ep.log_path.read_text()
 
 
 def _children(pid: int) -> list[int]:

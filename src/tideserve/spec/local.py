@@ -56,6 +56,12 @@ class LocalConfig(_Strict):
         True, description="Fork replicas from a template process that has already imported the worker's "
         "libraries (about 1 s less cold start here); false starts each replica as a fresh interpreter.",
     )
+    engine_stall_s: float = Field(
+        120.0, gt=0, description="A replica whose engine process has made no progress this long (one round of "
+        "its loop running, or no heartbeat: stopped, hung in a device call) is taken down, its requests answered "
+        "503, and restarted. A round is one decode chunk or batch admission, well under a second in service; "
+        "the default leaves room for a first-use compilation.",
+    )
     health_interval_s: float = Field(2.0, gt=0, description="Seconds between health checks of a ready replica.")
     ready_timeout_s: float = Field(300.0, gt=0, description="Longest a replica may take to become ready.")
     restart: RestartPolicy = Field(default_factory=RestartPolicy)

@@ -105,6 +105,10 @@ MIN_SPLIT_S = 10.0
 #: backend's follows its measured step time (``torch_whisper.decode.decode_pace``).
 DEFAULT_CHUNK_STEPS = 16
 
+#: Seconds between the engine process's heartbeats to its front (``("alive", busy_s)``: how long
+#: the loop has been on its current work, 0 while it waits for some).
+HEARTBEAT_S = 1.0
+
 
 def default_instances(cpu_count: int | None = None) -> int:
     """Model instances for a static-batching replica on ``cpu_count`` cores (default: this
@@ -894,13 +898,29 @@ def engine_main(inbox: Any, outbox: Any, config: EngineConfig) -> None:
             messages.put(("stop",))
 
     threading.Thread(target=receive, name="engine-inbox", daemon=True).start()
+    busy_since: list[float | None] = [None]  # when the loop started the work it is on; None: waiting
+
+    def heartbeat() -> None:
+        # The front takes the replica down when these stop coming or report one round running
+        # for local config's engine_stall_s (EngineClient.stalled_s).
+        while True:
+            time.sleep(HEARTBEAT_S)
+            since = busy_since[0]
+            try:
+                emit(("alive", 0.0 if since is None else time.monotonic() - since))
+            except (OSError, ValueError):
+                return
+
+    threading.Thread(target=heartbeat, name="engine-heartbeat", daemon=True).start()
     running = True
     while running:
+        busy_since[0] = None
         timeout = loop.wait_s()
         try:
             msg = messages.get(timeout=timeout) if timeout != 0.0 else messages.get_nowait()
         except queue.Empty:
             msg = None
+        busy_since[0] = time.monotonic()
         while msg is not None:
             if not loop.handle(msg):
                 running = False

@@ -22,6 +22,7 @@ import shutil
 import signal
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 from collections.abc import Callable, Sequence
@@ -123,6 +124,8 @@ class EngineClient:
         self._send_lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ready: asyncio.Future | None = None
+        self._alive_at: float | None = None  # monotonic time of the last heartbeat (or ready)
+        self._busy_s = 0.0  # how long the engine's loop had been on one round at that heartbeat
 
     async def start(self) -> dict:
         """Wait until the engine has loaded its model; return its info (languages...).
@@ -171,7 +174,10 @@ class EngineClient:
             p = self._pending.get(rid)
             if p is not None and not p.future.done():
                 p.future.set_exception(_REQUEST_ERRORS.get(kind, RuntimeError)(message))
+        elif op == "alive":
+            self._alive_at, self._busy_s = time.monotonic(), msg[1]
         elif op == "ready":
+            self._alive_at = time.monotonic()
             if self._ready is not None and not self._ready.done():
                 self._ready.set_result(msg[1])
         elif op == "failed":
@@ -190,6 +196,21 @@ class EngineClient:
         for p in self._pending.values():
             if not p.future.done():
                 p.future.set_exception(err)
+
+    def stalled_s(self) -> float:
+        """Seconds the engine has made no progress, as its heartbeats (``engine.HEARTBEAT_S``)
+        tell: how long its loop had been on one round at the last heartbeat, plus the time since
+        that heartbeat (a stopped or frozen process sends none). 0 before it is ready."""
+        if self._alive_at is None:
+            return 0.0
+        return self._busy_s + (time.monotonic() - self._alive_at)
+
+    def kill(self) -> None:
+        """End a stalled engine process at once (SIGKILL also ends a stopped one): its pipe
+        closes, so its waiting requests fail with EngineDiedError (503) and ``dead`` is set."""
+        if self.process.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.process.pid, signal.SIGKILL)
 
     def _send(self, msg: tuple) -> None:
         with self._send_lock:

@@ -153,6 +153,14 @@ async def serve(args: argparse.Namespace, phases: dict[str, float]) -> int:
                 log.error("the engine process exited; this replica stops so that it is restarted")
                 code = 1
                 break
+            stalled = engine.stalled_s()
+            if stalled > cfg.engine_stall_s:
+                log.error("the engine process made no progress for %.0f s (local config engine_stall_s=%g: stopped "
+                          "or hung); it is ended and this replica stops so that it is restarted",
+                          stalled, cfg.engine_stall_s)
+                engine.kill()
+                code = 1
+                break
 
     # Drain: stop taking new work, finish what is queued or running, then exit.
     service.state.draining = True
