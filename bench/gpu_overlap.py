@@ -119,15 +119,15 @@ def measure(size: str, batch: int, steps: int, encode_rows: list[int], repeats: 
                 decode()
                 enc()
 
-            def overlap(dec_stream: torch.cuda.Stream, enc=enc) -> None:
+            def overlap(dec_stream: torch.cuda.Stream, enc=enc, enc_stream: torch.cuda.Stream = low) -> None:
                 main = torch.cuda.current_stream()
                 dec_stream.wait_stream(main)
-                low.wait_stream(main)
-                with torch.cuda.stream(low):
+                enc_stream.wait_stream(main)
+                with torch.cuda.stream(enc_stream):
                     enc()
                 with torch.cuda.stream(dec_stream):
                     decode()
-                main.wait_stream(low)
+                main.wait_stream(enc_stream)
                 main.wait_stream(dec_stream)
 
             out: dict = {"size": size, "batch": batch, "steps": steps, "passes": passes, "encode_rows": rows}
@@ -159,24 +159,13 @@ def measure(size: str, batch: int, steps: int, encode_rows: list[int], repeats: 
                             fn()
                         torch.cuda.current_stream().wait_stream(s)
 
-                    def both(enc=enc, es=enc_s, ds=dec_s) -> None:
-                        main = torch.cuda.current_stream()
-                        es.wait_stream(main)
-                        ds.wait_stream(main)
-                        with torch.cuda.stream(es):
-                            enc()
-                        with torch.cuda.stream(ds):
-                            decode()
-                        main.wait_stream(es)
-                        main.wait_stream(ds)
-
                     confined = enc if side == "enc" else decode
                     t_alone, t_both = [], []
                     for _ in range(repeats):
                         fresh()
                         t_alone.append(timed(lambda c=confined: alone(c)))
                         fresh()
-                        t_both.append(timed(both))
+                        t_both.append(timed(lambda es=enc_s, ds=dec_s: overlap(ds, enc_stream=es)))
                     out[f"{side}{n}_alone_s"] = round(sorted(t_alone)[len(t_alone) // 2], 4)
                     out[f"{side}{n}_overlap_s"] = round(sorted(t_both)[len(t_both) // 2], 4)
                     out[f"{side}{n}_gain"] = round(out["serial_s"] / out[f"{side}{n}_overlap_s"], 3)

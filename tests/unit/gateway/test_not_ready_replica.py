@@ -12,32 +12,21 @@ import aiohttp
 from aiohttp import web
 
 from serve import serve_app
+from static_runtime import StaticRuntime
 from tideserve.gateway.app import build_gateway_app
 from tideserve.replicas import ReplicaEndpoint
 from tideserve.spec import InferenceEndpoint
 
 
-class DyingThenReplaced:
+class DyingThenReplaced(StaticRuntime):
     """Replica "cpu-0" is listed ready but answers 503; once the gateway reports it, it is not
     ready, and its replacement "cpu-1" becomes ready a moment later (as the local runtime restarts
     a replica whose engine died)."""
 
     def __init__(self, dying_url: str, replacement_url: str) -> None:
-        self.eps = [ReplicaEndpoint("cpu-0", "cpu", dying_url, True, 4)]
+        super().__init__([ReplicaEndpoint("cpu-0", "cpu", dying_url, True, 4)])
         self.replacement_url = replacement_url
         self.reported: list[str] = []
-
-    def endpoints(self):
-        return self.eps
-
-    def accepting(self):
-        return True
-
-    def failure_reason(self):
-        return ""
-
-    def status(self):
-        return {"pools": [{"name": "cpu", "replica_seconds": 0.0, "state": "running", "replicas": []}]}
 
     def report_unreachable(self, replica_id):
         self.reported.append(replica_id)
@@ -46,9 +35,6 @@ class DyingThenReplaced:
 
     def _replaced(self):
         self.eps = [ReplicaEndpoint("cpu-1", "cpu", self.replacement_url, True, 4)]
-
-    def scrape_targets(self):
-        return []
 
 
 def _endpoint() -> InferenceEndpoint:

@@ -12,32 +12,15 @@ import aiohttp
 from aiohttp import web
 
 from serve import serve_app
+from static_runtime import StaticRuntime
 from tideserve.gateway.app import build_gateway_app
 from tideserve.replicas import ReplicaEndpoint
 from tideserve.spec import InferenceEndpoint
 
 
-class OneReplica:
+class OneReplica(StaticRuntime):
     def __init__(self, url: str) -> None:
-        self.eps = [ReplicaEndpoint("cpu-0", "cpu", url, True, 4)]
-
-    def endpoints(self):
-        return self.eps
-
-    def accepting(self):
-        return True
-
-    def failure_reason(self):
-        return ""
-
-    def status(self):
-        return {"pools": [{"name": "cpu", "replica_seconds": 0.0, "state": "running", "replicas": []}]}
-
-    def report_unreachable(self, replica_id):
-        raise AssertionError(f"{replica_id} reported unreachable")
-
-    def scrape_targets(self):
-        return []
+        super().__init__([ReplicaEndpoint("cpu-0", "cpu", url, True, 4)])
 
 
 def _endpoint(request_timeout_s: float) -> InferenceEndpoint:

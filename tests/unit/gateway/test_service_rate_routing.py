@@ -16,6 +16,7 @@ import pytest
 from aiohttp import web
 
 from serve import serve_app
+from static_runtime import StaticRuntime
 from tideserve.gateway.app import build_gateway_app
 from tideserve.gateway.dispatch import EWMA_ALPHA, Dispatcher
 from tideserve.replicas import ReplicaEndpoint
@@ -24,29 +25,12 @@ from tideserve.spec import InferenceEndpoint
 SERVICE_S = {"cpu-int8": 0.5, "cpu-fp32": 1.0}
 
 
-class Pools:
+class Pools(StaticRuntime):
     """One replica per pool; always accepting."""
 
     def __init__(self, urls: dict[str, str] | None = None, mc: int = 4) -> None:
-        self.eps = [ReplicaEndpoint(f"{p}-0", p, (urls or {}).get(p, "http://127.0.0.1:9"), True, mc) for p in SERVICE_S]
-
-    def endpoints(self):
-        return self.eps
-
-    def accepting(self):
-        return True
-
-    def failure_reason(self):
-        return ""
-
-    def status(self):
-        return {"pools": [{"name": e.pool, "replica_seconds": 0.0, "state": "running", "replicas": []} for e in self.eps]}
-
-    def report_unreachable(self, replica_id):
-        raise AssertionError(f"{replica_id} reported unreachable")
-
-    def scrape_targets(self):
-        return []
+        super().__init__([ReplicaEndpoint(f"{p}-0", p, (urls or {}).get(p, "http://127.0.0.1:9"), True, mc)
+                          for p in SERVICE_S])
 
 
 def test_measured_service_time_is_a_moving_average_per_pool():
