@@ -67,6 +67,13 @@ class CapacityError(TideserveError):
     http_status = 503
 
 
+class ReplicaNotReadyError(CapacityError):
+    """This replica cannot serve now: it is loading or draining, or its engine process died or
+    cannot be reached (503). Its answer carries ``protocol.internal.NOT_READY_HEADER``, so the
+    gateway routes around the replica until a health check passes and tries another without
+    counting the try (a 503 for a full audio budget is counted)."""
+
+
 class BadInputError(TideserveError):
     """The request is malformed: bad JSON, missing field, undecodable audio (400)."""
 

@@ -8,7 +8,10 @@ forwarded request, which makes the worker drop the work before computing it.
 
 A replica that fails at the connection level (refused, reset: it crashed) is reported to the
 runtime and the request is re-sent to another replica, at most ``MAX_ATTEMPTS`` times in
-all: transcription is idempotent, so a retry cannot do harm.
+all: transcription is idempotent, so a retry cannot do harm. A replica that answers 503 is
+tried no more for this request; one that says it is not ready (``NOT_READY_HEADER``: loading,
+draining, its engine gone) is also reported, and that try is not counted (up to
+``MAX_NOT_READY_TRIES``): the request waits for a ready replica, such as its replacement.
 """
 
 from __future__ import annotations
@@ -50,12 +53,13 @@ from tideserve.httpcommon import (
 )
 from tideserve.protocol import kserve, openai, sagemaker
 from tideserve.protocol.errors import api_family
-from tideserve.protocol.internal import COMPUTE_HEADER, PARTS_HEADER, SPREAD_HEADER, TOKEN_HEADER
+from tideserve.protocol.internal import COMPUTE_HEADER, NOT_READY_HEADER, PARTS_HEADER, SPREAD_HEADER, TOKEN_HEADER
 from tideserve.protocol.types import LANGUAGE_MISMATCH_HEADER
 from tideserve.spec import InferenceEndpoint
 
 log = logging.getLogger("tideserve.gateway")
 MAX_ATTEMPTS = 3
+MAX_NOT_READY_TRIES = 8
 # AUDIO_HEADER: the client's duration, for the work estimate (and the offer of idle replicas).
 _FORWARD_REQUEST_HEADERS = ("Content-Type", kserve.HEADER_LENGTH, "Accept", AUDIO_HEADER)
 _FORWARD_RESPONSE_HEADERS = ("Content-Type", kserve.HEADER_LENGTH, "Retry-After", LANGUAGE_MISMATCH_HEADER, PARTS_HEADER)
@@ -279,7 +283,9 @@ def build_gateway_app(
         failed: set[str] = set()
         try:
             async with asyncio.timeout(gw.request_timeout_s):
-                for attempt in range(1, MAX_ATTEMPTS + 1):
+                attempt, not_ready = 0, 0
+                while attempt < MAX_ATTEMPTS:
+                    attempt += 1
                     held = time.monotonic()
                     metrics.pending.labels(ep_name).set(dispatcher.pending + 1)
                     try:
@@ -313,13 +319,20 @@ def build_gateway_app(
                                     metrics.compute_seconds.labels(ep_name, replica.pool).inc(float(compute_ms) / 1000)
                                     metrics.request_seconds.labels(ep_name, replica.pool).inc(
                                         time.monotonic() - ctx["started"])
-                            if resp.status == 503 and attempt < MAX_ATTEMPTS:
-                                # Not ready (its engine died, it is draining) or past its audio
-                                # budget: route around it until a health check passes (at once if
-                                # it is ready after all), and hold for a ready replica.
+                            if resp.status == 503 and resp.headers.get(NOT_READY_HEADER) \
+                                    and not_ready < MAX_NOT_READY_TRIES:
+                                # Loading, draining or its engine gone: route around it until a
+                                # health check passes, hold for a ready replica, and do not count
+                                # the try (after both engines of a pool died, the tries were spent
+                                # on them and one past its audio budget got the last).
+                                not_ready += 1
+                                attempt -= 1
                                 failed.add(replica.id)
                                 runtime.report_unreachable(replica.id)
                                 metrics.retries.labels(ep_name, replica.pool).inc()
+                                continue
+                            if resp.status == 503 and attempt < MAX_ATTEMPTS:
+                                failed.add(replica.id)  # past its audio budget: try another
                                 continue
                             out = {h: resp.headers[h] for h in _FORWARD_RESPONSE_HEADERS if h in resp.headers}
                             return resp.status, out, data

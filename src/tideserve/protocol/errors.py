@@ -14,7 +14,8 @@ import json
 import math
 from typing import Literal
 
-from tideserve.errors import TideserveError
+from tideserve.errors import ReplicaNotReadyError, TideserveError
+from tideserve.protocol.internal import NOT_READY_HEADER
 
 ApiFamily = Literal["sagemaker", "kserve", "openai", "admin"]
 
@@ -51,6 +52,8 @@ def error_response_parts(
     headers: dict[str, str] = {}
     if err.retry_after_s is not None:
         headers["Retry-After"] = str(max(1, math.ceil(err.retry_after_s)))
+    if isinstance(err, ReplicaNotReadyError):
+        headers[NOT_READY_HEADER] = "1"
     if err.http_status == 401:  # RFC 6750, section 3: the scheme the client must use
         headers["WWW-Authenticate"] = 'Bearer realm="tideserve"'
     body = json.dumps(error_body(family, err.code, err.message, request_id, err.http_status)).encode()

@@ -23,6 +23,10 @@ TOKEN_HEADER = "X-Tideserve-Token"
 #: Set by workers on each answer: model compute time the request used, in milliseconds (text).
 COMPUTE_HEADER = "X-Tideserve-Compute-Ms"
 
+#: Worker -> gateway, on a 503 for ``ReplicaNotReadyError`` (loading, draining, its engine gone):
+#: "1". The gateway routes around that replica until a health check passes.
+NOT_READY_HEADER = "X-Tideserve-Not-Ready"
+
 #: Gateway -> worker, on a request whose audio may be long: the base URLs of replicas the gateway
 #: reserved for it because they were idle (comma-separated); the worker may send parts of the
 #: file there (``PART_PATH``). Set only by the gateway, which authenticates with ``TOKEN_HEADER``.

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from tideserve.replicas import ReplicaEndpoint
 from tideserve.spec import InferenceEndpoint
 
-#: A replica the gateway could not reach (or that answered 503) is left out of routing this long, or until discovery
+#: A replica the gateway could not reach (or that said it is not ready) is left out of routing this long, or until discovery
 #: stops listing it (its readiness probe fails) — whichever comes first.
 SUSPECT_S = 5.0
 

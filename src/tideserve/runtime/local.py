@@ -222,9 +222,8 @@ class LocalRuntime:
         return "; ".join(f"pool {n} {ps.state}: {ps.reason}" for n, ps in self.pools.items() if ps.state != "running") or "stopping"
 
     def report_unreachable(self, replica_id: str) -> None:
-        """The gateway could not reach this replica, or it answered 503 (not ready, or past its
-        audio budget): stop routing to it until a health check passes again (or it is
-        restarted), and check it now."""
+        """The gateway could not reach this replica, or it answered that it is not ready: stop
+        routing to it until a health check passes again (or it is restarted), and check it now."""
         for ps in self.pools.values():
             for r in ps.replicas:
                 if r.id == replica_id and r.state == "ready":

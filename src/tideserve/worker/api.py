@@ -29,6 +29,7 @@ from tideserve import __version__
 from tideserve.errors import (
     BadInputError,
     CapacityError,
+    ReplicaNotReadyError,
     LanguageMismatchError,
     PayloadTooLargeError,
     TideserveError,
@@ -434,7 +435,8 @@ def build_app(service: WorkerService, max_body_bytes: int, token: str | None = N
 
     def check_accepting() -> None:
         if not ready():
-            raise CapacityError("replica is not ready (loading or draining); retry on another replica", retry_after_s=1)
+            raise ReplicaNotReadyError("replica is not ready (loading or draining); retry on another replica",
+                                       retry_after_s=1)
 
     async def run(request: web.Request, prep_fn, *args,
                   on_text: OnText | None = None) -> tuple[Prepared, TranscriptionResult]:

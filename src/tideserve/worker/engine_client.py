@@ -29,11 +29,11 @@ from collections.abc import Callable, Sequence
 
 from tideserve.errors import (
     BadInputError,
-    CapacityError,
     EngineMismatchError,
     LanguageMismatchError,
     PayloadTooLargeError,
     MissingExtraError,
+    ReplicaNotReadyError,
     SourceError,
     SpecError,
     TideserveError,
@@ -42,7 +42,7 @@ from tideserve.worker.backends.base import WindowResult
 from tideserve.worker.engine import EngineConfig, EngineStats, RequestOptions, engine_main
 
 
-class EngineDiedError(CapacityError):
+class EngineDiedError(ReplicaNotReadyError):
     """The engine process exited while requests were waiting on it."""
 
 

@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from tideserve.errors import BadInputError, CapacityError
+from tideserve.errors import BadInputError, CapacityError, ReplicaNotReadyError
 from tideserve.protocol import kserve, sagemaker
 from tideserve.protocol.types import TranscriptionRequest
 from tideserve.worker import handoff
@@ -230,8 +230,8 @@ def prepare_for_engine(rid: int, fn: Callable[..., Prepared], *args: Any) -> Pre
         _engine_conn.send(("audio", rid, prepared.pcm, prepared.cuts, prepared.silent))
     except (OSError, EOFError, AuthenticationError) as exc:
         _engine_conn = None
-        raise CapacityError(f"the engine process cannot be reached ({exc}); retry on another replica",
-                            retry_after_s=1) from None
+        raise ReplicaNotReadyError(f"the engine process cannot be reached ({exc}); retry on another replica",
+                                   retry_after_s=1) from None
     return dataclasses.replace(prepared, pcm=_NO_PCM, engine_rid=rid)
 
 
