@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_step_parts import graph_ms
 from tideserve.worker.backends.torch_whisper import triton_kernels as tk
 import absorbed_attention as ab
+from tideserve.worker.backends.torch_whisper import cuda_kernels
 
 D, H, T, LAYERS = 1280, 20, 1500, 32
 HD = D // H
@@ -43,7 +44,13 @@ CONFIGS = "h/64/8/16/1,h/32/8/32/1,h/32/8/16/1,h/64/8/32/1,p/64/8/32/1,p/128/8/3
 
 
 def kernel(cfg: str):
-    """A function ``(qa, e8, es) -> u`` for one configuration of ``CONFIGS``."""
+    """A function ``(qa, e8, es) -> u`` for one configuration of ``CONFIGS``, or ``m/<split>``: the
+    CUDA kernel of ``torch_whisper.cuda_kernels`` (both products on FP8 tensor cores), and
+    ``m/<split>/<macros>`` a diagnostic build of it (macros joined by ``+``)."""
+    if cfg.startswith("m/"):  # m/<split>[/<macro>+<macro>]: a diagnostic build of cuda_kernels' (SKIP_SCORES, SKIP_OUTPUT)
+        split, *diag = cfg.split("/")[1:]
+        defines = diag[0].replace("+", ",") if diag else ""
+        return lambda qa, e8, es: cuda_kernels.absorbed_attend(qa, e8, es, HD, split=int(split), diagnostic=defines)
     name, bt, nw, hb, st = cfg.split("/")
     kw = dict(block_t=int(bt), num_warps=int(nw), heads_per_program=int(hb), num_stages=int(st))
     attend = {"h": ab.absorbed_attend, "p": ab.absorbed_attend_positions}[name]
@@ -124,11 +131,16 @@ def measure(m: int, ws: list[dict[str, torch.Tensor]], configs: str, compiled: b
     t_old = graph_ms(lambda: [tk.attend(q, *c) for q, c in zip(qs, caches, strict=True)])
     row["kernel"]["attend_fp8_kv"] = {"ms": round(t_old, 3), "tb_s": round(2 * gb / t_old, 2)}
     print(m, "attend", row["kernel"]["attend_fp8_kv"], flush=True)
+    # each configuration's u for one layer against float32 over the dequantized FP8 E
+    ed = e8.float() * es[..., None]
+    u_ref = torch.softmax(qas[0].float() @ ed.transpose(1, 2) * HD ** -0.5, dim=-1) @ ed
+    del ed
     for cfg in configs.split(","):
         try:
             fn = kernel(cfg)
             t = graph_ms(lambda fn=fn: [fn(qa, e8, es) for qa in qas])
-            row["kernel"][cfg] = {"ms": round(t, 3), "tb_s": round(gb / t, 2)}
+            row["kernel"][cfg] = {"ms": round(t, 3), "tb_s": round(gb / t, 2),
+                                  "u_vs_float32": compare(fn(qas[0], e8, es), u_ref)}
         except Exception as exc:  # a configuration Triton cannot build (registers, shared memory)
             row["kernel"][cfg] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
         print(m, cfg, row["kernel"][cfg], flush=True)

@@ -271,7 +271,8 @@ def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: 
                      encoder_graphs: bool | None = None, run_ahead: int | None = None, cross_fp8: bool = False,
                      attention: str | None = None, compile_encoder: bool | None = None,
                      compile_decoder: bool | None = None, profile_to: Path | None = None,
-                     weights_fp8: bool = False, encoder_gelu_epilogue: bool | None = None) -> dict:
+                     weights_fp8: bool = False, encoder_gelu_epilogue: bool | None = None,
+                     cross_absorbed: bool = False) -> dict:
     """All ``n_requests`` (file k % len(files)) submitted at once to an EngineLoop over the backend.
     ``profile_to``: the timed part runs under PyTorch's profiler (CUDA kernels only) and its
     kernel time by kind and by kernel goes to that file (``kernel_table``); the profiler slows the
@@ -299,6 +300,7 @@ def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: 
     backend = TorchWhisperBackend(Path(a.model_dir), Target.parse(a.target), decoding, max_batch_size=batch,
                                   encoder_graphs=encoder_graphs, cross_fp8=cross_fp8, compile_encoder=compile_encoder,
                                   compile_decoder=compile_decoder, encoder_gelu_epilogue=encoder_gelu_epilogue,
+                                  cross_absorbed=cross_absorbed,
                                   **({} if attention is None else {"attention": attention}),
                                   **({} if run_ahead is None else {"run_ahead": run_ahead}))
     if weights_fp8:  # after load: a model compiled at load (large-v3) compiles again on first use
@@ -372,6 +374,7 @@ def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: 
         torch.cuda.empty_cache()
     return {"requests": n_requests, "batch": batch, "chunk_steps": steps,
             "encoder_graphs": graphed, "run_ahead": ahead, "pace_by_bucket": pace, "cross_fp8": cross_fp8,
+            "cross_absorbed": cross_absorbed,
             "attention": attention, "compiled_encoder": compiled, "compiled_step": step_compiled,
             "weights_fp8": weights_fp8, "encoder_gelu_epilogue": encoder_gelu, "wall_s": wall,
             # where the wall went, from the engine's own counters: windows per encoder pass, rows
@@ -626,7 +629,8 @@ def main() -> int:
                                  compile_encoder=False if "nocompile" in flags else None,
                                  compile_decoder=False if "nostepcompile" in flags else
                                  True if "stepcompile" in flags else None, weights_fp8="fp8w" in flags,
-                                 encoder_gelu_epilogue=False if "nogelu" in flags else None)
+                                 encoder_gelu_epilogue=False if "nogelu" in flags else None,
+                                 cross_absorbed="absorbed" in flags)
             res["engine_sweep"].append({k: v for k, v in e.items() if k != "texts"})
             if "engine" not in skip:  # the same requests' text against the default engine's (word error rate)
                 res["engine_sweep"][-1]["wer_vs_engine"] = statistics.mean(

@@ -126,6 +126,9 @@ class TorchWhisperBackend:
     measurements), off otherwise. ``encoder_gelu_epilogue``: each encoder layer's fc1 product and
     its GELU in one BLAS call (``Whisper.fuse_encoder_gelu``, which gives the measurements; on CUDA
     the tanh-approximate GELU); default on where the encoder is compiled, off otherwise.
+    ``cross_absorbed`` (with ``cross_fp8``): the cross-attention reads one FP8 copy of the
+    encoder's output with each layer's projections absorbed (``cuda_kernels``), not FP8 keys and
+    values; an experiment, off by default.
     """
 
     def __init__(self, model_dir: Path, target: Target, decoding: Decoding, cpu_threads: int = 0,
@@ -134,7 +137,7 @@ class TorchWhisperBackend:
                  language_id: LanguageIdConfig | None = None, background_nice: int = 0,
                  cross_fp8: bool = False, attention: str | None = None,
                  compile_encoder: bool | None = None, compile_decoder: bool | None = None,
-                 encoder_gelu_epilogue: bool | None = None) -> None:
+                 encoder_gelu_epilogue: bool | None = None, cross_absorbed: bool = False) -> None:
         del instances, background_nice  # continuous batching: one decode loop holds every slot
         self.device = _device_for(target)
         if decoding.beam_size != 1:
@@ -179,7 +182,7 @@ class TorchWhisperBackend:
             compile_decoder = GreedyDecoder.compiles_step_for(self.model, self.device)
         self.decoder = GreedyDecoder(self.model, self.special, max_batch=max_batch_size,
                                      use_cuda_graphs=use_cuda_graphs, run_ahead=run_ahead, cross_fp8=cross_fp8,
-                                     compile_step=compile_decoder)
+                                     cross_absorbed=cross_absorbed, compile_step=compile_decoder)
         graph_encoder = ((use_cuda_graphs is not False and GraphedEncoder.enabled_for(self.model, self.device))
                          if encoder_graphs is None else encoder_graphs and self.device.type == "cuda")
         if compile_encoder is None:

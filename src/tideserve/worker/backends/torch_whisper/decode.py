@@ -164,14 +164,16 @@ class GreedyDecoder:
     logged at INFO, its changes at DEBUG); before a bucket is measured, and without CUDA graphs, it runs
     ``MAX_AHEAD_STEPS`` ahead and ``chunk_steps`` is None (the engine's default). A chunk the
     engine fixes itself leaves the steps run ahead paced.
-    ``cross_fp8``: keep the cross-attention keys and values in FP8 (``KVCache``).
+    ``cross_fp8``: keep the cross-attention keys and values in FP8 (``KVCache``);
+    ``cross_absorbed``: with it, one FP8 copy of the encoder's output instead (``KVCache``).
     """
 
     SPANS = (128, 256, 448)  # self-attention span buckets (positions); the last is the full context
 
     def __init__(self, model: Whisper, special: SpecialTokens, max_batch: int = 64, max_prompt: int = 228,
                  max_initial_timestamp_s: float = 1.0, use_cuda_graphs: bool | None = None,
-                 compile_step: bool = False, run_ahead: int | None = 0, cross_fp8: bool = False) -> None:
+                 compile_step: bool = False, run_ahead: int | None = 0, cross_fp8: bool = False,
+                 cross_absorbed: bool = False) -> None:
         if run_ahead is not None and run_ahead < 0:
             raise ValueError(f"run_ahead is a number of decoder steps >= 0, got {run_ahead}")
         p = next(model.parameters())
@@ -183,7 +185,8 @@ class GreedyDecoder:
         # one span when the self-attention kernel reads each row's own length (attention "triton")
         self.spans = (self.dims.max_target_positions,) if getattr(model, "attention", "sdpa") == "triton" else \
             (*tuple(s for s in self.SPANS if s < self.dims.max_target_positions), self.dims.max_target_positions)
-        self.cache = KVCache(self.dims, max_batch, self.dtype, self.device, cross_fp8=cross_fp8)
+        self.cache = KVCache(self.dims, max_batch, self.dtype, self.device, cross_fp8=cross_fp8,
+                             cross_absorbed=cross_absorbed)
         d, b, t = self.device, max_batch, self.dims.max_target_positions
         v = self.dims.vocab_size
         long: dict[str, Any] = dict(dtype=torch.long, device=d)

@@ -224,22 +224,36 @@ class KVCache:
     ``cross_fp8``: the cross-attention K/V are stored as FP8 (E4M3) with a float32 scale per
     row and head (``cross_k_scale``/``cross_v_scale``, per layer ``[max_batch, heads]``), half the
     bytes a decoder step reads (``triton_kernels``'s module doc says why and how). Needs Triton
-    (CUDA, or ``TRITON_INTERPRET=1`` on the CPU)."""
+    (CUDA, or ``TRITON_INTERPRET=1`` on the CPU).
+
+    ``cross_absorbed`` (with ``cross_fp8``): instead of each layer's keys and values, one FP8 copy
+    of the encoder's output a row, ``cross_e [max_batch, max_source_positions, d_model]`` with a
+    float32 scale a position (``cross_e_scale [max_batch, max_source_positions]``), which every
+    layer's cross-attention reads with its projections absorbed (``cuda_kernels``'s module doc
+    says why): its CUDA kernel needs a GPU of sm_89 or later; on the CPU it runs the kernel's
+    PyTorch reference (``cuda_kernels.absorbed_attend_reference``), for tests."""
 
     def __init__(self, dims: WhisperDims, max_batch: int, dtype: torch.dtype, device: torch.device,
-                 cross_fp8: bool = False) -> None:
-        if cross_fp8:
+                 cross_fp8: bool = False, cross_absorbed: bool = False) -> None:
+        if cross_absorbed and not cross_fp8:
+            raise ValueError("cross_absorbed keeps the encoder's output in FP8: it needs cross_fp8")
+        if cross_fp8 and not cross_absorbed:  # the absorbed form runs the CUDA kernel, or on the CPU its reference
             require_triton_device(device, "FP8 cross-attention keys and values", "leave cross_fp8 off")
         h, hd = dims.decoder_attention_heads, dims.d_model // dims.decoder_attention_heads
         def alloc(t: int, dt: torch.dtype = dtype) -> list[torch.Tensor]:
             return [torch.zeros(max_batch, h, t, hd, dtype=dt, device=device) for _ in range(dims.decoder_layers)]
         self.max_batch = max_batch
         self.cross_fp8 = cross_fp8
+        self.cross_absorbed = cross_absorbed
         self.self_k, self.self_v = alloc(dims.max_target_positions), alloc(dims.max_target_positions)
         cross_dtype = torch.float8_e4m3fn if cross_fp8 else dtype
-        self.cross_k, self.cross_v = alloc(dims.max_source_positions, cross_dtype), alloc(dims.max_source_positions, cross_dtype)
+        t_src = dims.max_source_positions
+        self.cross_e = torch.zeros(max_batch, t_src, dims.d_model, dtype=torch.float8_e4m3fn, device=device) \
+            if cross_absorbed else None
+        self.cross_e_scale = torch.ones(max_batch, t_src, dtype=torch.float32, device=device) if cross_absorbed else None
+        self.cross_k, self.cross_v = ([], []) if cross_absorbed else (alloc(t_src, cross_dtype), alloc(t_src, cross_dtype))
         scales = (lambda: [torch.ones(max_batch, h, dtype=torch.float32, device=device)
-                           for _ in range(dims.decoder_layers)]) if cross_fp8 else list
+                           for _ in range(dims.decoder_layers)]) if cross_fp8 and not cross_absorbed else list
         self.cross_k_scale: list[torch.Tensor] = scales()
         self.cross_v_scale: list[torch.Tensor] = scales()
 
@@ -313,6 +327,10 @@ class Whisper(nn.Module):
         """Cross-attention K/V of ``encoded`` ``[B, 1500, d_model]`` into cache rows ``[:B]``, or
         into the rows listed by ``rows`` (``[B]`` int64, on the cache's device)."""
         b = encoded.shape[0]
+        if cache.cross_e is not None and cache.cross_e_scale is not None:  # one FP8 E for every layer
+            from tideserve.worker.backends.torch_whisper.cuda_kernels import quantize_positions_into
+            quantize_positions_into(encoded, cache.cross_e, cache.cross_e_scale, rows)
+            return
         if cache.cross_fp8:
             from tideserve.worker.backends.torch_whisper.triton_kernels import quantize_into
         for i, layer in enumerate(self.decoder.blocks()):
@@ -344,6 +362,9 @@ class Whisper(nn.Module):
             compiling = torch.compiler.is_compiling()
             fp8_attend = tk.attend_op if compiling else tk.attend
             self_attend = tk.self_attend_op if compiling else tk.self_attend
+        if cache.cross_absorbed:
+            from tideserve.worker.backends.torch_whisper import cuda_kernels as ck
+            absorbed_attend = ck.absorbed_attend_op if torch.compiler.is_compiling() else ck.absorbed_attend
         x = (dec.embed_tokens(tokens) + dec.embed_positions(positions))[:, None, :]  # [B, 1, D]
         visible = None if self.attention == "triton" else \
             (torch.arange(span, device=tokens.device)[None, :] <= positions[:, None])[:, None, None, :]
@@ -368,7 +389,15 @@ class Whisper(nn.Module):
                 x = x + a.out_proj(a.merge(att))
             c = layer.encoder_attn
             h = layer.encoder_attn_layer_norm(x)
-            if cache.cross_fp8:
+            if cache.cross_e is not None and cache.cross_e_scale is not None:
+                # key projection into the query, value projection after (cuda_kernels' doc)
+                q = c.q_proj(h).view(b, c.heads, c.head_dim).transpose(0, 1)  # [H, B, hd]
+                qa = torch.matmul(q, c.k_proj.weight.view(c.heads, c.head_dim, -1)).transpose(0, 1)  # [B, H, D]
+                u = absorbed_attend(qa, cache.cross_e, cache.cross_e_scale, c.head_dim)  # [B, H, D]
+                wv = c.v_proj.weight.view(c.heads, c.head_dim, -1).transpose(1, 2)  # [H, D, hd]
+                att = torch.matmul(u.transpose(0, 1), wv).transpose(0, 1) + c.v_proj.bias.view(c.heads, c.head_dim)
+                x = x + c.out_proj(att.reshape(b, 1, c.heads * c.head_dim))
+            elif cache.cross_fp8:
                 q8 = c.q_proj(h).view(b, c.heads, c.head_dim)
                 att = fp8_attend(q8, cache.cross_k[i], cache.cross_v[i], cache.cross_k_scale[i], cache.cross_v_scale[i])
                 x = x + c.out_proj(att.view(b, 1, c.heads * c.head_dim))

@@ -1,0 +1,47 @@
+"""Checks the absorbed cross-attention kernel (``tideserve.worker.backends.torch_whisper.cuda_kernels``,
+whose doc says what it does and why) against float32 on a GPU: large-v3's width (1280, 20 heads)
+and tiny's (384, 6 heads), first with qa = 0 (uniform probabilities: the output product alone),
+then random; split 1 and 2; also against ``absorbed_attend_reference`` (the kernel's
+roundings in PyTorch). ``bench/gpu_absorbed_attend.py --configs m/1,m/2`` times it.
+
+    python3 bench/absorbed_mma.py [MACROS]   # e.g. FRAGMENTS_AHEAD: a candidate build (cuda_kernels._compiled)
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from tideserve.worker.backends.torch_whisper.cuda_kernels import E4M3_MAX, absorbed_attend, absorbed_attend_reference
+
+
+def _check_on_gpu(build: str = "") -> None:
+    """``python3 bench/absorbed_mma.py``: the kernel against float32 on small random inputs, first
+    with qa = 0 (uniform probabilities: the output product alone), then random; split 1 and 2;
+    also against ``absorbed_attend_reference`` (the kernel's roundings in PyTorch)."""
+    torch.manual_seed(0)
+    for b, h, t, d in ((3, 20, 1500, 1280), (2, 6, 1500, 384)):
+        _check_one(b, h, t, d, build)
+
+
+def _check_one(b: int, h: int, t: int, d: int, build: str) -> None:
+    enc = torch.randn(b, t, d, device="cuda") * torch.linspace(0.2, 2.0, d, device="cuda")
+    es = torch.clamp(enc.abs().amax(dim=2) / E4M3_MAX, min=1e-12)
+    e8 = (enc / es[..., None]).to(torch.float8_e4m3fn)
+    ed = e8.float() * es[..., None]
+    for name, qa in (("qa=0", torch.zeros(b, h, d, device="cuda")), ("random", torch.randn(b, h, d, device="cuda"))):
+        qa = qa.to(torch.bfloat16)
+        ref = torch.softmax(qa.float() @ ed.transpose(1, 2) * 64 ** -0.5, dim=-1) @ ed  # [b, h, d]
+        for split in (1, 2):
+            u = absorbed_attend(qa, e8, es, 64, split=split, diagnostic=build).float()
+            err = ((u - ref).abs().max() / ref.abs().max()).item()
+            cos = torch.nn.functional.cosine_similarity(u.flatten(), ref.flatten(), dim=0).item()
+            mirror = absorbed_attend_reference(qa.float(), e8, es, 64)
+            err_m = ((u - mirror).abs().max() / mirror.abs().max()).item()
+            print(f"width {d}, {name}, split {split}: against float32 max err / max {err:.5f}, cosine {cos:.6f}; "
+                  f"against absorbed_attend_reference {err_m:.5f}", flush=True)
+
+
+if __name__ == "__main__":
+    _check_on_gpu(sys.argv[1] if len(sys.argv) > 1 else "")

@@ -1,0 +1,571 @@
+"""The torch backend's CUDA kernel (the only module that compiles CUDA C: one adapter for NVRTC):
+the decoder's cross-attention over one FP8 copy of the encoder's output, with each layer's key
+and value projections absorbed into the query and the output.
+
+Why. Every decoder layer's cross-attention keys and values are projections of one tensor, the
+encoder's output E ``[T, D]`` (``k = E W_k,h^T`` and ``v = E W_v,h^T + b_v,h`` per head h;
+Whisper's k_proj has no bias). So ``q_h k^T = (q_h W_k,h) E^T`` and ``p v = (p E) W_v,h^T +
+b_v,h`` (p sums to 1): a step can attend over E itself, with the projections moved to the query
+and the output, as DeepSeek-V2's multi-head latent attention absorbs its up-projections (Liu et
+al. 2024, section 2.1.3; vLLM's MLA decode path does the same). One FP8 E a window then serves
+every layer and head: D bytes a position read per layer, against 2 x D for the FP8 keys and
+values of ``triton_kernels.attend``, and the cache holds one ``[T, D]`` a row instead of 2 x
+layers of ``[H, T, D / H]``. At large-v3 size that reading is most of a decoder step.
+
+How. The two products both run on FP8 tensor cores (``mma.sync.m16n8k32`` over e4m3, sm_89 and
+later). Hopper's FP8 products want both operands K-major, and E is K-major for only one of them
+(the scores ``S^T = E qa^T`` sum over the width, the output ``u^T = E^T P^T`` over the
+positions); the Triton versions of 2026-12-07 converted E to bf16 instead and were bound by that
+work (``bench/absorbed_attention.py``). Here the output product's operand comes from the same
+shared-memory block through ``ldmatrix.trans`` (E's bytes two at a time, as 16-bit values) and a
+byte permutation (``prmt``) per register, as FlashAttention-3 transposes FP8 values (Shah et al.
+2024, section 3.3); any order of the positions inside a block serves the output product as long
+as the probabilities P are laid out in the same order, so that order is written into P's
+shared-memory layout.
+
+One program (256 threads, 8 warps) per row and part of the positions (``split``); per block of 64
+positions, E's block double-buffered in shared memory by ``cp.async``:
+
+1. scores ``[64 positions, heads]`` (heads padded to tiles of 8): warp w takes 16 positions
+   (w % 4) and half of the width (w // 4), qa's FP8 copy held in shared memory (quantized there
+   per head, ``amax / 448``); the two halves summed through shared memory;
+2. online softmax per head (exp2), ``p * e_scale[t] * 448 / max(e_scale)`` to e4m3;
+3. output ``[width, heads]``: warp w takes the width's groups of 32 columns w, w + 8, ...; at
+   large-v3 size its 30 accumulator tiles (120 float registers) are held across the blocks and
+   rescaled per head.
+
+qa and P are e4m3 in the products, where ``triton_kernels.attend`` takes bf16 queries and float32
+probabilities. Compiled at first use by NVRTC through PyTorch (``torch.cuda._compile_kernel``) for
+the GPU at hand; no CPU path.
+
+- ``quantize_positions_into(x, e8, scale, rows)``: ``x [B, T, D]`` into FP8 cache rows with one
+  scale a position, ``amax(|x[b, t]|) / 448``, never 0.
+- ``absorbed_attend(qa, e8, e_scale, head_dim, split)``: ``qa [B, H, D]`` (``q_h W_k,h``) over
+  ``e8 [>=B, T, D]`` -> ``u [B, H, D]`` bf16, ``softmax(qa E^T / sqrt(head_dim)) E``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+E4M3_MAX = 448.0
+BLOCK_T = 64
+# E's and qa's rows in shared memory are D + 16 bytes apart (D a multiple of 64): the eight rows of
+# one ldmatrix then fall in eight distinct quads of banks
+
+_SOURCE = r"""
+#define BT 64
+#define ROWB (D + 16)
+#define NG (D / 32)
+#define GPW ((NG + 7) / 8)
+#define KS1 (D / 64)
+#define RS 68
+#define PS 80
+#define NEG_INF __int_as_float(0xff800000)
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return (unsigned)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_wait1() { asm volatile("cp.async.wait_group 1;\n" ::); }
+__device__ __forceinline__ void cp_wait0() { asm volatile("cp.async.wait_group 0;\n" ::); }
+
+__device__ __forceinline__ void ldsm4(unsigned a, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a));
+}
+__device__ __forceinline__ void ldsm4t(unsigned a, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a));
+}
+__device__ __forceinline__ void mma8(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                     unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
+               "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ unsigned char to_e4m3(float x) {
+  unsigned short r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(0.0f), "f"(x));
+  return (unsigned char)(r & 0xff);
+}
+__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
+  unsigned r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+// position p (0..31) of a 32-position step -> its index k in the output product's K order:
+// ldmatrix.trans gives a thread positions (2t, 2t+1) of rows 0-7 and 8-15, and prmt puts
+// (2t, 2t+1, 8+2t, 9+2t) at k = 4t .. 4t+3 (and the same 16 further for positions 16-31)
+__device__ __forceinline__ int k_of(int p) {
+  int h2 = p >> 4, q = p & 15;
+  return q < 8 ? 16 * h2 + 4 * (q >> 1) + (q & 1) : 16 * h2 + 4 * ((q - 8) >> 1) + 2 + (q & 1);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+absorbed_mma(const unsigned short* __restrict__ qa, const unsigned char* __restrict__ e8,
+             const float* __restrict__ escale, unsigned* __restrict__ out, float* __restrict__ part,
+             int H, int T, int split, int q_sb, int q_sh, double sm_log2) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  unsigned char* es_buf = smem;                              // [2][BT][ROWB]
+  unsigned char* qs = smem + 2 * BT * ROWB;                  // [HP][ROWB]
+  float* red = (float*)(qs + HP * ROWB);                     // [2][HP][RS]
+  unsigned char* p8 = (unsigned char*)(red + 2 * HP * RS);   // [HP][PS]
+  float* alpha = (float*)(p8 + HP * PS);                     // [HP]
+  float* esb = alpha + HP;                                   // [BT]
+  float* linv = esb + BT;                                    // [HP]
+  float* qsc_s = linv + HP;                                  // [HP]
+  float* wred = qsc_s + HP;                                  // [8]
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int b = blockIdx.x, s = blockIdx.y;
+  const int nb = (T + BT - 1) / BT;
+  const int j0 = s * nb / split, j1 = (s + 1) * nb / split;
+  const unsigned char* e_row = e8 + (long long)b * T * D;
+  const float* es_row = escale + (long long)b * T;
+  // E's largest position scale: P is stored as p * e_scale[t] * 448 / that
+  float em = 0.0f;
+  for (int i = tid; i < T; i += 256) em = fmaxf(em, es_row[i]);
+  for (int o = 16; o; o >>= 1) em = fmaxf(em, __shfl_xor_sync(0xffffffff, em, o));
+  if (lane == 0) wred[warp] = em;
+  // qa's FP8 copy, one scale a head (amax / 448, never 0); heads H..HP-1 zero.
+  // warp w takes heads w, w + 8, w + 16; lane l the 8 values at 8 (l + 32 i), i < D / 256
+  for (int h = warp; h < HP; h += 8) {
+    uint2* dst = (uint2*)(qs + h * ROWB);
+    if (h < H) {
+      const uint4* src = (const uint4*)(qa + (long long)b * q_sb + (long long)h * q_sh);
+      float am = 0.0f;
+      for (int c = lane; c < D / 8; c += 32) {
+        const uint4 v = src[c];
+        const unsigned w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          am = fmaxf(am, fmaxf(fabsf(__uint_as_float(w[k] << 16)), fabsf(__uint_as_float(w[k] & 0xffff0000u))));
+      }
+      for (int o = 16; o; o >>= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffff, am, o));
+      const float sc = fmaxf(am / E4M3_SCALE, 1e-12f), inv = 1.0f / sc;
+      for (int c = lane; c < D / 8; c += 32) {
+        const uint4 v = src[c];
+        const unsigned w[4] = {v.x, v.y, v.z, v.w};
+        unsigned short pr[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(pr[k])
+              : "f"(__uint_as_float(w[k] & 0xffff0000u) * inv), "f"(__uint_as_float(w[k] << 16) * inv));
+        dst[c] = make_uint2((unsigned)pr[0] | ((unsigned)pr[1] << 16), (unsigned)pr[2] | ((unsigned)pr[3] << 16));
+      }
+      if (lane == 0) qsc_s[h] = sc * (float)sm_log2;
+    } else {
+      for (int c = lane; c < D / 8; c += 32) dst[c] = make_uint2(0u, 0u);
+      if (lane == 0) qsc_s[h] = 0.0f;
+    }
+  }
+  __syncthreads();
+  float emax = wred[0];
+#pragma unroll
+  for (int w8 = 1; w8 < 8; ++w8) emax = fmaxf(emax, wred[w8]);
+  const float pscale = E4M3_SCALE / fmaxf(emax, 1e-30f);
+  auto load_block = [&](int j, int stage) {
+    unsigned char* buf = es_buf + stage * BT * ROWB;
+    for (int c = tid; c < BT * (D / 16); c += 256) {
+      int r = c / (D / 16), col = (c % (D / 16)) * 16;
+      int pos = j * BT + r;
+      bool ok = pos < T;
+      cp_async16(smem_addr(buf + r * ROWB + col), e_row + (long long)(ok ? pos : 0) * D + col, ok ? 16 : 0);
+    }
+  };
+  if (j0 < j1) load_block(j0, 0);
+  cp_commit();
+
+  float acc[2 * GPW][NT][4];
+#pragma unroll
+  for (int m = 0; m < 2 * GPW; ++m)
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[m][n][i] = 0.0f;
+  // softmax threads: head sh = tid >> 3, 8 threads a head, positions j8 + 8 i
+  const int sh = tid >> 3, j8 = tid & 7;
+  float m_run = NEG_INF, l_run = 0.0f;
+  const float qsc = (sh < H) ? qsc_s[sh] : 0.0f;
+
+  for (int j = j0; j < j1; ++j) {
+    const int stage = (j - j0) & 1;
+    if (j + 1 < j1) load_block(j + 1, stage ^ 1);
+    cp_commit();
+    if (tid < BT) esb[tid] = (j * BT + tid < T) ? es_row[j * BT + tid] : 0.0f;
+    cp_wait1();
+    __syncthreads();
+    const unsigned char* buf = es_buf + stage * BT * ROWB;
+
+    // 1. scores: warp -> 16 positions (mt) x half the width (kh)
+    {
+      const int mt = warp & 3, kh = warp >> 2;
+      float c[NT][4];
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) c[n][i] = 0.0f;
+      const int q = lane >> 3;
+      const unsigned a_base = smem_addr(buf + (mt * 16 + (lane & 7) + 8 * (q & 1)) * ROWB + 16 * (q >> 1));
+#ifdef FRAGMENTS_AHEAD  // a candidate build: step ks + 1's fragments loaded before step ks's
+                        // products (the asm statements keep their order), so latencies overlap
+      const unsigned char* q_base = qs + g * ROWB + kh * (D / 2) + 4 * t;
+      unsigned a[2][4], bq[2][NT][2];
+      ldsm4(a_base + kh * (D / 2), a[0][0], a[0][1], a[0][2], a[0][3]);
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        bq[0][n][0] = *(const unsigned*)(q_base + n * 8 * ROWB);
+        bq[0][n][1] = *(const unsigned*)(q_base + n * 8 * ROWB + 16);
+      }
+#pragma unroll
+      for (int ks = 0; ks < KS1; ++ks) {
+        const int cur = ks & 1, nxt = cur ^ 1;
+        if (ks + 1 < KS1) {
+          const int kb = kh * (D / 2) + (ks + 1) * 32;
+          ldsm4(a_base + kb, a[nxt][0], a[nxt][1], a[nxt][2], a[nxt][3]);
+#pragma unroll
+          for (int n = 0; n < NT; ++n) {
+            bq[nxt][n][0] = *(const unsigned*)(q_base + n * 8 * ROWB + (ks + 1) * 32);
+            bq[nxt][n][1] = *(const unsigned*)(q_base + n * 8 * ROWB + (ks + 1) * 32 + 16);
+          }
+        }
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+#ifndef SKIP_SCORES  // a diagnostic build (bench/gpu_absorbed_attend.py): the products left out
+          mma8(c[n], a[cur][0], a[cur][1], a[cur][2], a[cur][3], bq[cur][n][0], bq[cur][n][1]);
+#else
+          c[n][0] += __uint_as_float(a[cur][0] ^ bq[cur][n][0]); c[n][1] += __uint_as_float(a[cur][1] ^ bq[cur][n][1]);
+          c[n][2] += __uint_as_float(a[cur][2]); c[n][3] += __uint_as_float(a[cur][3]);
+#endif
+        }
+      }
+#else
+#pragma unroll 4
+      for (int ks = 0; ks < KS1; ++ks) {
+        const int kb = kh * (D / 2) + ks * 32;
+        unsigned a0, a1, a2, a3;
+        ldsm4(a_base + kb, a0, a1, a2, a3);
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+          const unsigned char* qrow = qs + (n * 8 + g) * ROWB + kb + 4 * t;
+          unsigned b0 = *(const unsigned*)qrow, b1 = *(const unsigned*)(qrow + 16);
+#ifndef SKIP_SCORES  // a diagnostic build (bench/gpu_absorbed_attend.py): the products left out
+          mma8(c[n], a0, a1, a2, a3, b0, b1);
+#else
+          c[n][0] += __uint_as_float(a0 ^ b0); c[n][1] += __uint_as_float(a1 ^ b1);
+          c[n][2] += __uint_as_float(a2); c[n][3] += __uint_as_float(a3);
+#endif
+        }
+      }
+#endif
+      float* rd = red + kh * HP * RS;
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        const int h0 = n * 8 + 2 * t, p0 = mt * 16 + g;
+        rd[h0 * RS + p0] = c[n][0];
+        rd[(h0 + 1) * RS + p0] = c[n][1];
+        rd[h0 * RS + p0 + 8] = c[n][2];
+        rd[(h0 + 1) * RS + p0 + 8] = c[n][3];
+      }
+    }
+    __syncthreads();
+
+    // 2. online softmax per head (scores in log2 units: qscale carries log2(e) / sqrt(head_dim))
+    if (sh < HP) {
+      if (sh < H) {
+        float sv[8];
+        float bmax = NEG_INF;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const int p = j8 + 8 * i;
+          float v = (red[sh * RS + p] + red[(HP + sh) * RS + p]) * qsc * esb[p];
+          v = (j * BT + p < T) ? v : NEG_INF;
+          sv[i] = v;
+          bmax = fmaxf(bmax, v);
+        }
+        bmax = fmaxf(bmax, __shfl_xor_sync(__activemask(), bmax, 1));
+        bmax = fmaxf(bmax, __shfl_xor_sync(__activemask(), bmax, 2));
+        bmax = fmaxf(bmax, __shfl_xor_sync(__activemask(), bmax, 4));
+        const float m_new = fmaxf(m_run, bmax);
+        const float al = exp2f(m_run - m_new);
+        float sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const int p = j8 + 8 * i;
+          const float pr = exp2f(sv[i] - m_new);
+          sum += pr;
+          p8[sh * PS + (p >> 5) * 32 + k_of(p & 31)] = to_e4m3(pr * esb[p] * pscale);
+        }
+        sum += __shfl_xor_sync(__activemask(), sum, 1);
+        sum += __shfl_xor_sync(__activemask(), sum, 2);
+        sum += __shfl_xor_sync(__activemask(), sum, 4);
+        l_run = l_run * al + sum;
+        m_run = m_new;
+        if (j8 == 0) alpha[sh] = al;
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) p8[sh * PS + j8 + 8 * i] = 0;
+        if (j8 == 0) alpha[sh] = 1.0f;
+      }
+    } else {
+      // threads of heads 24..31 have no head; their shuffles above are in other warps
+    }
+    __syncthreads();
+
+    // 3. output: warp w -> the width's groups of 32 columns w, w + 8, ..., 2 k-steps of 32 positions
+    {
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        const float a_lo = alpha[n * 8 + 2 * t], a_hi = alpha[n * 8 + 2 * t + 1];
+#pragma unroll
+        for (int m = 0; m < 2 * GPW; ++m) {
+          acc[m][n][0] *= a_lo; acc[m][n][1] *= a_hi; acc[m][n][2] *= a_lo; acc[m][n][3] *= a_hi;
+        }
+      }
+      const int q = lane >> 3;
+#pragma unroll
+      for (int ks = 0; ks < 2; ++ks) {
+        unsigned bf[NT][2];
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+          const unsigned char* prow = p8 + (n * 8 + g) * PS + ks * 32 + 4 * t;
+          bf[n][0] = *(const unsigned*)prow;
+          bf[n][1] = *(const unsigned*)(prow + 16);
+        }
+        const unsigned char* rows = buf + (ks * 32 + (lane & 7) + 8 * (q & 1)) * ROWB + 16 * (q >> 1);
+#ifdef FRAGMENTS_AHEAD  // E's transposed fragments double-buffered across the column groups
+        unsigned r[2][8];
+        ldsm4t(smem_addr(rows + warp * 32), r[0][0], r[0][1], r[0][2], r[0][3]);
+        ldsm4t(smem_addr(rows + 16 * ROWB + warp * 32), r[0][4], r[0][5], r[0][6], r[0][7]);
+#pragma unroll
+        for (int grp = 0; grp < GPW; ++grp) {
+          if (warp + 8 * grp >= NG) break;
+          const int cur = grp & 1, nxt = cur ^ 1;
+          if (grp + 1 < GPW && warp + 8 * (grp + 1) < NG) {
+            const int d1 = (warp + 8 * (grp + 1)) * 32;
+            ldsm4t(smem_addr(rows + d1), r[nxt][0], r[nxt][1], r[nxt][2], r[nxt][3]);
+            ldsm4t(smem_addr(rows + 16 * ROWB + d1), r[nxt][4], r[nxt][5], r[nxt][6], r[nxt][7]);
+          }
+          const unsigned* rc = r[cur];
+          const unsigned e0 = __byte_perm(rc[0], rc[1], 0x6420), e1 = __byte_perm(rc[2], rc[3], 0x6420);
+          const unsigned e2 = __byte_perm(rc[4], rc[5], 0x6420), e3 = __byte_perm(rc[6], rc[7], 0x6420);
+          const unsigned o0 = __byte_perm(rc[0], rc[1], 0x7531), o1 = __byte_perm(rc[2], rc[3], 0x7531);
+          const unsigned o2 = __byte_perm(rc[4], rc[5], 0x7531), o3 = __byte_perm(rc[6], rc[7], 0x7531);
+#pragma unroll
+          for (int n = 0; n < NT; ++n) {
+#ifndef SKIP_OUTPUT  // a diagnostic build: the products left out
+            mma8(acc[2 * grp][n], e0, e1, e2, e3, bf[n][0], bf[n][1]);
+            mma8(acc[2 * grp + 1][n], o0, o1, o2, o3, bf[n][0], bf[n][1]);
+#else
+            acc[2 * grp][n][0] += __uint_as_float(e0 ^ e1 ^ bf[n][0]); acc[2 * grp][n][1] += __uint_as_float(e2 ^ e3);
+            acc[2 * grp + 1][n][0] += __uint_as_float(o0 ^ o1 ^ bf[n][1]); acc[2 * grp + 1][n][1] += __uint_as_float(o2 ^ o3);
+#endif
+          }
+        }
+#else
+#pragma unroll
+        for (int grp = 0; grp < GPW; ++grp) {
+          if (warp + 8 * grp >= NG) break;
+          const int d0 = (warp + 8 * grp) * 32;
+          unsigned r0, r1, r2, r3, r4, r5, r6, r7;
+          ldsm4t(smem_addr(rows + d0), r0, r1, r2, r3);
+          ldsm4t(smem_addr(rows + 16 * ROWB + d0), r4, r5, r6, r7);
+          const unsigned e0 = __byte_perm(r0, r1, 0x6420), e1 = __byte_perm(r2, r3, 0x6420);
+          const unsigned e2 = __byte_perm(r4, r5, 0x6420), e3 = __byte_perm(r6, r7, 0x6420);
+          const unsigned o0 = __byte_perm(r0, r1, 0x7531), o1 = __byte_perm(r2, r3, 0x7531);
+          const unsigned o2 = __byte_perm(r4, r5, 0x7531), o3 = __byte_perm(r6, r7, 0x7531);
+#pragma unroll
+          for (int n = 0; n < NT; ++n) {
+#ifndef SKIP_OUTPUT  // a diagnostic build: the products left out
+            mma8(acc[2 * grp][n], e0, e1, e2, e3, bf[n][0], bf[n][1]);
+            mma8(acc[2 * grp + 1][n], o0, o1, o2, o3, bf[n][0], bf[n][1]);
+#else
+            acc[2 * grp][n][0] += __uint_as_float(e0 ^ e1 ^ bf[n][0]); acc[2 * grp][n][1] += __uint_as_float(e2 ^ e3);
+            acc[2 * grp + 1][n][0] += __uint_as_float(o0 ^ o1 ^ bf[n][1]); acc[2 * grp + 1][n][1] += __uint_as_float(o2 ^ o3);
+#endif
+          }
+        }
+#endif
+      }
+    }
+    __syncthreads();
+  }
+  cp_wait0();
+
+  // the row's (or part's) statistics
+  if (sh < H && j8 == 0) {
+    if (split == 1) {
+      linv[sh] = l_run > 0.0f ? 1.0f / (l_run * pscale) : 0.0f;
+    } else {
+      linv[sh] = 1.0f / pscale;
+      float* ml = part + (((long long)b * split + s) * H + sh) * (D + 2);
+      ml[D] = m_run;
+      ml[D + 1] = l_run;
+    }
+  }
+  __syncthreads();
+  // even tile 2 grp: rows g, g+8 -> columns d0 + 2g, d0 + 16 + 2g; odd tile: the next column
+#pragma unroll
+  for (int grp = 0; grp < GPW; ++grp) {
+    if (warp + 8 * grp >= NG) break;
+    const int d0 = (warp + 8 * grp) * 32;
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      const int h0 = n * 8 + 2 * t;
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int h = h0 + hh;
+        if (h >= H) continue;
+        const float f = linv[h];
+        const float* ev = acc[2 * grp][n];
+        const float* ov = acc[2 * grp + 1][n];
+        if (split == 1) {
+          unsigned* o = out + (((long long)b * H + h) * D) / 2;
+          o[(d0 + 2 * g) / 2] = pack_bf16(ev[hh] * f, ov[hh] * f);
+          o[(d0 + 16 + 2 * g) / 2] = pack_bf16(ev[2 + hh] * f, ov[2 + hh] * f);
+        } else {
+          float* o = part + (((long long)b * split + s) * H + h) * (D + 2);
+          o[d0 + 2 * g] = ev[hh] * f;
+          o[d0 + 2 * g + 1] = ov[hh] * f;
+          o[d0 + 16 + 2 * g] = ev[2 + hh] * f;
+          o[d0 + 17 + 2 * g] = ov[2 + hh] * f;
+        }
+      }
+    }
+  }
+}
+""".replace("E4M3_SCALE", "448.0f")
+
+def smem_bytes(d: int, hp: int) -> int:
+    """Shared memory of one program at width ``d`` and ``hp`` padded heads: E's two blocks, qa's
+    FP8 copy, the score halves, P, and the per-head and per-position scalars."""
+    return 2 * BLOCK_T * (d + 16) + hp * (d + 16) + 2 * hp * 68 * 4 + hp * 80 + (4 * hp + BLOCK_T + 8) * 4
+
+
+_kernels: dict[tuple[int, int, str], Any] = {}
+
+
+def _compiled(d: int, hp: int, defines: str = "") -> Any:
+    """The kernel for width ``d`` and ``hp`` padded heads (``defines``: comma-separated macros of a
+    diagnostic build, ``SKIP_SCORES`` or ``SKIP_OUTPUT``, or of a candidate, ``FRAGMENTS_AHEAD``),
+    compiled once by NVRTC for this GPU
+    through PyTorch (``torch.cuda._compile_kernel``, a private API of PyTorch 2.8 and later: no
+    other package needed). RuntimeError on a GPU older than sm_89 or a PyTorch without it."""
+    if (d, hp, defines) not in _kernels:
+        major, minor = torch.cuda.get_device_capability()
+        if (major, minor) < (8, 9):
+            raise RuntimeError(f"the absorbed cross-attention kernel needs FP8 tensor cores (sm_89 or later); "
+                               f"this GPU is sm_{major}{minor}")
+        compile_kernel = getattr(torch.cuda, "_compile_kernel", None)
+        if compile_kernel is None:
+            raise RuntimeError(f"the absorbed cross-attention kernel needs PyTorch 2.8 or later (torch.cuda._compile_kernel); "
+                               f"this is {torch.__version__}")
+        src = "".join(f"#define {m}\n" for m in defines.split(",") if m) + \
+            f"#define D {d}\n#define HP {hp}\n#define NT {hp // 8}\n" + _SOURCE
+        k = compile_kernel(src, "absorbed_mma", nvcc_options=["--std=c++17"])
+        if hasattr(k, "set_shared_memory_config"):
+            k.set_shared_memory_config(smem_bytes(d, hp))
+        else:  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+            from torch.cuda._utils import _get_gpu_runtime_library
+            _get_gpu_runtime_library().cuFuncSetAttribute(k.func, 8, smem_bytes(d, hp))
+        _kernels[d, hp, defines] = k
+    return _kernels[d, hp, defines]
+
+
+def _launch(d: int, hp: int, grid: tuple[int, int], args: list, defines: str = "") -> None:
+    """One launch on PyTorch's current stream; ``args`` tensors (as pointers), ints (as C int) and
+    floats (as C double)."""
+    _compiled(d, hp, defines)(grid=(grid[0], grid[1], 1), block=(256, 1, 1), args=args, shared_mem=smem_bytes(d, hp))
+
+
+def absorbed_attend(qa: torch.Tensor, e8: torch.Tensor, e_scale: torch.Tensor, head_dim: int,
+                    split: int = 1, diagnostic: str = "") -> torch.Tensor:
+    """``qa [B, H, D]`` (bf16, each head's query times its key projection, ``q_h W_k,h``; its last
+    dimension contiguous) over ``e8 [>=B, T, D]`` (float8_e4m3fn, contiguous; E's first B rows may
+    be a view of a larger cache) with ``e_scale [>=B, T]`` (float32, E ~= e8 * e_scale) -> ``u [B,
+    H, D]`` in bf16, ``softmax(qa E^T / sqrt(head_dim)) E`` per row and head; the caller applies
+    the value projection (``u_h W_v,h^T + b_v,h``). Whisper's
+    widths (a multiple of 64 up to 1280) and at most 24 heads; ``split`` parts of T per row,
+    combined after. ValueError for other shapes; static shapes and no host synchronisation
+    (CUDA-graph safe once compiled: call it once before capture). On CPU tensors it runs
+    ``absorbed_attend_reference``. ``diagnostic``: a build with parts left out (``_compiled``),
+    whose output is meaningless, for timing the rest."""
+    if qa.device.type == "cpu":
+        return absorbed_attend_reference(qa, e8, e_scale, head_dim)
+    b, h, d = qa.shape
+    t = e8.shape[1]
+    if d % 64 or d > 1280 or h > 24 or e8.dtype != torch.float8_e4m3fn or e8.stride(2) != 1 \
+            or e8.stride(1) != d or e8.stride(0) != t * d or e_scale.stride(1) != 1 or e_scale.shape[1] != t or split < 1 \
+            or qa.dtype != torch.bfloat16 or qa.stride(2) != 1 or qa.stride(0) % 8 or qa.stride(1) % 8 \
+            or qa.data_ptr() % 16:
+        raise ValueError(f"absorbed_attend: qa {tuple(qa.shape)}, e8 {tuple(e8.shape)} {e8.dtype}: bf16 qa of "
+                         "a width that is a multiple of 64 up to 1280 and <= 24 heads, contiguous float8_e4m3fn E, split >= 1")
+    hp = (h + 7) // 8 * 8
+    es = e_scale[:b]
+    if split == 1:
+        out = torch.empty((b, h, d), dtype=torch.bfloat16, device=qa.device)
+        part = out
+    else:
+        part = torch.empty((b, split, h, d + 2), dtype=torch.float32, device=qa.device)
+        out = part
+    _launch(d, hp, (b, split), [qa, e8, es, out, part, h, t, split, qa.stride(0), qa.stride(1),
+                                 head_dim ** -0.5 * 1.4426950408889634], diagnostic)
+    if split == 1:
+        return out
+    acc, m, denom = part[..., :d], part[..., d], part[..., d + 1]  # [B, S, H, D], [B, S, H], [B, S, H]
+    w = torch.exp2(m - m.amax(dim=1, keepdim=True))
+    return ((acc * w[..., None]).sum(dim=1) / (denom * w).sum(dim=1)[..., None]).to(torch.bfloat16)
+
+
+def absorbed_attend_reference(qa: torch.Tensor, e8: torch.Tensor, e_scale: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """What the kernel computes, in PyTorch (float32 but for the kernel's two FP8 roundings, qa's per
+    head and P's; P's against the row's largest probability where the kernel rounds it against
+    the largest so far, block by block): ``qa [B, H, D]``, ``e8 [>=B, T, D]``, ``e_scale [>=B,
+    T]`` -> ``u [B, H, D]`` in qa's dtype. For the CPU (tests) and for checking the kernel."""
+    b = qa.shape[0]
+    e = e8[:b].float()                                                         # [B, T, D]
+    es = e_scale[:b].float()                                                   # [B, T]
+    sc = torch.clamp(qa.float().abs().amax(dim=2, keepdim=True) / E4M3_MAX, min=1e-12)  # [B, H, 1]
+    q8 = (qa.float() / sc).to(torch.float8_e4m3fn).float()
+    scores = (q8 @ e.transpose(1, 2)) * sc * es[:, None, :] * head_dim ** -0.5  # [B, H, T]
+    p = torch.exp(scores - scores.amax(dim=2, keepdim=True))
+    emax = es.amax(dim=1)[:, None, None]                                       # [B, 1, 1]
+    p8 = (p * es[:, None, :] * (E4M3_MAX / emax)).to(torch.float8_e4m3fn).float()
+    return ((p8 @ e) * (emax / E4M3_MAX) / p.sum(dim=2, keepdim=True)).to(qa.dtype)
+
+
+def quantize_positions_into(x: torch.Tensor, e8: torch.Tensor, scale: torch.Tensor, rows: torch.Tensor | None = None) -> None:
+    """``x [B, T, D]`` into ``e8 [N, T, D]`` (float8_e4m3fn) and ``scale [N, T]`` (float32) at rows
+    ``[:B]`` or at the rows listed by ``rows`` (``[B]`` int64): ``x ~= e8 * scale[..., None]``, one
+    scale a position, ``amax(|x[b, t]|) / 448``, never 0. ValueError for mismatched shapes."""
+    if x.dim() != 3 or e8.shape[1:] != x.shape[1:] or scale.shape != e8.shape[:2]:
+        raise ValueError(f"quantize_positions_into: x {tuple(x.shape)} does not fit e8 {tuple(e8.shape)} "
+                         f"and scale {tuple(scale.shape)}")
+    s = torch.clamp(x.abs().amax(dim=2).float() / E4M3_MAX, min=1e-12)
+    x8 = (x.float() / s[..., None]).to(torch.float8_e4m3fn)
+    if rows is None:
+        e8[: x.shape[0]].copy_(x8)
+        scale[: x.shape[0]].copy_(s)
+    else:
+        e8.view(torch.uint8).index_copy_(0, rows, x8.view(torch.uint8))  # no index_copy_ for float8 types
+        scale.index_copy_(0, rows, s)
+
+
+@torch.library.custom_op("tideserve::absorbed_attend", mutates_args=())
+def absorbed_attend_op(qa: torch.Tensor, e8: torch.Tensor, e_scale: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """``absorbed_attend`` as a custom operator: under ``torch.compile`` Inductor calls it as it is
+    (it cannot trace an NVRTC launch)."""
+    return absorbed_attend(qa, e8, e_scale, head_dim)
+
+
+@absorbed_attend_op.register_fake
+def _absorbed_attend_shape(qa: torch.Tensor, e8: torch.Tensor, e_scale: torch.Tensor, head_dim: int) -> torch.Tensor:
+    return qa.new_empty(qa.shape)

