@@ -6,12 +6,12 @@ kernel itself is the GPU's to check against that reference (``bench/absorbed_mma
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+import audio
 from tideserve.engines.convert import convert_ct2_whisper
 from tideserve.sources.local import resolve_pkg
 from tideserve.spec.models import Decoding, Target
@@ -19,9 +19,6 @@ from tideserve.worker.backends.base import WindowTask
 from tideserve.worker.backends.torch_whisper.backend import TorchWhisperBackend
 from tideserve.worker.backends.torch_whisper.cuda_kernels import E4M3_MAX, quantize_positions_into
 from tideserve.worker.backends.torch_whisper.model import KVCache, Whisper, WhisperDims
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-import audio  # noqa: E402
 
 
 def test_the_fill_writes_each_position_with_its_own_scale_into_the_rows_asked() -> None:
