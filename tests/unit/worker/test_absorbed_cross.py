@@ -17,7 +17,7 @@ from tideserve.sources.local import resolve_pkg
 from tideserve.spec.models import Decoding, Target
 from tideserve.worker.backends.base import WindowTask
 from tideserve.worker.backends.torch_whisper.backend import TorchWhisperBackend
-from tideserve.worker.backends.torch_whisper.cuda_kernels import E4M3_MAX, quantize_positions_into
+from tideserve.worker.backends.torch_whisper.cuda_kernels import E4M3_MAX, absorbed_attend, quantize_positions_into
 from tideserve.worker.backends.torch_whisper.model import KVCache, Whisper, WhisperDims
 
 
@@ -77,3 +77,18 @@ def test_tiny_en_writes_the_same_text_over_the_absorbed_cache(hf_dir: Path) -> N
         texts[absorbed] = [[(s.start_s, s.end_s, s.text) for s in r.segments] for r in got]
     assert texts[True] == texts[False]
     assert len(clips) >= 3 and all(texts[True])
+
+
+def test_inputs_that_do_not_fit_together_are_refused() -> None:
+    qa = torch.randn(2, 4, 128)
+    e8 = torch.zeros(3, 50, 128, dtype=torch.float8_e4m3fn)
+    good = torch.ones(3, 50)
+    assert absorbed_attend(qa, e8, good, 32).shape == (2, 4, 128)  # the CPU runs the reference
+    wide = torch.ones(3, 54)
+    for bad_e8, bad_scale in ((e8, wide[:, :50]),                 # scale rows 54 apart, not 50
+                              (e8, good.to(torch.bfloat16)),       # scale not float32
+                              (e8[:1], good[:1]),                  # fewer cache rows than queries
+                              (e8[:, :, :64], good),               # another width
+                              (e8.float(), good)):                 # E not FP8
+        with pytest.raises(ValueError, match="absorbed_attend"):
+            absorbed_attend(qa, bad_e8, bad_scale, 32)

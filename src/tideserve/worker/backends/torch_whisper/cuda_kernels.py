@@ -13,7 +13,8 @@ values of ``triton_kernels.attend``, and the cache holds one ``[T, D]`` a row in
 layers of ``[H, T, D / H]``. At large-v3 size that reading is most of a decoder step.
 
 How. The two products both run on FP8 tensor cores (``mma.sync.m16n8k32`` over e4m3, sm_89 and
-later). Hopper's FP8 products want both operands K-major, and E is K-major for only one of them
+later; from width 768 a block's shared memory is more than sm_89 and sm_120 GPUs give, so those
+widths need an H100 or H200). Hopper's FP8 products want both operands K-major, and E is K-major for only one of them
 (the scores ``S^T = E qa^T`` sum over the width, the output ``u^T = E^T P^T`` over the
 positions); the Triton versions of 2026-12-07 converted E to bf16 instead and were bound by that
 work (``bench/absorbed_attention.py``). Here the output product's operand comes from the same
@@ -281,6 +282,7 @@ absorbed_mma(const unsigned short* __restrict__ qa, const unsigned char* __restr
     // 2. online softmax per head (scores in log2 units: qscale carries log2(e) / sqrt(head_dim))
     if (sh < HP) {
       if (sh < H) {
+        const unsigned grp8 = 0xffu << (lane & 24);  // the 8 lanes of this head, all in this branch
         float sv[8];
         float bmax = NEG_INF;
 #pragma unroll
@@ -291,9 +293,9 @@ absorbed_mma(const unsigned short* __restrict__ qa, const unsigned char* __restr
           sv[i] = v;
           bmax = fmaxf(bmax, v);
         }
-        bmax = fmaxf(bmax, __shfl_xor_sync(__activemask(), bmax, 1));
-        bmax = fmaxf(bmax, __shfl_xor_sync(__activemask(), bmax, 2));
-        bmax = fmaxf(bmax, __shfl_xor_sync(__activemask(), bmax, 4));
+        bmax = fmaxf(bmax, __shfl_xor_sync(grp8, bmax, 1));
+        bmax = fmaxf(bmax, __shfl_xor_sync(grp8, bmax, 2));
+        bmax = fmaxf(bmax, __shfl_xor_sync(grp8, bmax, 4));
         const float m_new = fmaxf(m_run, bmax);
         const float al = exp2f(m_run - m_new);
         float sum = 0.0f;
@@ -304,9 +306,9 @@ absorbed_mma(const unsigned short* __restrict__ qa, const unsigned char* __restr
           sum += pr;
           p8[sh * PS + (p >> 5) * 32 + k_of(p & 31)] = to_e4m3(pr * esb[p] * pscale);
         }
-        sum += __shfl_xor_sync(__activemask(), sum, 1);
-        sum += __shfl_xor_sync(__activemask(), sum, 2);
-        sum += __shfl_xor_sync(__activemask(), sum, 4);
+        sum += __shfl_xor_sync(grp8, sum, 1);
+        sum += __shfl_xor_sync(grp8, sum, 2);
+        sum += __shfl_xor_sync(grp8, sum, 4);
         l_run = l_run * al + sum;
         m_run = m_new;
         if (j8 == 0) alpha[sh] = al;
@@ -343,8 +345,10 @@ absorbed_mma(const unsigned short* __restrict__ qa, const unsigned char* __restr
         const unsigned char* rows = buf + (ks * 32 + (lane & 7) + 8 * (q & 1)) * ROWB + 16 * (q >> 1);
 #ifdef FRAGMENTS_AHEAD  // E's transposed fragments double-buffered across the column groups
         unsigned r[2][8];
-        ldsm4t(smem_addr(rows + warp * 32), r[0][0], r[0][1], r[0][2], r[0][3]);
-        ldsm4t(smem_addr(rows + 16 * ROWB + warp * 32), r[0][4], r[0][5], r[0][6], r[0][7]);
+        if (warp < NG) {
+          ldsm4t(smem_addr(rows + warp * 32), r[0][0], r[0][1], r[0][2], r[0][3]);
+          ldsm4t(smem_addr(rows + 16 * ROWB + warp * 32), r[0][4], r[0][5], r[0][6], r[0][7]);
+        }
 #pragma unroll
         for (int grp = 0; grp < GPW; ++grp) {
           if (warp + 8 * grp >= NG) break;
@@ -450,20 +454,27 @@ def smem_bytes(d: int, hp: int) -> int:
     return 2 * BLOCK_T * (d + 16) + hp * (d + 16) + 2 * hp * 68 * 4 + hp * 80 + (4 * hp + BLOCK_T + 8) * 4
 
 
-_kernels: dict[tuple[int, int, str], Any] = {}
+_kernels: dict[tuple[int, int, int, str], Any] = {}
 
 
 def _compiled(d: int, hp: int, defines: str = "") -> Any:
     """The kernel for width ``d`` and ``hp`` padded heads (``defines``: comma-separated macros of a
     diagnostic build, ``SKIP_SCORES`` or ``SKIP_OUTPUT``, or of a candidate, ``FRAGMENTS_AHEAD``),
-    compiled once by NVRTC for this GPU
-    through PyTorch (``torch.cuda._compile_kernel``, a private API of PyTorch 2.8 and later: no
-    other package needed). RuntimeError on a GPU older than sm_89 or a PyTorch without it."""
-    if (d, hp, defines) not in _kernels:
-        major, minor = torch.cuda.get_device_capability()
+    compiled once per GPU by NVRTC through PyTorch (``torch.cuda._compile_kernel``, a private API
+    of PyTorch 2.8 and later: no other package needed). RuntimeError on a GPU older than sm_89,
+    one whose blocks cannot have the shared memory this width needs (``smem_bytes``: 112 KB and
+    more from width 768, over the 99 KB of sm_89 and sm_120 GPUs; H100 and H200 have 227 KB), or
+    a PyTorch without it."""
+    dev = torch.cuda.current_device()
+    if (dev, d, hp, defines) not in _kernels:
+        major, minor = torch.cuda.get_device_capability(dev)
         if (major, minor) < (8, 9):
             raise RuntimeError(f"the absorbed cross-attention kernel needs FP8 tensor cores (sm_89 or later); "
                                f"this GPU is sm_{major}{minor}")
+        limit = getattr(torch.cuda.get_device_properties(dev), "shared_memory_per_block_optin", 0)
+        if smem_bytes(d, hp) > limit:
+            raise RuntimeError(f"the absorbed cross-attention kernel needs {smem_bytes(d, hp)} bytes of shared memory "
+                               f"a block at width {d}; this GPU (sm_{major}{minor}) gives {limit}: leave cross_absorbed off")
         compile_kernel = getattr(torch.cuda, "_compile_kernel", None)
         if compile_kernel is None:
             raise RuntimeError(f"the absorbed cross-attention kernel needs PyTorch 2.8 or later (torch.cuda._compile_kernel); "
@@ -476,38 +487,54 @@ def _compiled(d: int, hp: int, defines: str = "") -> Any:
         else:  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
             from torch.cuda._utils import _get_gpu_runtime_library
             _get_gpu_runtime_library().cuFuncSetAttribute(k.func, 8, smem_bytes(d, hp))
-        _kernels[d, hp, defines] = k
-    return _kernels[d, hp, defines]
+        _kernels[dev, d, hp, defines] = k
+    return _kernels[dev, d, hp, defines]
 
 
 def _launch(d: int, hp: int, grid: tuple[int, int], args: list, defines: str = "") -> None:
-    """One launch on PyTorch's current stream; ``args`` tensors (as pointers), ints (as C int) and
-    floats (as C double)."""
+    """One launch on PyTorch's current device and stream; ``args`` tensors (as pointers), ints (as
+    C int) and floats (as C double)."""
     _compiled(d, hp, defines)(grid=(grid[0], grid[1], 1), block=(256, 1, 1), args=args, shared_mem=smem_bytes(d, hp))
+
+
+def _check(qa: torch.Tensor, e8: torch.Tensor, e_scale: torch.Tensor) -> None:
+    """ValueError unless ``qa [B, H, D]``, ``e8 [>=B, T, D]`` (float8_e4m3fn, contiguous) and
+    ``e_scale [>=B, T]`` (float32, contiguous) fit together on one device."""
+    ok = qa.dim() == 3 and e8.dim() == 3 and e_scale.dim() == 2 and e8.dtype == torch.float8_e4m3fn \
+        and e_scale.dtype == torch.float32 and e8.is_contiguous() and e_scale.is_contiguous() \
+        and e8.shape[0] >= qa.shape[0] and e8.shape[2] == qa.shape[2] and tuple(e_scale.shape) == tuple(e8.shape[:2]) \
+        and qa.device == e8.device == e_scale.device
+    if not ok:
+        raise ValueError(f"absorbed_attend: qa {tuple(qa.shape)} ({qa.device}), e8 {tuple(e8.shape)} {e8.dtype} "
+                         f"({e8.device}), e_scale {tuple(e_scale.shape)} {e_scale.dtype} ({e_scale.device}): needs "
+                         "qa [B, H, D], a contiguous float8_e4m3fn e8 [>=B, T, D] and a contiguous float32 e_scale "
+                         "of e8's first two sizes, on one device")
 
 
 def absorbed_attend(qa: torch.Tensor, e8: torch.Tensor, e_scale: torch.Tensor, head_dim: int,
                     split: int = 1, diagnostic: str = "") -> torch.Tensor:
     """``qa [B, H, D]`` (bf16, each head's query times its key projection, ``q_h W_k,h``; its last
     dimension contiguous) over ``e8 [>=B, T, D]`` (float8_e4m3fn, contiguous; E's first B rows may
-    be a view of a larger cache) with ``e_scale [>=B, T]`` (float32, E ~= e8 * e_scale) -> ``u [B,
-    H, D]`` in bf16, ``softmax(qa E^T / sqrt(head_dim)) E`` per row and head; the caller applies
-    the value projection (``u_h W_v,h^T + b_v,h``). Whisper's
-    widths (a multiple of 64 up to 1280) and at most 24 heads; ``split`` parts of T per row,
-    combined after. ValueError for other shapes; static shapes and no host synchronisation
-    (CUDA-graph safe once compiled: call it once before capture). On CPU tensors it runs
-    ``absorbed_attend_reference``. ``diagnostic``: a build with parts left out (``_compiled``),
-    whose output is meaningless, for timing the rest."""
+    be a view of a larger cache) with ``e_scale [>=B, T]`` (float32, contiguous, E ~= e8 *
+    e_scale) -> ``u [B, H, D]`` in bf16, ``softmax(qa E^T / sqrt(head_dim)) E`` per row and head;
+    the caller applies the value projection (``u_h W_v,h^T + b_v,h``). Whisper's widths (a
+    multiple of 64 up to 1280) and at most 24 heads; ``split`` parts of T per row, combined after.
+    ValueError for other shapes, strides, dtypes or devices; static shapes and no host
+    synchronisation (CUDA-graph safe once compiled: call it once before capture). On CPU tensors
+    it runs ``absorbed_attend_reference``. ``diagnostic``: a build with parts left out
+    (``_compiled``), whose output is meaningless, for timing the rest."""
+    _check(qa, e8, e_scale)
     if qa.device.type == "cpu":
         return absorbed_attend_reference(qa, e8, e_scale, head_dim)
     b, h, d = qa.shape
     t = e8.shape[1]
-    if d % 64 or d > 1280 or h > 24 or e8.dtype != torch.float8_e4m3fn or e8.stride(2) != 1 \
-            or e8.stride(1) != d or e8.stride(0) != t * d or e_scale.stride(1) != 1 or e_scale.shape[1] != t or split < 1 \
-            or qa.dtype != torch.bfloat16 or qa.stride(2) != 1 or qa.stride(0) % 8 or qa.stride(1) % 8 \
-            or qa.data_ptr() % 16:
-        raise ValueError(f"absorbed_attend: qa {tuple(qa.shape)}, e8 {tuple(e8.shape)} {e8.dtype}: bf16 qa of "
-                         "a width that is a multiple of 64 up to 1280 and <= 24 heads, contiguous float8_e4m3fn E, split >= 1")
+    if d % 64 or d > 1280 or h > 24 or split < 1 or qa.dtype != torch.bfloat16 or qa.stride(2) != 1 \
+            or qa.stride(0) % 8 or qa.stride(1) % 8 or qa.data_ptr() % 16 or e8.data_ptr() % 16:
+        raise ValueError(f"absorbed_attend: qa {tuple(qa.shape)} {qa.dtype} with strides {qa.stride()}, split {split}: "
+                         "the kernel takes bf16 qa of a width that is a multiple of 64 up to 1280 and <= 24 heads, "
+                         "its last dimension contiguous, rows and heads 16-byte aligned, and split >= 1")
+    if b == 0:
+        return qa.new_empty((0, h, d))
     hp = (h + 7) // 8 * 8
     es = e_scale[:b]
     if split == 1:
@@ -516,8 +543,9 @@ def absorbed_attend(qa: torch.Tensor, e8: torch.Tensor, e_scale: torch.Tensor, h
     else:
         part = torch.empty((b, split, h, d + 2), dtype=torch.float32, device=qa.device)
         out = part
-    _launch(d, hp, (b, split), [qa, e8, es, out, part, h, t, split, qa.stride(0), qa.stride(1),
-                                 head_dim ** -0.5 * 1.4426950408889634], diagnostic)
+    with torch.cuda.device(qa.device):
+        _launch(d, hp, (b, split), [qa, e8, es, out, part, h, t, split, qa.stride(0), qa.stride(1),
+                                     head_dim ** -0.5 * 1.4426950408889634], diagnostic)
     if split == 1:
         return out
     acc, m, denom = part[..., :d], part[..., d], part[..., d + 1]  # [B, S, H, D], [B, S, H], [B, S, H]

@@ -230,7 +230,8 @@ class KVCache:
     of the encoder's output a row, ``cross_e [max_batch, max_source_positions, d_model]`` with a
     float32 scale a position (``cross_e_scale [max_batch, max_source_positions]``), which every
     layer's cross-attention reads with its projections absorbed (``cuda_kernels``'s module doc
-    says why): its CUDA kernel needs a GPU of sm_89 or later; on the CPU it runs the kernel's
+    says why): its CUDA kernel needs a GPU of sm_89 or later, sm_90 from width 768 (shared memory);
+    on the CPU it runs the kernel's
     PyTorch reference (``cuda_kernels.absorbed_attend_reference``), for tests."""
 
     def __init__(self, dims: WhisperDims, max_batch: int, dtype: torch.dtype, device: torch.device,
