@@ -47,7 +47,8 @@ def kernel(cfg: str):
     """A function ``(qa, e8, es) -> u`` for one configuration of ``CONFIGS``, or ``m/<split>``: the
     CUDA kernel of ``torch_whisper.cuda_kernels`` (both products on FP8 tensor cores), and
     ``m/<split>/<macros>`` a diagnostic build of it (macros joined by ``+``)."""
-    if cfg.startswith("m/"):  # m/<split>[/<macro>+<macro>]: a diagnostic build of cuda_kernels' (SKIP_SCORES, SKIP_OUTPUT)
+    if cfg.startswith("m/"):  # m/<split>[/<macro>+<macro>]: a build of cuda_kernels' (SKIP_SCORES, SKIP_OUTPUT,
+        # FRAGMENTS_AHEAD, BULK_COPY)
         split, *diag = cfg.split("/")[1:]
         defines = diag[0].replace("+", ",") if diag else ""
         return lambda qa, e8, es: cuda_kernels.absorbed_attend(qa, e8, es, HD, split=int(split), diagnostic=defines)

@@ -76,6 +76,23 @@ __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_grou
 __device__ __forceinline__ void cp_wait1() { asm volatile("cp.async.wait_group 1;\n" ::); }
 __device__ __forceinline__ void cp_wait0() { asm volatile("cp.async.wait_group 0;\n" ::); }
 
+#ifdef BULK_COPY  // a candidate build: E's blocks by bulk copies (sm_90) completing on an mbarrier
+__device__ __forceinline__ void mbar_init(unsigned bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" :: "r"(bar));
+}
+__device__ __forceinline__ void mbar_expect(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bulk_copy(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+               :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+  asm volatile("{\n.reg .pred P1;\nWAIT:\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+               "@!P1 bra WAIT;\n}\n" :: "r"(bar), "r"(parity) : "memory");
+}
+#endif
 __device__ __forceinline__ void ldsm4(unsigned a, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a));
@@ -114,7 +131,12 @@ absorbed_mma(const unsigned short* __restrict__ qa, const unsigned char* __restr
              const float* __restrict__ escale, unsigned* __restrict__ out, float* __restrict__ part,
              int H, int T, int split, int q_sb, int q_sh, double sm_log2) {
   extern __shared__ __align__(16) unsigned char smem[];
+#ifdef BULK_COPY
+  const unsigned mbar0 = smem_addr(smem);                    // two mbarriers, one a stage
+  unsigned char* es_buf = smem + 16;                         // [2][BT][ROWB]
+#else
   unsigned char* es_buf = smem;                              // [2][BT][ROWB]
+#endif
   unsigned char* qs = smem + 2 * BT * ROWB;                  // [HP][ROWB]
   float* red = (float*)(qs + HP * ROWB);                     // [2][HP][RS]
   unsigned char* p8 = (unsigned char*)(red + 2 * HP * RS);   // [HP][PS]
@@ -173,6 +195,30 @@ absorbed_mma(const unsigned short* __restrict__ qa, const unsigned char* __restr
 #pragma unroll
   for (int w8 = 1; w8 < 8; ++w8) emax = fmaxf(emax, wred[w8]);
   const float pscale = E4M3_SCALE / fmaxf(emax, 1e-30f);
+#ifdef BULK_COPY
+  if (tid == 0) {
+    mbar_init(mbar0);
+    mbar_init(mbar0 + 8);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  // warp 0 copies a block's rows (one bulk copy a row: shared rows are ROWB apart); the rows past
+  // T are zeroed by every thread (E4M3's NaN bytes must not meet P's zeros)
+  auto load_block = [&](int j, int stage) {
+    unsigned char* buf = es_buf + stage * BT * ROWB;
+    const int rows = min(BT, T - j * BT);
+    for (int c = tid; c < (BT - rows) * (D / 16); c += 256)
+      *(uint4*)(buf + (rows + c / (D / 16)) * ROWB + (c % (D / 16)) * 16) = make_uint4(0u, 0u, 0u, 0u);
+    if (warp == 0) {
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      if (lane == 0) mbar_expect(mbar0 + 8 * stage, (unsigned)(rows * D));
+      __syncwarp();
+      for (int r = lane; r < rows; r += 32)
+        bulk_copy(smem_addr(buf + r * ROWB), e_row + (long long)(j * BT + r) * D, D, mbar0 + 8 * stage);
+    }
+  };
+  if (j0 < j1) load_block(j0, 0);
+#else
   auto load_block = [&](int j, int stage) {
     unsigned char* buf = es_buf + stage * BT * ROWB;
     for (int c = tid; c < BT * (D / 16); c += 256) {
@@ -184,6 +230,7 @@ absorbed_mma(const unsigned short* __restrict__ qa, const unsigned char* __restr
   };
   if (j0 < j1) load_block(j0, 0);
   cp_commit();
+#endif
 
   float acc[2 * GPW][NT][4];
 #pragma unroll
@@ -200,9 +247,13 @@ absorbed_mma(const unsigned short* __restrict__ qa, const unsigned char* __restr
   for (int j = j0; j < j1; ++j) {
     const int stage = (j - j0) & 1;
     if (j + 1 < j1) load_block(j + 1, stage ^ 1);
-    cp_commit();
     if (tid < BT) esb[tid] = (j * BT + tid < T) ? es_row[j * BT + tid] : 0.0f;
+#ifdef BULK_COPY
+    mbar_wait(mbar0 + 8 * stage, ((j - j0) >> 1) & 1);  // each stage's barrier completes once a use
+#else
+    cp_commit();
     cp_wait1();
+#endif
     __syncthreads();
     const unsigned char* buf = es_buf + stage * BT * ROWB;
 
@@ -449,9 +500,10 @@ absorbed_mma(const unsigned short* __restrict__ qa, const unsigned char* __restr
 """.replace("E4M3_SCALE", "448.0f")
 
 def smem_bytes(d: int, hp: int) -> int:
-    """Shared memory of one program at width ``d`` and ``hp`` padded heads: E's two blocks, qa's
-    FP8 copy, the score halves, P, and the per-head and per-position scalars."""
-    return 2 * BLOCK_T * (d + 16) + hp * (d + 16) + 2 * hp * 68 * 4 + hp * 80 + (4 * hp + BLOCK_T + 8) * 4
+    """Shared memory of one program at width ``d`` and ``hp`` padded heads: two mbarriers (the
+    ``BULK_COPY`` build's), E's two blocks, qa's FP8 copy, the score halves, P, and the per-head
+    and per-position scalars."""
+    return 16 + 2 * BLOCK_T * (d + 16) + hp * (d + 16) + 2 * hp * 68 * 4 + hp * 80 + (4 * hp + BLOCK_T + 8) * 4
 
 
 _kernels: dict[tuple[int, int, int, str], Any] = {}
@@ -459,7 +511,8 @@ _kernels: dict[tuple[int, int, int, str], Any] = {}
 
 def _compiled(d: int, hp: int, defines: str = "") -> Any:
     """The kernel for width ``d`` and ``hp`` padded heads (``defines``: comma-separated macros of a
-    diagnostic build, ``SKIP_SCORES`` or ``SKIP_OUTPUT``, or of a candidate, ``FRAGMENTS_AHEAD``),
+    diagnostic build, ``SKIP_SCORES`` or ``SKIP_OUTPUT``, or of a candidate, ``FRAGMENTS_AHEAD``
+    or ``BULK_COPY`` (sm_90)),
     compiled once per GPU by NVRTC through PyTorch (``torch.cuda._compile_kernel``, a private API
     of PyTorch 2.8 and later: no other package needed). RuntimeError on a GPU older than sm_89,
     one whose blocks cannot have the shared memory this width needs (``smem_bytes``: 112 KB and
