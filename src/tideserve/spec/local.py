@@ -62,6 +62,11 @@ class LocalConfig(_Strict):
         "503, and restarted. A round is one decode chunk or batch admission, well under a second in service; "
         "the default leaves room for a first-use compilation.",
     )
+    prep_stall_s: float = Field(
+        120.0, gt=0, description="A prep process that has held one request this long (parsing its body, decoding "
+        "its audio; stopped or hung) is ended with the replica's other prep processes, which are replaced, and the "
+        "requests they held are tried once more. Decoding an hour of audio takes seconds.",
+    )
     health_interval_s: float = Field(2.0, gt=0, description="Seconds between health checks of a ready replica.")
     ready_timeout_s: float = Field(300.0, gt=0, description="Longest a replica may take to become ready.")
     restart: RestartPolicy = Field(default_factory=RestartPolicy)

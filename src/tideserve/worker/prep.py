@@ -15,8 +15,10 @@ work).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
+import logging
 import multiprocessing
 import os
 import select
@@ -41,6 +43,8 @@ from tideserve.worker.audio import SAMPLE_RATE, decode_pcm16, wav_file
 from tideserve.worker.longform import is_digital_silence
 from tideserve.worker import windows
 from tideserve.worker.windows import WINDOW_S, decoded_alike, stretch_starts, window_cuts, windows_of
+
+log = logging.getLogger("tideserve.worker.prep")
 
 
 @dataclass(frozen=True)
@@ -318,15 +322,22 @@ class PrepPool:
 
     ``run(fn, *args)`` runs ``fn`` in one of them. A process that dies (a crash inside FFmpeg,
     the OOM killer) breaks the pool: it is replaced by a new pool and the request is tried once
-    more; if that dies too, CapacityError (503 with Retry-After) answers the request.
-    ``handoff``: the engine's socket ``(path, authkey)``; then ``prepare_for_engine`` can run
-    here. Raises ValueError for ``processes`` < 1."""
+    more; if that dies too, CapacityError (503 with Retry-After) answers the request. A call
+    still running after ``stall_s`` seconds (local config's ``prep_stall_s``; None: no limit)
+    counts as a dead process: its process is stopped or hung, and as the pool cannot say which
+    process holds the call, the pool's processes are killed (the calls they held are tried once
+    more on the new pool). ``handoff``: the engine's socket ``(path, authkey)``; then
+    ``prepare_for_engine`` can run here. Raises ValueError for ``processes`` < 1 or ``stall_s``
+    <= 0."""
 
-    def __init__(self, processes: int, handoff: tuple[str, bytes] | None = None) -> None:
+    def __init__(self, processes: int, handoff: tuple[str, bytes] | None = None, stall_s: float | None = None) -> None:
         if processes < 1:
             raise ValueError(f"prep processes must be >= 1, got {processes}")
+        if stall_s is not None and stall_s <= 0:
+            raise ValueError(f"prep stall_s must be > 0 seconds, got {stall_s}")
         self.processes = processes
         self.handoff = handoff
+        self.stall_s = stall_s
         self._ctx = multiprocessing.get_context("forkserver")
         self._ctx.set_forkserver_preload(["tideserve.worker.prep"])
         self._pool = self._new_pool()
@@ -357,25 +368,36 @@ class PrepPool:
         """``fn(*args)`` in a prep process, once. If the caller is cancelled while it runs and
         it then succeeds, ``orphaned(result)`` is called (from another thread) so that what it
         handed on can be released. Raises what ``fn`` raises; PrepProcessDied (503) when the
-        process died (the pool is replaced)."""
+        process died or held the call past ``stall_s`` (the pool is replaced)."""
         pool = self._pool
         try:
             future = pool.submit(fn, *args)
         except BrokenProcessPool:
             future = None
+        stalled = False
         if future is not None:
             try:
-                return await asyncio.wrap_future(future)
+                return await asyncio.wait_for(asyncio.wrap_future(future), self.stall_s)
             except asyncio.CancelledError:
                 if orphaned is not None:
                     future.add_done_callback(lambda f: _settle_orphan(f, orphaned))
                 raise
             except BrokenProcessPool:
                 pass
+            except TimeoutError:
+                stalled = True
+                log.error("a prep process held a request for %g s (local config prep_stall_s: stopped or hung); "
+                          "the prep processes are ended and replaced", self.stall_s)
+                for pid in list((getattr(pool, "_processes", None) or {}).keys()):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
         if self._pool is pool:  # the first caller to see it replaces the pool
             self._pool = self._new_pool()
             self.replaced += 1
             pool.shutdown(wait=False, cancel_futures=True)
+        if stalled:
+            raise PrepProcessDied(f"the audio decoding process made no progress for {self.stall_s:g} s on this "
+                                  "request and was ended; retry", retry_after_s=1)
         raise PrepProcessDied("the audio decoding process died while preparing this request; retry, and if it "
                               "persists send the audio in another format", retry_after_s=1)
 

@@ -97,7 +97,7 @@ async def serve(args: argparse.Namespace, phases: dict[str, float]) -> int:
     from tideserve.worker.prep import PrepPool, default_processes
 
     prep = PrepPool(args.prep_processes or cfg.prep_processes or default_processes(gpu=target.device != "cpu"),
-                    handoff=engine.handoff)
+                    handoff=engine.handoff, stall_s=cfg.prep_stall_s)
     prep.start()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
