@@ -45,6 +45,31 @@ def test_dead_prep_processes_are_replaced_and_requests_answered(tmp_path, en_cli
         assert resp.status_code == 200, resp.text
 
 
+def test_a_request_held_by_stopped_prep_processes_is_answered(tmp_path, en_clips):
+    """Prep processes that stop (SIGSTOP here; in service a hang inside FFmpeg) hold the request
+    for local config's prep_stall_s, then are ended and replaced, and the request is answered.
+    Before, it waited for the request timeout (504; found by an adversarial helper)."""
+    path = write_endpoint(tmp_path)
+    with EndpointProcess(path, tmp_path, config={"prep_stall_s": 2}) as ep:
+        assert invoke(ep, en_clips[0].wav).status_code == 200
+        (worker,) = ep.worker_pids()
+        stopped = _prep_pids(worker)
+        assert stopped, "no prep process found"
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            r = invoke(ep, en_clips[0].wav, timeout=120)
+            assert r.status_code == 200, r.text
+            assert time.monotonic() - started < 60  # not the 300 s request timeout
+            assert not set(stopped) & set(_prep_pids(worker))  # replaced
+        finally:
+            for pid in stopped:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        assert "prep_stall_s" in ep.log_path.read_text()
+
+
 def test_a_dead_engine_restarts_the_replica_and_requests_are_answered(tmp_path, en_clips):
     path = write_endpoint(tmp_path)
     with EndpointProcess(path, tmp_path) as ep:

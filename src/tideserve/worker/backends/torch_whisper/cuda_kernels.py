@@ -137,7 +137,7 @@ absorbed_mma(const unsigned short* __restrict__ qa, const unsigned char* __restr
 #else
   unsigned char* es_buf = smem;                              // [2][BT][ROWB]
 #endif
-  unsigned char* qs = smem + 2 * BT * ROWB;                  // [HP][ROWB]
+  unsigned char* qs = es_buf + 2 * BT * ROWB;                // [HP][ROWB]
   float* red = (float*)(qs + HP * ROWB);                     // [2][HP][RS]
   unsigned char* p8 = (unsigned char*)(red + 2 * HP * RS);   // [HP][PS]
   float* alpha = (float*)(p8 + HP * PS);                     // [HP]
@@ -453,7 +453,9 @@ absorbed_mma(const unsigned short* __restrict__ qa, const unsigned char* __restr
     }
     __syncthreads();
   }
+#ifndef BULK_COPY
   cp_wait0();
+#endif
 
   // the row's (or part's) statistics
   if (sh < H && j8 == 0) {
