@@ -376,16 +376,19 @@ class PrepPool:
             future = None
         stalled = False
         if future is not None:
+            wrapped = asyncio.wrap_future(future)
             try:
-                return await asyncio.wait_for(asyncio.wrap_future(future), self.stall_s)
+                stalled = not await self._finishes(future, wrapped)
+                if not stalled:
+                    return wrapped.result()
             except asyncio.CancelledError:
+                wrapped.cancel()  # a call no process has taken yet is dropped
                 if orphaned is not None:
                     future.add_done_callback(lambda f: _settle_orphan(f, orphaned))
                 raise
             except BrokenProcessPool:
                 pass
-            except TimeoutError:
-                stalled = True
+            if stalled:
                 log.error("a prep process held a request for %g s (local config prep_stall_s: stopped or hung); "
                           "the prep processes are ended and replaced", self.stall_s)
                 for pid in list((getattr(pool, "_processes", None) or {}).keys()):
@@ -400,6 +403,24 @@ class PrepPool:
                                   "request and was ended; retry", retry_after_s=1)
         raise PrepProcessDied("the audio decoding process died while preparing this request; retry, and if it "
                               "persists send the audio in another format", retry_after_s=1)
+
+    async def _finishes(self, future: Any, wrapped: asyncio.Future) -> bool:
+        """Wait for ``wrapped`` (``future``'s asyncio side); False once ``future`` has been running
+        (handed to a process) for ``stall_s`` without finishing. The time a call waits in the
+        queue for a free process does not count: a busy replica is not a stopped one."""
+        if self.stall_s is None:
+            await asyncio.wait({wrapped})
+            return True
+        loop = asyncio.get_running_loop()
+        deadline = None
+        while True:
+            done, _ = await asyncio.wait({wrapped}, timeout=min(1.0, self.stall_s))
+            if done:
+                return True
+            if deadline is None and future.running():
+                deadline = loop.time() + self.stall_s
+            if deadline is not None and loop.time() >= deadline:
+                return False
 
     def pids(self) -> list[int]:
         """The prep processes' pids (for operations and tests)."""

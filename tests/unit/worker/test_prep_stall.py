@@ -65,3 +65,19 @@ def test_a_call_that_never_ends_fails_with_a_clear_503_after_two_tries() -> None
 def test_a_stall_limit_must_be_positive() -> None:
     with pytest.raises(ValueError, match="stall_s must be > 0"):
         PrepPool(1, stall_s=0)
+
+
+def test_time_queued_behind_busy_processes_does_not_count() -> None:
+    pool = PrepPool(1, stall_s=3.0)
+    try:
+        _pool_started(pool)
+
+        async def burst() -> list:
+            # eight calls of 0.5 s on one process: the last ends 4 s after it was sent, each
+            # about 1 s after a process took it
+            return await asyncio.gather(*(pool.run(time.sleep, 0.5) for _ in range(8)))
+
+        assert asyncio.run(burst()) == [None] * 8
+        assert pool.replaced == 0
+    finally:
+        pool.close()
