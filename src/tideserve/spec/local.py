@@ -63,9 +63,10 @@ class LocalConfig(_Strict):
         "the default leaves room for a first-use compilation.",
     )
     prep_stall_s: float = Field(
-        120.0, gt=0, description="A prep process that has held one request this long (parsing its body, decoding "
-        "its audio; stopped or hung) is ended with the replica's other prep processes, which are replaced, and the "
-        "requests they held are tried once more. Decoding an hour of audio takes seconds.",
+        120.0, ge=2, description="A prep process with no heartbeat this long (stopped, hung), or that has held one "
+        "request this long (parsing its body, decoding its audio), is ended with the replica's other prep "
+        "processes, which are replaced, and the requests they held are tried once more. Decoding an hour of "
+        "compressed audio took 4-9 s on 2 idle cores here: keep it well above the longest decode.",
     )
     health_interval_s: float = Field(2.0, gt=0, description="Seconds between health checks of a ready replica.")
     ready_timeout_s: float = Field(300.0, gt=0, description="Longest a replica may take to become ready.")

@@ -271,14 +271,45 @@ def _warm(hold_s: float = 0.0) -> int:
     return os.getpid()
 
 
-def _init_process(owner_pid: int, handoff: tuple[str, bytes] | None = None) -> None:
+#: Seconds between a prep process's heartbeats (``PrepPool``'s stall watch).
+HEARTBEAT_S = 0.5
+_beats: Any = None  # this process's pool's shared [heartbeat, busy since] pairs (monotonic s)
+_slot = -1          # this process's pair in it
+
+
+def _init_process(owner_pid: int, handoff: tuple[str, bytes] | None = None, beats: Any = None,
+                  slots: Any = None) -> None:
     """In each prep process: Ctrl-C goes to the whole process group; the front shuts us down,
     and if it dies without doing so (SIGKILL, the OOM killer) we end too (``exit_with_owner``).
-    ``handoff``: the engine's socket for ``prepare_for_engine``."""
-    global _handoff
+    ``handoff``: the engine's socket for ``prepare_for_engine``. ``beats``/``slots``: the
+    pool's shared heartbeat array and slot counter; a daemon thread writes this process's
+    heartbeat every ``HEARTBEAT_S`` (a stopped process, or one hung holding the GIL, stops it)."""
+    global _handoff, _beats, _slot
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _handoff = handoff
     exit_with_owner(owner_pid)
+    if beats is not None and slots is not None:
+        with slots.get_lock():
+            _slot, slots.value = slots.value, slots.value + 1
+        _beats = beats
+        def beat() -> None:
+            while True:
+                beats[2 * _slot] = time.monotonic()
+                time.sleep(HEARTBEAT_S)
+        beats[2 * _slot] = time.monotonic()
+        threading.Thread(target=beat, daemon=True, name="prep-heartbeat").start()
+
+
+def _held(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` in a prep process, its start written to the pool's array (``PrepPool``'s
+    stall watch counts a call from when a process takes it, not from when it was queued)."""
+    if _beats is not None:
+        _beats[2 * _slot + 1] = time.monotonic()
+    try:
+        return fn(*args)
+    finally:
+        if _beats is not None:
+            _beats[2 * _slot + 1] = 0.0
 
 
 def exit_with_owner(owner_pid: int, poll_s: float = 1.0) -> threading.Thread:
@@ -322,30 +353,76 @@ class PrepPool:
 
     ``run(fn, *args)`` runs ``fn`` in one of them. A process that dies (a crash inside FFmpeg,
     the OOM killer) breaks the pool: it is replaced by a new pool and the request is tried once
-    more; if that dies too, CapacityError (503 with Retry-After) answers the request. A call
-    still running after ``stall_s`` seconds (local config's ``prep_stall_s``; None: no limit)
-    counts as a dead process: its process is stopped or hung, and as the pool cannot say which
-    process holds the call, the pool's processes are killed (the calls they held are tried once
-    more on the new pool). ``handoff``: the engine's socket ``(path, authkey)``; then
-    ``prepare_for_engine`` can run here. Raises ValueError for ``processes`` < 1 or ``stall_s``
-    <= 0."""
+    more; if that dies too, CapacityError (503 with Retry-After) answers the request.
+    ``stall_s`` (local config's ``prep_stall_s``; None: no watch): a process whose heartbeat
+    (every ``HEARTBEAT_S``) is older than that (stopped, hung holding the GIL), or that has held
+    one call that long since it took it (hung in native code; time queued does not count), is
+    taken for dead, as is one started that long ago without a first heartbeat: a watch thread
+    kills the pool's processes (which process holds which call is not known), and the calls they
+    held are tried once more on a new pool. ``handoff``: the engine's socket ``(path,
+    authkey)``; then ``prepare_for_engine`` can run here. Raises ValueError for ``processes`` < 1
+    or ``stall_s`` under four heartbeats."""
 
     def __init__(self, processes: int, handoff: tuple[str, bytes] | None = None, stall_s: float | None = None) -> None:
         if processes < 1:
             raise ValueError(f"prep processes must be >= 1, got {processes}")
-        if stall_s is not None and stall_s <= 0:
-            raise ValueError(f"prep stall_s must be > 0 seconds, got {stall_s}")
+        if stall_s is not None and stall_s < 4 * HEARTBEAT_S:
+            raise ValueError(f"prep stall_s must be >= {4 * HEARTBEAT_S:g} seconds (four heartbeats), got {stall_s}")
         self.processes = processes
         self.handoff = handoff
         self.stall_s = stall_s
         self._ctx = multiprocessing.get_context("forkserver")
         self._ctx.set_forkserver_preload(["tideserve.worker.prep"])
+        self._stalled: set[int] = set()  # id() of pools the watch ended
         self._pool = self._new_pool()
         self.replaced = 0
+        self._closed = threading.Event()
+        if stall_s is not None:
+            threading.Thread(target=self._watch, daemon=True, name="prep-stall-watch").start()
 
     def _new_pool(self) -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(max_workers=self.processes, mp_context=self._ctx, initializer=_init_process,
-                                   initargs=(os.getpid(), self.handoff))
+        beats = self._ctx.RawArray("d", 2 * self.processes)  # [heartbeat, busy since] a process
+        slots = self._ctx.Value("i", 0)
+        pool = ProcessPoolExecutor(max_workers=self.processes, mp_context=self._ctx, initializer=_init_process,
+                                   initargs=(os.getpid(), self.handoff, beats, slots))
+        self._beats, self._slots = beats, slots
+        self._unbeating_since: float | None = None
+        return pool
+
+    def stalled(self, now: float | None = None) -> str | None:
+        """Why the current pool's processes count as dead (see the class doc), or None. Called by
+        the watch thread (it keeps when a started process was first seen without a heartbeat)."""
+        if self.stall_s is None:
+            return None
+        now = time.monotonic() if now is None else now
+        beats = self._beats
+        # a process started but not yet beating (stopped before its initializer ran)
+        if len(getattr(self._pool, "_processes", None) or {}) > self._slots.value:
+            self._unbeating_since = self._unbeating_since or now
+            if now - self._unbeating_since > self.stall_s:
+                return f"a prep process has not started for {now - self._unbeating_since:.0f} s (stopped or hung)"
+        else:
+            self._unbeating_since = None
+        for i in range(self.processes):
+            beat, busy = beats[2 * i], beats[2 * i + 1]
+            if beat and now - beat > self.stall_s:
+                return f"a prep process sent no heartbeat for {now - beat:.0f} s (stopped or hung)"
+            if busy and now - busy > self.stall_s:
+                return f"a prep process has held one request for {now - busy:.0f} s (hung)"
+        return None
+
+    def _watch(self) -> None:
+        while not self._closed.wait(HEARTBEAT_S):
+            pool = self._pool
+            why = self.stalled()
+            if why is None or id(pool) in self._stalled or pool is not self._pool:
+                continue
+            self._stalled.add(id(pool))
+            log.error("%s, past local config prep_stall_s=%g: the prep processes are ended and replaced",
+                      why, self.stall_s)
+            for pid in list((getattr(pool, "_processes", None) or {}).keys()):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
     def start(self) -> None:
         """Start the processes now (not at the first request)."""
@@ -368,63 +445,43 @@ class PrepPool:
         """``fn(*args)`` in a prep process, once. If the caller is cancelled while it runs and
         it then succeeds, ``orphaned(result)`` is called (from another thread) so that what it
         handed on can be released. Raises what ``fn`` raises; PrepProcessDied (503) when the
-        process died or held the call past ``stall_s`` (the pool is replaced)."""
+        process died or was taken for dead (``stall_s``; the pool is replaced)."""
         pool = self._pool
         try:
-            future = pool.submit(fn, *args)
+            future = pool.submit(_held, fn, *args)
         except BrokenProcessPool:
             future = None
-        stalled = False
         if future is not None:
             wrapped = asyncio.wrap_future(future)
             try:
-                stalled = not await self._finishes(future, wrapped)
-                if not stalled:
-                    return wrapped.result()
+                # shielded: a caller's cancellation leaves the call to run (or to fail with its
+                # pool); cancelling a queued call can stop Python 3.11's executor from failing the
+                # calls queued after it when its processes die (its manager thread raises
+                # InvalidStateError on the cancelled one), which then wait forever
+                return await asyncio.shield(wrapped)
             except asyncio.CancelledError:
-                wrapped.cancel()  # a call no process has taken yet is dropped
+                wrapped.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved: no warning
                 if orphaned is not None:
                     future.add_done_callback(lambda f: _settle_orphan(f, orphaned))
                 raise
             except BrokenProcessPool:
                 pass
-            if stalled:
-                log.error("a prep process held a request for %g s (local config prep_stall_s: stopped or hung); "
-                          "the prep processes are ended and replaced", self.stall_s)
-                for pid in list((getattr(pool, "_processes", None) or {}).keys()):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
         if self._pool is pool:  # the first caller to see it replaces the pool
             self._pool = self._new_pool()
             self.replaced += 1
-            pool.shutdown(wait=False, cancel_futures=True)
-        if stalled:
-            raise PrepProcessDied(f"the audio decoding process made no progress for {self.stall_s:g} s on this "
-                                  "request and was ended; retry", retry_after_s=1)
+            # not cancel_futures: a broken pool fails its queued calls with BrokenProcessPool,
+            # which their callers retry; a cancellation would read as the client going away
+            pool.shutdown(wait=False)
+        if id(pool) in self._stalled:
+            raise PrepProcessDied(f"the audio decoding process stopped making progress on this request (local config "
+                                  f"prep_stall_s={self.stall_s:g}) and was ended; retry", retry_after_s=1)
         raise PrepProcessDied("the audio decoding process died while preparing this request; retry, and if it "
                               "persists send the audio in another format", retry_after_s=1)
-
-    async def _finishes(self, future: Any, wrapped: asyncio.Future) -> bool:
-        """Wait for ``wrapped`` (``future``'s asyncio side); False once ``future`` has been running
-        (handed to a process) for ``stall_s`` without finishing. The time a call waits in the
-        queue for a free process does not count: a busy replica is not a stopped one."""
-        if self.stall_s is None:
-            await asyncio.wait({wrapped})
-            return True
-        loop = asyncio.get_running_loop()
-        deadline = None
-        while True:
-            done, _ = await asyncio.wait({wrapped}, timeout=min(1.0, self.stall_s))
-            if done:
-                return True
-            if deadline is None and future.running():
-                deadline = loop.time() + self.stall_s
-            if deadline is not None and loop.time() >= deadline:
-                return False
 
     def pids(self) -> list[int]:
         """The prep processes' pids (for operations and tests)."""
         return sorted((getattr(self._pool, "_processes", None) or {}).keys())
 
     def close(self) -> None:
+        self._closed.set()
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -41,7 +41,7 @@ def test_a_call_cancelled_by_its_caller_is_reported_when_it_completes() -> None:
         pool = PrepPool.__new__(PrepPool)  # no processes: only run_once's bookkeeping is under test
         gate = Gate()
         pool._pool = gate  # type: ignore[assignment]
-        pool.stall_s = None  # no time limit: the test ends the call itself
+        pool.stall_s, pool._stalled = None, set()  # no stall watch: the test ends the call itself
         orphans: list = []
         task = asyncio.ensure_future(pool.run_once(print, "x", orphaned=orphans.append))
         await asyncio.sleep(0)  # run_once submitted and awaits
