@@ -14,18 +14,26 @@ import contextlib
 import os
 import signal
 import time
+from collections.abc import Iterator
 
 import pytest
 
 from tideserve.worker.prep import PrepPool, PrepProcessDied
 
 
-def _pool_started(pool: PrepPool, n: int = 1) -> list[int]:
-    pool.start()
-    deadline = time.monotonic() + 60
-    while len(pool.pids()) < n and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return pool.pids()
+@contextlib.contextmanager
+def _started_pool(stall_s: float = 2.0) -> Iterator[tuple[PrepPool, int]]:
+    """A one-process pool with its process started: ``(pool, its pid)``; closed after."""
+    pool = PrepPool(1, stall_s=stall_s)
+    try:
+        pool.start()
+        deadline = time.monotonic() + 60
+        while not pool.pids() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (pid,) = pool.pids()
+        yield pool, pid
+    finally:
+        pool.close()
 
 
 def _gone(pid: int, timeout_s: float = 10) -> bool:
@@ -42,9 +50,7 @@ def _gone(pid: int, timeout_s: float = 10) -> bool:
 
 
 def test_requests_held_by_a_stopped_prep_process_are_all_answered_by_a_new_one() -> None:
-    pool = PrepPool(1, stall_s=2.0)
-    try:
-        (stopped,) = _pool_started(pool)
+    with _started_pool() as (pool, stopped):
         os.kill(stopped, signal.SIGSTOP)
         started = time.monotonic()
 
@@ -55,14 +61,10 @@ def test_requests_held_by_a_stopped_prep_process_are_all_answered_by_a_new_one()
         assert time.monotonic() - started < 30
         assert pool.replaced == 1 and stopped not in pool.pids()
         assert _gone(stopped)
-    finally:
-        pool.close()
 
 
 def test_a_stopped_idle_process_behind_cancelled_calls_is_found() -> None:
-    pool = PrepPool(1, stall_s=2.0)
-    try:
-        (stopped,) = _pool_started(pool)
+    with _started_pool() as (pool, stopped):
         os.kill(stopped, signal.SIGSTOP)
 
         async def main() -> None:
@@ -77,26 +79,18 @@ def test_a_stopped_idle_process_behind_cancelled_calls_is_found() -> None:
 
         asyncio.run(main())
         assert pool.replaced >= 1 and _gone(stopped)
-    finally:
-        pool.close()
 
 
 def test_a_call_that_never_ends_fails_with_a_clear_503_after_two_tries() -> None:
-    pool = PrepPool(1, stall_s=2.0)
-    try:
-        _pool_started(pool)
+    with _started_pool() as (pool, _):
         with pytest.raises(PrepProcessDied, match="stopped making progress"):
             asyncio.run(pool.run(time.sleep, 600))
         assert pool.replaced == 2
         assert asyncio.run(pool.run(time.sleep, 0)) is None  # the third pool serves
-    finally:
-        pool.close()
 
 
 def test_time_queued_behind_busy_processes_does_not_count() -> None:
-    pool = PrepPool(1, stall_s=2.0)
-    try:
-        _pool_started(pool)
+    with _started_pool() as (pool, _):
 
         async def burst() -> list:
             # three calls of 1.5 s on one process: the last ends 4.5 s after it was sent, and the
@@ -105,8 +99,6 @@ def test_time_queued_behind_busy_processes_does_not_count() -> None:
 
         assert asyncio.run(burst()) == [None] * 3
         assert pool.replaced == 0
-    finally:
-        pool.close()
 
 
 def test_a_stall_limit_must_leave_room_for_heartbeats() -> None:
