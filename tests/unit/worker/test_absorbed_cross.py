@@ -92,3 +92,45 @@ def test_inputs_that_do_not_fit_together_are_refused() -> None:
                               (e8.float(), good)):                 # E not FP8
         with pytest.raises(ValueError, match="absorbed_attend"):
             absorbed_attend(qa, bad_e8, bad_scale, 32)
+
+
+def _nvrtc_compile_or_skip(monkeypatch: pytest.MonkeyPatch):
+    """PyTorch's NVRTC compile (``torch.cuda._utils._nvrtc_compile``: CUDA C to a CUBIN, no GPU
+    needed once an architecture is named), with CUDA_HOME pointed at the NVRTC wheel that the CUDA
+    build of torch installs where it is unset; skips where there is neither."""
+    utils = pytest.importorskip("torch.cuda._utils")
+    if not hasattr(utils, "_nvrtc_compile"):
+        pytest.skip("this PyTorch has no _nvrtc_compile")
+    import os
+
+    if not os.environ.get("CUDA_HOME"):
+        import nvidia  # the namespace package of NVIDIA's wheels, beside torch's CUDA build
+
+        roots = [Path(p) / sub for p in nvidia.__path__ for sub in ("cu13", "cuda_nvrtc") if (Path(p) / sub / "include").is_dir()]
+        if not roots:
+            pytest.skip("no CUDA_HOME and no NVRTC wheel")
+        monkeypatch.setenv("CUDA_HOME", str(roots[0]))
+        import torch.utils.cpp_extension as ext
+
+        monkeypatch.setattr(ext, "CUDA_HOME", str(roots[0]))
+    try:
+        utils._get_gpu_rtc_library()
+    except Exception as exc:  # no libnvrtc on this machine
+        pytest.skip(f"no NVRTC: {exc}")
+    return utils._nvrtc_compile
+
+
+@pytest.mark.parametrize("d,hp", [(1280, 24), (384, 8), (1024, 16)])
+def test_both_kernels_compile_for_their_gpus_at_whisper_widths(monkeypatch: pytest.MonkeyPatch, d: int, hp: int) -> None:
+    """Every build the GPU code picks compiles (NVRTC, then ptxas inside it): the mma.sync kernel
+    for sm_89 and sm_90, the warp-group kernel for sm_90a. A syntax or PTX error in either would
+    otherwise first show on a GPU machine."""
+    from tideserve.worker.backends.torch_whisper.cuda_kernels import kernel_source
+
+    nvrtc_compile = _nvrtc_compile_or_skip(monkeypatch)
+    for defines, arch, name in (("", "89", "absorbed_mma"), ("", "90", "absorbed_mma"), ("WGMMA", None, "absorbed_wgmma")):
+        src, kernel, want_arch = kernel_source(d, hp, defines)
+        assert kernel == name
+        assert want_arch == ("90a" if defines == "WGMMA" else None)
+        cubin, lowered = nvrtc_compile(src, kernel, compute_capability=arch or want_arch, nvcc_options=["--std=c++17"])
+        assert lowered == kernel and len(cubin) > 10_000

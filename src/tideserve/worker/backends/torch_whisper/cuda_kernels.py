@@ -39,6 +39,14 @@ qa and P are e4m3 in the products, where ``triton_kernels.attend`` takes bf16 qu
 probabilities. Compiled at first use by NVRTC through PyTorch (``torch.cuda._compile_kernel``) for
 the GPU at hand; no CPU path.
 
+On sm_90 (H100, H200) ``mma.sync`` over e4m3 is not an FP8 product: its SASS converts both
+operands to f16 and runs two f16 products (Nsight Compute, README Serving path (19)). A second
+kernel, ``absorbed_wgmma`` (the build ``WGMMA``, compiled for sm_90a; not yet run on a GPU),
+runs both products as Hopper's warp-group products over e4m3: the scores with E's block and qa in
+shared memory laid out as the products read them (8 rows x 16 bytes contiguous, "core matrices",
+no swizzle), the output with E's transposed fragments in registers (as above) and P in shared
+memory; each of its two warp groups takes half the width.
+
 - ``quantize_positions_into(x, e8, scale, rows)``: ``x [B, T, D]`` into FP8 cache rows with one
   scale a position, ``amax(|x[b, t]|) / 448``, never 0.
 - ``absorbed_attend(qa, e8, e_scale, head_dim, split)``: ``qa [B, H, D]`` (``q_h W_k,h``) over
@@ -56,7 +64,8 @@ BLOCK_T = 64
 # E's and qa's rows in shared memory are D + 16 bytes apart (D a multiple of 64): the eight rows of
 # one ldmatrix then fall in eight distinct quads of banks
 
-_SOURCE = r"""
+# helpers and sizes of both kernels
+_HELPERS = r"""
 #define BT 64
 #define ROWB (D + 16)
 #define NG (D / 32)
@@ -71,6 +80,9 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {
 }
 __device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async4(unsigned dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(dst), "l"(src), "r"(src_bytes));
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_wait1() { asm volatile("cp.async.wait_group 1;\n" ::); }
@@ -126,6 +138,10 @@ __device__ __forceinline__ int k_of(int p) {
   return q < 8 ? 16 * h2 + 4 * (q >> 1) + (q & 1) : 16 * h2 + 4 * ((q - 8) >> 1) + 2 + (q & 1);
 }
 
+"""
+
+# the kernel on mma.sync (sm_89 and later)
+_SOURCE = r"""
 extern "C" __global__ void __launch_bounds__(256, 1)
 absorbed_mma(const unsigned short* __restrict__ qa, const unsigned char* __restrict__ e8,
              const float* __restrict__ escale, unsigned* __restrict__ out, float* __restrict__ part,
@@ -501,6 +517,328 @@ absorbed_mma(const unsigned short* __restrict__ qa, const unsigned char* __restr
 }
 """.replace("E4M3_SCALE", "448.0f")
 
+# the kernel on Hopper's warp-group products (sm_90a): the products on FP8 tensor cores natively
+# (mma.sync's e4m3 shape runs on sm_90 as conversions to f16 and two f16 products, ncu's SASS of
+# the kernel above: F2FP.F16.E4M3.UNPACK_B and HMMA.16816, a quarter of its instructions each)
+_WG_SOURCE = r"""
+#define NC (D / 16)                     // 16-byte chunks a row
+#define GWG (NG / 2)                    // groups of 32 columns a warp group
+#define PAIRS ((GWG + 3) / 4)           // pairs of m64 tiles a warp group, one group a warp each
+// shared-memory layout of an FP8 operand [rows][D] for wgmma without swizzle: 8 rows x 16 bytes
+// ("core matrices") contiguous, K-direction neighbours 128 bytes apart (LBO), the next 8 rows
+// NC x 128 apart (SBO)
+__device__ __forceinline__ int blk(int r, int c) { return (((r >> 3) * NC + (c >> 4)) << 7) + ((r & 7) << 4) + (c & 15); }
+__device__ __forceinline__ unsigned long long wg_desc(unsigned addr, unsigned lbo, unsigned sbo) {
+#ifdef WG_SWAP  // a diagnostic build: the two offsets the other way round
+  const unsigned t_ = lbo; lbo = sbo; sbo = t_;
+#endif
+  return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)((lbo & 0x3FFFF) >> 4) << 16)
+       | ((unsigned long long)((sbo & 0x3FFFF) >> 4) << 32);
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+__device__ __forceinline__ void proxy_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// d [HP / 2] += A [64 x 32] B [32 x HP]: A and B from shared memory (SS) or A from registers (RS)
+__device__ __forceinline__ void wg_ss(float* d, unsigned long long da, unsigned long long db, int accumulate) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" WG_NA ", 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n" WG_N "k32.f32.e4m3.e4m3 {" WG_DREGS "}, %" WG_DA ", %" WG_DB ", p, 1, 1;\n}\n"
+               : WG_DOUT : "l"(da), "l"(db), "r"(accumulate) : "memory");
+}
+__device__ __forceinline__ void wg_rs(float* d, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned long long db) {
+  asm volatile("wgmma.mma_async.sync.aligned.m64n" WG_N "k32.f32.e4m3.e4m3 {" WG_DREGS "}, "
+               "{%" WG_R0 ", %" WG_R1 ", %" WG_R2 ", %" WG_R3 "}, %" WG_RB ", 1, 1, 1;\n"
+               : WG_DOUT : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db) : "memory");
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+absorbed_wgmma(const unsigned short* __restrict__ qa, const unsigned char* __restrict__ e8,
+               const float* __restrict__ escale, unsigned* __restrict__ out, float* __restrict__ part,
+               int H, int T, int split, int q_sb, int q_sh, double sm_log2) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  unsigned char* es_buf = smem;                              // [2][BT x D], blocked (blk)
+  unsigned char* qs = es_buf + 2 * BT * D;                   // [HP x D], blocked
+  float* red = (float*)(qs + HP * D);                        // [2][HP][RS]
+  unsigned char* p8 = (unsigned char*)(red + 2 * HP * RS);   // [HP x 64], blocked as [HP][64] with NC = 4
+  float* alpha = (float*)(p8 + HP * 64);                     // [HP]
+  float* esb = alpha + HP;                                   // [2][BT]: e_scale of each stage's positions
+  float* linv = esb + 2 * BT;                                // [HP]
+  float* qsc_s = linv + HP;                                  // [HP]
+  float* wred = qsc_s + HP;                                  // [8]
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wg = warp >> 2, w4 = warp & 3;
+  const int g = lane >> 2, t = lane & 3;
+  const int b = blockIdx.x, s = blockIdx.y;
+  const int nb = (T + BT - 1) / BT;
+  const int j0 = s * nb / split, j1 = (s + 1) * nb / split;
+  const unsigned char* e_row = e8 + (long long)b * T * D;
+  const float* es_row = escale + (long long)b * T;
+  // E's block j and its positions' scales into stage: warp-tile i (8 rows x 4 chunks) = rows
+  // 8 (i % 8) + lane % 8, chunks 4 (i / 8) + lane / 8: 64 bytes a row from global, four whole core
+  // matrices in shared memory; positions past T zero
+  auto load_block = [&](int j, int stage) {
+    unsigned char* buf = es_buf + stage * BT * D;
+    for (int i = warp; i < 2 * NC; i += 8) {
+      const int r = 8 * (i & 7) + (lane & 7), c = 16 * (4 * (i >> 3) + (lane >> 3));
+      const int pos = j * BT + r;
+      const bool ok = pos < T;
+      cp_async16(smem_addr(buf + blk(r, c)), e_row + (long long)(ok ? pos : 0) * D + c, ok ? 16 : 0);
+    }
+    if (tid < BT) {
+      const int pos = j * BT + tid;
+      cp_async4(smem_addr(esb + stage * BT + tid), es_row + (pos < T ? pos : 0), pos < T ? 4 : 0);
+    }
+  };
+  // the first block is on its way while qa is quantized
+  if (j0 < j1) load_block(j0, 0);
+  cp_commit();
+  float em = 0.0f;
+#pragma unroll 4
+  for (int i = tid; i < T; i += 256) em = fmaxf(em, es_row[i]);
+  for (int o = 16; o; o >>= 1) em = fmaxf(em, __shfl_xor_sync(0xffffffff, em, o));
+  if (lane == 0) wred[warp] = em;
+  // qa's FP8 copy, one scale a head, blocked; heads H..HP-1 zero
+  for (int h = warp; h < HP; h += 8) {
+    if (h < H) {
+      const uint4* src = (const uint4*)(qa + (long long)b * q_sb + (long long)h * q_sh);
+      float am = 0.0f;
+      for (int c = lane; c < D / 8; c += 32) {
+        const uint4 v = src[c];
+        const unsigned w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          am = fmaxf(am, fmaxf(fabsf(__uint_as_float(w[k] << 16)), fabsf(__uint_as_float(w[k] & 0xffff0000u))));
+      }
+      for (int o = 16; o; o >>= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffff, am, o));
+      const float sc = fmaxf(am / 448.0f, 1e-12f), inv = 1.0f / sc;
+      for (int c = lane; c < D / 8; c += 32) {
+        const uint4 v = src[c];
+        const unsigned w[4] = {v.x, v.y, v.z, v.w};
+        unsigned short pr[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(pr[k])
+              : "f"(__uint_as_float(w[k] & 0xffff0000u) * inv), "f"(__uint_as_float(w[k] << 16) * inv));
+        *(uint2*)(qs + blk(h, 8 * c)) = make_uint2((unsigned)pr[0] | ((unsigned)pr[1] << 16), (unsigned)pr[2] | ((unsigned)pr[3] << 16));
+      }
+      if (lane == 0) qsc_s[h] = sc * (float)sm_log2;
+    } else {
+      for (int c = lane; c < D / 8; c += 32) *(uint2*)(qs + blk(h, 8 * c)) = make_uint2(0u, 0u);
+      if (lane == 0) qsc_s[h] = 0.0f;
+    }
+  }
+  proxy_fence();
+  __syncthreads();
+  float emax = wred[0];
+#pragma unroll
+  for (int w8 = 1; w8 < 8; ++w8) emax = fmaxf(emax, wred[w8]);
+  const float pscale = 448.0f / fmaxf(emax, 1e-30f);
+  float acc[2 * PAIRS][NT][4];
+#pragma unroll
+  for (int m = 0; m < 2 * PAIRS; ++m)
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[m][n][i] = 0.0f;
+  const int sh = tid >> 3, j8 = tid & 7;
+  float m_run = NEG_INF, l_run = 0.0f;
+  const float qsc = (sh < H) ? qsc_s[sh] : 0.0f;
+  const unsigned qs_a = smem_addr(qs), p8_a = smem_addr(p8);
+
+  for (int j = j0; j < j1; ++j) {
+    const int stage = (j - j0) & 1;
+    if (j + 1 < j1) load_block(j + 1, stage ^ 1);
+    cp_commit();
+    cp_wait1();
+    proxy_fence();
+    __syncthreads();
+    const unsigned char* buf = es_buf + stage * BT * D;
+    const unsigned buf_a = smem_addr(buf);
+    const float* esv = esb + stage * BT;
+
+    // 1. scores [64 positions, HP] over warp group wg's half of the width, KS1 products of k32
+    {
+      float c[NT][4];
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) c[n][i] = 0.0f;
+      wg_fence();
+#pragma unroll
+      for (int ks = 0; ks < KS1; ++ks) {
+        const int kb = wg * (D / 2) + ks * 32;
+#ifndef WG_SKIP_SCORES  // a diagnostic build: the products left out
+        wg_ss(&c[0][0], wg_desc(buf_a + (kb >> 4) * 128, 128, NC * 128), wg_desc(qs_a + (kb >> 4) * 128, 128, NC * 128), ks > 0);
+#else
+        c[0][0] += (float)kb;
+#endif
+      }
+      wg_commit();
+      wg_wait0();
+      float* rd = red + wg * HP * RS;
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        const int h0 = n * 8 + 2 * t, p0 = w4 * 16 + g;
+        rd[h0 * RS + p0] = c[n][0];
+        rd[(h0 + 1) * RS + p0] = c[n][1];
+        rd[h0 * RS + p0 + 8] = c[n][2];
+        rd[(h0 + 1) * RS + p0 + 8] = c[n][3];
+      }
+    }
+    __syncthreads();
+
+    // 2. online softmax per head, P blocked as [HP][64] in the output product's K order. Every
+    // thread runs the same instructions (heads past H, and threads past HP, by selects and
+    // predicated stores): a branch that differs between the warps of a warp group here made ptxas
+    // serialize the warp-group products (its warning C7520)
+    {
+      const bool live = sh < H, padded = sh < HP;
+      const int shc = min(sh, HP - 1);
+      float sv[8];
+      float bmax = NEG_INF;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int p = j8 + 8 * i;
+        float v = (red[shc * RS + p] + red[(HP + shc) * RS + p]) * qsc * esv[p];
+        v = (live && j * BT + p < T) ? v : NEG_INF;
+        sv[i] = v;
+        bmax = fmaxf(bmax, v);
+      }
+      bmax = fmaxf(bmax, __shfl_xor_sync(0xffffffff, bmax, 1));
+      bmax = fmaxf(bmax, __shfl_xor_sync(0xffffffff, bmax, 2));
+      bmax = fmaxf(bmax, __shfl_xor_sync(0xffffffff, bmax, 4));
+      const float m_new = fmaxf(m_run, bmax);
+      const float al = live ? exp2f(m_run - m_new) : 1.0f;
+      float sum = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int p = j8 + 8 * i;
+        const float pr = live ? exp2f(sv[i] - m_new) : 0.0f;
+        sum += pr;
+        const int kk = (p >> 5) * 32 + k_of(p & 31);
+        const unsigned char v8 = to_e4m3(pr * esv[p] * pscale);
+        if (padded) p8[(((shc >> 3) * 4 + (kk >> 4)) << 7) + ((shc & 7) << 4) + (kk & 15)] = v8;
+      }
+      sum += __shfl_xor_sync(0xffffffff, sum, 1);
+      sum += __shfl_xor_sync(0xffffffff, sum, 2);
+      sum += __shfl_xor_sync(0xffffffff, sum, 4);
+      l_run = l_run * al + sum;
+      m_run = m_new;
+      if (padded && j8 == 0) alpha[shc] = al;
+    }
+    proxy_fence();
+    __syncthreads();
+
+    // 3. output: warp group wg, pair i: m64 tiles 2i (even columns) and 2i + 1 (odd) of its
+    // groups; warp w4 gives the 16 rows of group wg * GWG + 4 i + w4 (zeros past the width)
+    {
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        const float a_lo = alpha[n * 8 + 2 * t], a_hi = alpha[n * 8 + 2 * t + 1];
+#pragma unroll
+        for (int m = 0; m < 2 * PAIRS; ++m) {
+          acc[m][n][0] *= a_lo; acc[m][n][1] *= a_hi; acc[m][n][2] *= a_lo; acc[m][n][3] *= a_hi;
+        }
+      }
+      const int q = lane >> 3;
+      wg_fence();
+#pragma unroll
+      for (int ks = 0; ks < 2; ++ks) {
+        const unsigned long long dp = wg_desc(p8_a + ks * 2 * 128, 128, 4 * 128);
+        const int r0 = ks * 32 + (lane & 7) + 8 * (q & 1);
+#pragma unroll
+        for (int i = 0; i < PAIRS; ++i) {
+          // a warp past the width's groups reads group 0 and gives zeros (a select, not a branch:
+          // the products want the warp group's warps together)
+          const bool has = GWG % 4 == 0 || 4 * i + w4 < GWG;
+          const int c0 = (has ? (wg * GWG + 4 * i + w4) * 32 : 0) + 16 * (q >> 1);
+          unsigned r[8];
+          ldsm4t(smem_addr(buf + blk(r0, c0)), r[0], r[1], r[2], r[3]);
+          ldsm4t(smem_addr(buf + blk(r0 + 16, c0)), r[4], r[5], r[6], r[7]);
+#pragma unroll
+          for (int k = 0; k < 8; ++k) r[k] = has ? r[k] : 0u;
+          const unsigned e0 = __byte_perm(r[0], r[1], 0x6420), e1 = __byte_perm(r[2], r[3], 0x6420);
+          const unsigned e2 = __byte_perm(r[4], r[5], 0x6420), e3 = __byte_perm(r[6], r[7], 0x6420);
+          const unsigned o0 = __byte_perm(r[0], r[1], 0x7531), o1 = __byte_perm(r[2], r[3], 0x7531);
+          const unsigned o2 = __byte_perm(r[4], r[5], 0x7531), o3 = __byte_perm(r[6], r[7], 0x7531);
+#ifndef WG_SKIP_OUTPUT  // a diagnostic build: the products left out
+          wg_rs(&acc[2 * i][0][0], e0, e1, e2, e3, dp);
+          wg_rs(&acc[2 * i + 1][0][0], o0, o1, o2, o3, dp);
+#else
+          acc[2 * i][0][0] += __uint_as_float(e0 ^ e1 ^ e2 ^ e3 ^ (unsigned)dp);
+          acc[2 * i + 1][0][0] += __uint_as_float(o0 ^ o1 ^ o2 ^ o3);
+#endif
+        }
+      }
+      wg_commit();
+      wg_wait0();
+    }
+    __syncthreads();
+  }
+  cp_wait0();
+
+  if (sh < H && j8 == 0) {
+    if (split == 1) {
+      linv[sh] = l_run > 0.0f ? 1.0f / (l_run * pscale) : 0.0f;
+    } else {
+      linv[sh] = 1.0f / pscale;
+      float* ml = part + (((long long)b * split + s) * H + sh) * (D + 2);
+      ml[D] = m_run;
+      ml[D + 1] = l_run;
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < PAIRS; ++i) {
+    if (4 * i + w4 >= GWG) continue;
+    const int d0 = (wg * GWG + 4 * i + w4) * 32;
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      const int h0 = n * 8 + 2 * t;
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int h = h0 + hh;
+        if (h >= H) continue;
+        const float f = linv[h];
+        const float* ev = acc[2 * i][n];
+        const float* ov = acc[2 * i + 1][n];
+        if (split == 1) {
+          unsigned* o = out + (((long long)b * H + h) * D) / 2;
+          o[(d0 + 2 * g) / 2] = pack_bf16(ev[hh] * f, ov[hh] * f);
+          o[(d0 + 16 + 2 * g) / 2] = pack_bf16(ev[2 + hh] * f, ov[2 + hh] * f);
+        } else {
+          float* o = part + (((long long)b * split + s) * H + h) * (D + 2);
+          o[d0 + 2 * g] = ev[hh] * f;
+          o[d0 + 2 * g + 1] = ov[hh] * f;
+          o[d0 + 16 + 2 * g] = ev[2 + hh] * f;
+          o[d0 + 17 + 2 * g] = ov[2 + hh] * f;
+        }
+      }
+    }
+  }
+}
+"""
+
+
+def _wg_asm_defines(hp: int) -> str:
+    """The macros that spell the wgmma statements' operands for ``hp`` heads (``hp / 2``
+    accumulator registers a thread)."""
+    nd = hp // 2
+    regs = ",".join(f"%{i}" for i in range(nd))
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(nd))
+    return (f'#define WG_N "{hp}"\n#define WG_DREGS "{regs}"\n#define WG_DOUT {outs}\n'
+            f'#define WG_DA "{nd}"\n#define WG_DB "{nd + 1}"\n#define WG_NA "{nd + 2}"\n'
+            f'#define WG_R0 "{nd}"\n#define WG_R1 "{nd + 1}"\n#define WG_R2 "{nd + 2}"\n#define WG_R3 "{nd + 3}"\n'
+            f'#define WG_RB "{nd + 4}"\n')
+
+
+def smem_bytes_wg(d: int, hp: int) -> int:
+    """Shared memory of one program of the sm_90a kernel: E's two blocks, qa, the score halves, P,
+    and the per-head and per-position scalars (at large-v3's width and 24 padded heads about 205
+    KB)."""
+    return 2 * BLOCK_T * d + hp * d + 2 * hp * 68 * 4 + hp * 64 + (4 * hp + 2 * BLOCK_T + 8) * 4
+
 def smem_bytes(d: int, hp: int) -> int:
     """Shared memory of one program at width ``d`` and ``hp`` padded heads: two mbarriers (the
     ``BULK_COPY`` build's), E's two blocks, qa's FP8 copy, the score halves, P, and the per-head
@@ -508,48 +846,68 @@ def smem_bytes(d: int, hp: int) -> int:
     return 16 + 2 * BLOCK_T * (d + 16) + hp * (d + 16) + 2 * hp * 68 * 4 + hp * 80 + (4 * hp + BLOCK_T + 8) * 4
 
 
-_kernels: dict[tuple[int, int, int, str], Any] = {}
+_kernels: dict[tuple[int, int, int, str], tuple[Any, int]] = {}
+
+
+def _is_wg(defines: str) -> bool:
+    """Whether a build is the warp-group kernel's (``WGMMA`` among its macros)."""
+    return "WGMMA" in defines.split(",")
+
+
+def kernel_source(d: int, hp: int, defines: str = "") -> tuple[str, str, str | None]:
+    """A build's CUDA C source for width ``d`` and ``hp`` padded heads, its kernel's name, and the
+    architecture NVRTC must compile it for (``"90a"`` for the warp-group kernel, whose products
+    exist only there; None: the GPU at hand). ``defines``: ``_compiled``'s."""
+    src = "".join(f"#define {m}\n" for m in defines.split(",") if m) + f"#define D {d}\n#define HP {hp}\n#define NT {hp // 8}\n"
+    if _is_wg(defines):
+        return src + _wg_asm_defines(hp) + _HELPERS + _WG_SOURCE, "absorbed_wgmma", "90a"
+    return src + _HELPERS + _SOURCE, "absorbed_mma", None
 
 
 def _compiled(d: int, hp: int, defines: str = "") -> Any:
-    """The kernel for width ``d`` and ``hp`` padded heads (``defines``: comma-separated macros of a
-    diagnostic build, ``SKIP_SCORES`` or ``SKIP_OUTPUT``, or of a candidate, ``FRAGMENTS_AHEAD``
-    or ``BULK_COPY`` (sm_90)),
+    """The kernel for width ``d`` and ``hp`` padded heads and its shared memory in bytes
+    (``defines``: comma-separated macros of a diagnostic build, ``SKIP_SCORES`` or
+    ``SKIP_OUTPUT``, or of a candidate, ``FRAGMENTS_AHEAD`` or ``BULK_COPY`` (sm_90); ``WGMMA``:
+    the sm_90a kernel, ``absorbed_wgmma``, with its diagnostic builds ``WG_SKIP_SCORES``,
+    ``WG_SKIP_OUTPUT`` and ``WG_SWAP``),
     compiled once per GPU by NVRTC through PyTorch (``torch.cuda._compile_kernel``, a private API
-    of PyTorch 2.8 and later: no other package needed). RuntimeError on a GPU older than sm_89,
+    of PyTorch 2.8 and later: no other package needed). RuntimeError on a GPU older than sm_89
+    (other than sm_90 for ``WGMMA``),
     one whose blocks cannot have the shared memory this width needs (``smem_bytes``: 112 KB and
     more from width 768, over the 99 KB of sm_89 and sm_120 GPUs; H100 and H200 have 227 KB), or
     a PyTorch without it."""
     dev = torch.cuda.current_device()
     if (dev, d, hp, defines) not in _kernels:
+        wg = _is_wg(defines)
         major, minor = torch.cuda.get_device_capability(dev)
-        if (major, minor) < (8, 9):
-            raise RuntimeError(f"the absorbed cross-attention kernel needs FP8 tensor cores (sm_89 or later); "
-                               f"this GPU is sm_{major}{minor}")
+        if (major, minor) < (8, 9) or (wg and (major, minor) != (9, 0)):
+            raise RuntimeError(f"the absorbed cross-attention kernel needs FP8 tensor cores (sm_89 or later; its "
+                               f"WGMMA build sm_90); this GPU is sm_{major}{minor}")
+        need = smem_bytes_wg(d, hp) if wg else smem_bytes(d, hp)
         limit = getattr(torch.cuda.get_device_properties(dev), "shared_memory_per_block_optin", 0)
-        if smem_bytes(d, hp) > limit:
-            raise RuntimeError(f"the absorbed cross-attention kernel needs {smem_bytes(d, hp)} bytes of shared memory "
+        if need > limit:
+            raise RuntimeError(f"the absorbed cross-attention kernel needs {need} bytes of shared memory "
                                f"a block at width {d}; this GPU (sm_{major}{minor}) gives {limit}: leave cross_absorbed off")
         compile_kernel = getattr(torch.cuda, "_compile_kernel", None)
         if compile_kernel is None:
             raise RuntimeError(f"the absorbed cross-attention kernel needs PyTorch 2.8 or later (torch.cuda._compile_kernel); "
                                f"this is {torch.__version__}")
-        src = "".join(f"#define {m}\n" for m in defines.split(",") if m) + \
-            f"#define D {d}\n#define HP {hp}\n#define NT {hp // 8}\n" + _SOURCE
-        k = compile_kernel(src, "absorbed_mma", nvcc_options=["--std=c++17"])
+        src, name, arch = kernel_source(d, hp, defines)
+        k = compile_kernel(src, name, compute_capability=arch, nvcc_options=["--std=c++17"])
         if hasattr(k, "set_shared_memory_config"):
-            k.set_shared_memory_config(smem_bytes(d, hp))
+            k.set_shared_memory_config(need)
         else:  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
             from torch.cuda._utils import _get_gpu_runtime_library
-            _get_gpu_runtime_library().cuFuncSetAttribute(k.func, 8, smem_bytes(d, hp))
-        _kernels[dev, d, hp, defines] = k
+            _get_gpu_runtime_library().cuFuncSetAttribute(k.func, 8, need)
+        _kernels[dev, d, hp, defines] = (k, need)
     return _kernels[dev, d, hp, defines]
 
 
 def _launch(d: int, hp: int, grid: tuple[int, int], args: list, defines: str = "") -> None:
     """One launch on PyTorch's current device and stream; ``args`` tensors (as pointers), ints (as
     C int) and floats (as C double)."""
-    _compiled(d, hp, defines)(grid=(grid[0], grid[1], 1), block=(256, 1, 1), args=args, shared_mem=smem_bytes(d, hp))
+    k, need = _compiled(d, hp, defines)
+    k(grid=(grid[0], grid[1], 1), block=(256, 1, 1), args=args, shared_mem=need)
 
 
 def _check(qa: torch.Tensor, e8: torch.Tensor, e_scale: torch.Tensor) -> None:
@@ -576,8 +934,9 @@ def absorbed_attend(qa: torch.Tensor, e8: torch.Tensor, e_scale: torch.Tensor, h
     multiple of 64 up to 1280) and at most 24 heads; ``split`` parts of T per row, combined after.
     ValueError for other shapes, strides, dtypes or devices; static shapes and no host
     synchronisation (CUDA-graph safe once compiled: call it once before capture). On CPU tensors
-    it runs ``absorbed_attend_reference``. ``diagnostic``: a build with parts left out
-    (``_compiled``), whose output is meaningless, for timing the rest."""
+    it runs ``absorbed_attend_reference``. ``diagnostic``: another build (``_compiled``): a
+    candidate (``WGMMA``: the warp-group kernel, sm_90 only) or one with parts left out, whose
+    output is meaningless, for timing the rest."""
     _check(qa, e8, e_scale)
     if qa.device.type == "cpu":
         return absorbed_attend_reference(qa, e8, e_scale, head_dim)

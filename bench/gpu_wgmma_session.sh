@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# One device call for the absorbed cross-attention's warp-group kernel (cuda_kernels.absorbed_wgmma,
+# the build WGMMA; README, Serving path (19)):
+#   run(command="bash bench/gpu_wgmma_session.sh", carry=[".whl", ".devdata"], kind="nvidia-h100-x1")
+# 1. its output against absorbed_attend_reference (bench/absorbed_mma.py; exit 1 above 0.05 of the
+#    largest value), and if that fails, the build with the descriptors' two offsets swapped (WG_SWAP);
+# 2. 32 layers at 128 and 64 rows against the mma.sync kernel and the served FP8 keys and values,
+#    and its builds without products (bench/gpu_absorbed_attend.py);
+# 3. one launch under Nsight Compute, summarised (bench/ncu_sass_summary.py).
+# Results in $OUT: check_wgmma*.txt, absorbed_wgmma.json, ncu_wgmma.txt, sass_wgmma.txt.
+source bench/gpu_setup.sh
+nvidia-smi --query-gpu=name --format=csv,noheader
+W=WGMMA
+if timeout 90 python3 bench/absorbed_mma.py WGMMA > "$OUT/check_wgmma.txt" 2>&1; then echo "WGMMA: matches its reference"; else
+  tail -12 "$OUT/check_wgmma.txt"
+  if timeout 60 python3 bench/absorbed_mma.py WGMMA,WG_SWAP > "$OUT/check_wgmma_swap.txt" 2>&1; then
+    echo "WGMMA+WG_SWAP: matches its reference"; W=WGMMA+WG_SWAP
+  else tail -6 "$OUT/check_wgmma_swap.txt"; fi
+fi
+grep -v "^$" "$OUT/check_wgmma.txt" | tail -3
+timeout 200 python3 bench/gpu_absorbed_attend.py --json "$OUT/absorbed_wgmma.json" --rows 128,64 --no-compile \
+  --configs "m/1,m/1/$W,m/2/$W,m/1/$W+WG_SKIP_SCORES,m/1/$W+WG_SKIP_OUTPUT,m/1/$W+WG_SKIP_SCORES+WG_SKIP_OUTPUT" 2>&1 \
+  | grep -v -i warn | cut -c1-250
+timeout 120 ncu --clock-control none --kernel-name absorbed_wgmma --launch-skip 1 --launch-count 1 --set full \
+  --import-source no -o /tmp/rep_wg -f python3 bench/absorbed_profile.py --builds "$W" > /tmp/ncu_wg.log 2>&1
+tail -2 /tmp/ncu_wg.log
+ncu -i /tmp/rep_wg.ncu-rep --page details > "$OUT/ncu_wgmma.txt" 2>&1
+ncu -i /tmp/rep_wg.ncu-rep --page source --csv --print-source sass > /tmp/sass_wg.csv 2>&1
+python3 bench/ncu_sass_summary.py /tmp/sass_wg.csv --units 3072 --top 25 > "$OUT/sass_wgmma.txt" 2>&1
+grep -E "Duration|DRAM Throughput|Registers Per|Issue Slots" "$OUT/ncu_wgmma.txt"; head -14 "$OUT/sass_wgmma.txt"
