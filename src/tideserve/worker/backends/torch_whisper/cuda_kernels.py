@@ -138,6 +138,119 @@ __device__ __forceinline__ int k_of(int p) {
   return q < 8 ? 16 * h2 + 4 * (q >> 1) + (q & 1) : 16 * h2 + 4 * ((q - 8) >> 1) + 2 + (q & 1);
 }
 
+
+// E's largest position scale (P is stored as p * e_scale[t] * 448 / that): each warp's into
+// wred[warp], for the block to take the largest of after a barrier
+__device__ __forceinline__ void row_scale_max(const float* es_row, int T, float* wred, int tid, int lane, int warp) {
+  float em = 0.0f;
+#pragma unroll 4
+  for (int i = tid; i < T; i += 256) em = fmaxf(em, es_row[i]);
+  for (int o = 16; o; o >>= 1) em = fmaxf(em, __shfl_xor_sync(0xffffffff, em, o));
+  if (lane == 0) wred[warp] = em;
+}
+// qa's FP8 copy, one scale a head (amax / 448, never 0), qsc_s[h] = that scale x sm_log2; heads
+// H..HP-1 zero. Warp w takes heads w, w + 8, w + 16; lane l the 8 values at 8 (l + 32 i), i < D /
+// 256; off(h, k): the byte of head h's value k in qs (each kernel lays qs out its own way)
+template <typename Off>
+__device__ __forceinline__ void quantize_qa(const unsigned short* qa_row, int q_sh, int H, unsigned char* qs,
+                                            float* qsc_s, float sm_log2, int warp, int lane, Off off) {
+  for (int h = warp; h < HP; h += 8) {
+    if (h < H) {
+      const uint4* src = (const uint4*)(qa_row + (long long)h * q_sh);
+      float am = 0.0f;
+      for (int c = lane; c < D / 8; c += 32) {
+        const uint4 v = src[c];
+        const unsigned w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          am = fmaxf(am, fmaxf(fabsf(__uint_as_float(w[k] << 16)), fabsf(__uint_as_float(w[k] & 0xffff0000u))));
+      }
+      for (int o = 16; o; o >>= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffff, am, o));
+      const float sc = fmaxf(am / 448.0f, 1e-12f), inv = 1.0f / sc;
+      for (int c = lane; c < D / 8; c += 32) {
+        const uint4 v = src[c];
+        const unsigned w[4] = {v.x, v.y, v.z, v.w};
+        unsigned short pr[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(pr[k])
+              : "f"(__uint_as_float(w[k] & 0xffff0000u) * inv), "f"(__uint_as_float(w[k] << 16) * inv));
+        *(uint2*)(qs + off(h, 8 * c)) = make_uint2((unsigned)pr[0] | ((unsigned)pr[1] << 16), (unsigned)pr[2] | ((unsigned)pr[3] << 16));
+      }
+      if (lane == 0) qsc_s[h] = sc * sm_log2;
+    } else {
+      for (int c = lane; c < D / 8; c += 32) *(uint2*)(qs + off(h, 8 * c)) = make_uint2(0u, 0u);
+      if (lane == 0) qsc_s[h] = 0.0f;
+    }
+  }
+}
+// a warp's partial scores (accumulator layout: rows = positions p_tile * 16 + g (+ 8), columns =
+// heads 8 n + 2 t (+ 1)) into rd [HP][RS]
+__device__ __forceinline__ void store_scores(const float (&c)[NT][4], float* rd, int p_tile, int g, int t) {
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+    const int h0 = n * 8 + 2 * t, p0 = p_tile * 16 + g;
+    rd[h0 * RS + p0] = c[n][0];
+    rd[(h0 + 1) * RS + p0] = c[n][1];
+    rd[h0 * RS + p0 + 8] = c[n][2];
+    rd[(h0 + 1) * RS + p0 + 8] = c[n][3];
+  }
+}
+// the output accumulators (columns = heads 8 n + 2 t (+ 1)) times each head's alpha
+template <int M>
+__device__ __forceinline__ void rescale(float (&acc)[M][NT][4], const float* alpha, int t) {
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+    const float a_lo = alpha[n * 8 + 2 * t], a_hi = alpha[n * 8 + 2 * t + 1];
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      acc[m][n][0] *= a_lo; acc[m][n][1] *= a_hi; acc[m][n][2] *= a_lo; acc[m][n][3] *= a_hi;
+    }
+  }
+}
+// the row's (or part's) statistics: linv[h] for the output, and with split > 1 each head's running
+// max and sum after its part's D values in part
+__device__ __forceinline__ void write_stats(int sh, int j8, int H, int split, float m_run, float l_run, float pscale,
+                                            float* linv, float* part, int b, int s) {
+  if (sh < H && j8 == 0) {
+    if (split == 1) {
+      linv[sh] = l_run > 0.0f ? 1.0f / (l_run * pscale) : 0.0f;
+    } else {
+      linv[sh] = 1.0f / pscale;
+      float* ml = part + (((long long)b * split + s) * H + sh) * (D + 2);
+      ml[D] = m_run;
+      ml[D + 1] = l_run;
+    }
+  }
+}
+// one group of 32 output columns from d0: its even tile (rows g, g + 8 -> columns d0 + 2g, d0 + 16
+// + 2g) and odd tile (the next column each), times linv, to out (bf16, split 1) or part (float32)
+__device__ __forceinline__ void store_group(const float (&ev4)[NT][4], const float (&ov4)[NT][4], int d0, int g, int t,
+                                            const float* linv, int H, int split, int b, int s, unsigned* out, float* part) {
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+    const int h0 = n * 8 + 2 * t;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int h = h0 + hh;
+      if (h >= H) continue;
+      const float f = linv[h];
+      const float* ev = ev4[n];
+      const float* ov = ov4[n];
+      if (split == 1) {
+        unsigned* o = out + (((long long)b * H + h) * D) / 2;
+        o[(d0 + 2 * g) / 2] = pack_bf16(ev[hh] * f, ov[hh] * f);
+        o[(d0 + 16 + 2 * g) / 2] = pack_bf16(ev[2 + hh] * f, ov[2 + hh] * f);
+      } else {
+        float* o = part + (((long long)b * split + s) * H + h) * (D + 2);
+        o[d0 + 2 * g] = ev[hh] * f;
+        o[d0 + 2 * g + 1] = ov[hh] * f;
+        o[d0 + 16 + 2 * g] = ev[2 + hh] * f;
+        o[d0 + 17 + 2 * g] = ov[2 + hh] * f;
+      }
+    }
+  }
+}
 """
 
 # the kernel on mma.sync (sm_89 and later)
@@ -169,43 +282,9 @@ absorbed_mma(const unsigned short* __restrict__ qa, const unsigned char* __restr
   const int j0 = s * nb / split, j1 = (s + 1) * nb / split;
   const unsigned char* e_row = e8 + (long long)b * T * D;
   const float* es_row = escale + (long long)b * T;
-  // E's largest position scale: P is stored as p * e_scale[t] * 448 / that
-  float em = 0.0f;
-  for (int i = tid; i < T; i += 256) em = fmaxf(em, es_row[i]);
-  for (int o = 16; o; o >>= 1) em = fmaxf(em, __shfl_xor_sync(0xffffffff, em, o));
-  if (lane == 0) wred[warp] = em;
-  // qa's FP8 copy, one scale a head (amax / 448, never 0); heads H..HP-1 zero.
-  // warp w takes heads w, w + 8, w + 16; lane l the 8 values at 8 (l + 32 i), i < D / 256
-  for (int h = warp; h < HP; h += 8) {
-    uint2* dst = (uint2*)(qs + h * ROWB);
-    if (h < H) {
-      const uint4* src = (const uint4*)(qa + (long long)b * q_sb + (long long)h * q_sh);
-      float am = 0.0f;
-      for (int c = lane; c < D / 8; c += 32) {
-        const uint4 v = src[c];
-        const unsigned w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int k = 0; k < 4; ++k)
-          am = fmaxf(am, fmaxf(fabsf(__uint_as_float(w[k] << 16)), fabsf(__uint_as_float(w[k] & 0xffff0000u))));
-      }
-      for (int o = 16; o; o >>= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffff, am, o));
-      const float sc = fmaxf(am / E4M3_SCALE, 1e-12f), inv = 1.0f / sc;
-      for (int c = lane; c < D / 8; c += 32) {
-        const uint4 v = src[c];
-        const unsigned w[4] = {v.x, v.y, v.z, v.w};
-        unsigned short pr[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k)
-          asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(pr[k])
-              : "f"(__uint_as_float(w[k] & 0xffff0000u) * inv), "f"(__uint_as_float(w[k] << 16) * inv));
-        dst[c] = make_uint2((unsigned)pr[0] | ((unsigned)pr[1] << 16), (unsigned)pr[2] | ((unsigned)pr[3] << 16));
-      }
-      if (lane == 0) qsc_s[h] = sc * (float)sm_log2;
-    } else {
-      for (int c = lane; c < D / 8; c += 32) dst[c] = make_uint2(0u, 0u);
-      if (lane == 0) qsc_s[h] = 0.0f;
-    }
-  }
+  row_scale_max(es_row, T, wred, tid, lane, warp);
+  quantize_qa(qa + (long long)b * q_sb, q_sh, H, qs, qsc_s, (float)sm_log2, warp, lane,
+              [](int h, int k) { return h * ROWB + k; });
   __syncthreads();
   float emax = wred[0];
 #pragma unroll
@@ -334,15 +413,7 @@ absorbed_mma(const unsigned short* __restrict__ qa, const unsigned char* __restr
         }
       }
 #endif
-      float* rd = red + kh * HP * RS;
-#pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        const int h0 = n * 8 + 2 * t, p0 = mt * 16 + g;
-        rd[h0 * RS + p0] = c[n][0];
-        rd[(h0 + 1) * RS + p0] = c[n][1];
-        rd[h0 * RS + p0 + 8] = c[n][2];
-        rd[(h0 + 1) * RS + p0 + 8] = c[n][3];
-      }
+      store_scores(c, red + kh * HP * RS, mt, g, t);
     }
     __syncthreads();
 
@@ -391,14 +462,7 @@ absorbed_mma(const unsigned short* __restrict__ qa, const unsigned char* __restr
 
     // 3. output: warp w -> the width's groups of 32 columns w, w + 8, ..., 2 k-steps of 32 positions
     {
-#pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        const float a_lo = alpha[n * 8 + 2 * t], a_hi = alpha[n * 8 + 2 * t + 1];
-#pragma unroll
-        for (int m = 0; m < 2 * GPW; ++m) {
-          acc[m][n][0] *= a_lo; acc[m][n][1] *= a_hi; acc[m][n][2] *= a_lo; acc[m][n][3] *= a_hi;
-        }
-      }
+      rescale(acc, alpha, t);
       const int q = lane >> 3;
 #pragma unroll
       for (int ks = 0; ks < 2; ++ks) {
@@ -473,46 +537,12 @@ absorbed_mma(const unsigned short* __restrict__ qa, const unsigned char* __restr
   cp_wait0();
 #endif
 
-  // the row's (or part's) statistics
-  if (sh < H && j8 == 0) {
-    if (split == 1) {
-      linv[sh] = l_run > 0.0f ? 1.0f / (l_run * pscale) : 0.0f;
-    } else {
-      linv[sh] = 1.0f / pscale;
-      float* ml = part + (((long long)b * split + s) * H + sh) * (D + 2);
-      ml[D] = m_run;
-      ml[D + 1] = l_run;
-    }
-  }
+  write_stats(sh, j8, H, split, m_run, l_run, pscale, linv, part, b, s);
   __syncthreads();
-  // even tile 2 grp: rows g, g+8 -> columns d0 + 2g, d0 + 16 + 2g; odd tile: the next column
 #pragma unroll
   for (int grp = 0; grp < GPW; ++grp) {
     if (warp + 8 * grp >= NG) break;
-    const int d0 = (warp + 8 * grp) * 32;
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-      const int h0 = n * 8 + 2 * t;
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int h = h0 + hh;
-        if (h >= H) continue;
-        const float f = linv[h];
-        const float* ev = acc[2 * grp][n];
-        const float* ov = acc[2 * grp + 1][n];
-        if (split == 1) {
-          unsigned* o = out + (((long long)b * H + h) * D) / 2;
-          o[(d0 + 2 * g) / 2] = pack_bf16(ev[hh] * f, ov[hh] * f);
-          o[(d0 + 16 + 2 * g) / 2] = pack_bf16(ev[2 + hh] * f, ov[2 + hh] * f);
-        } else {
-          float* o = part + (((long long)b * split + s) * H + h) * (D + 2);
-          o[d0 + 2 * g] = ev[hh] * f;
-          o[d0 + 2 * g + 1] = ov[hh] * f;
-          o[d0 + 16 + 2 * g] = ev[2 + hh] * f;
-          o[d0 + 17 + 2 * g] = ov[2 + hh] * f;
-        }
-      }
-    }
+    store_group(acc[2 * grp], acc[2 * grp + 1], (warp + 8 * grp) * 32, g, t, linv, H, split, b, s, out, part);
   }
 }
 """.replace("E4M3_SCALE", "448.0f")
@@ -593,41 +623,9 @@ absorbed_wgmma(const unsigned short* __restrict__ qa, const unsigned char* __res
   // the first block is on its way while qa is quantized
   if (j0 < j1) load_block(j0, 0);
   cp_commit();
-  float em = 0.0f;
-#pragma unroll 4
-  for (int i = tid; i < T; i += 256) em = fmaxf(em, es_row[i]);
-  for (int o = 16; o; o >>= 1) em = fmaxf(em, __shfl_xor_sync(0xffffffff, em, o));
-  if (lane == 0) wred[warp] = em;
-  // qa's FP8 copy, one scale a head, blocked; heads H..HP-1 zero
-  for (int h = warp; h < HP; h += 8) {
-    if (h < H) {
-      const uint4* src = (const uint4*)(qa + (long long)b * q_sb + (long long)h * q_sh);
-      float am = 0.0f;
-      for (int c = lane; c < D / 8; c += 32) {
-        const uint4 v = src[c];
-        const unsigned w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int k = 0; k < 4; ++k)
-          am = fmaxf(am, fmaxf(fabsf(__uint_as_float(w[k] << 16)), fabsf(__uint_as_float(w[k] & 0xffff0000u))));
-      }
-      for (int o = 16; o; o >>= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffff, am, o));
-      const float sc = fmaxf(am / 448.0f, 1e-12f), inv = 1.0f / sc;
-      for (int c = lane; c < D / 8; c += 32) {
-        const uint4 v = src[c];
-        const unsigned w[4] = {v.x, v.y, v.z, v.w};
-        unsigned short pr[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k)
-          asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(pr[k])
-              : "f"(__uint_as_float(w[k] & 0xffff0000u) * inv), "f"(__uint_as_float(w[k] << 16) * inv));
-        *(uint2*)(qs + blk(h, 8 * c)) = make_uint2((unsigned)pr[0] | ((unsigned)pr[1] << 16), (unsigned)pr[2] | ((unsigned)pr[3] << 16));
-      }
-      if (lane == 0) qsc_s[h] = sc * (float)sm_log2;
-    } else {
-      for (int c = lane; c < D / 8; c += 32) *(uint2*)(qs + blk(h, 8 * c)) = make_uint2(0u, 0u);
-      if (lane == 0) qsc_s[h] = 0.0f;
-    }
-  }
+  row_scale_max(es_row, T, wred, tid, lane, warp);
+  // qa's FP8 copy, blocked
+  quantize_qa(qa + (long long)b * q_sb, q_sh, H, qs, qsc_s, (float)sm_log2, warp, lane, [](int h, int k) { return blk(h, k); });
   proxy_fence();
   __syncthreads();
   float emax = wred[0];
@@ -676,15 +674,7 @@ absorbed_wgmma(const unsigned short* __restrict__ qa, const unsigned char* __res
       }
       wg_commit();
       wg_wait0();
-      float* rd = red + wg * HP * RS;
-#pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        const int h0 = n * 8 + 2 * t, p0 = w4 * 16 + g;
-        rd[h0 * RS + p0] = c[n][0];
-        rd[(h0 + 1) * RS + p0] = c[n][1];
-        rd[h0 * RS + p0 + 8] = c[n][2];
-        rd[(h0 + 1) * RS + p0 + 8] = c[n][3];
-      }
+      store_scores(c, red + wg * HP * RS, w4, g, t);
     }
     __syncthreads();
 
@@ -733,14 +723,7 @@ absorbed_wgmma(const unsigned short* __restrict__ qa, const unsigned char* __res
     // 3. output: warp group wg, pair i: m64 tiles 2i (even columns) and 2i + 1 (odd) of its
     // groups; warp w4 gives the 16 rows of group wg * GWG + 4 i + w4 (zeros past the width)
     {
-#pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        const float a_lo = alpha[n * 8 + 2 * t], a_hi = alpha[n * 8 + 2 * t + 1];
-#pragma unroll
-        for (int m = 0; m < 2 * PAIRS; ++m) {
-          acc[m][n][0] *= a_lo; acc[m][n][1] *= a_hi; acc[m][n][2] *= a_lo; acc[m][n][3] *= a_hi;
-        }
-      }
+      rescale(acc, alpha, t);
       const int q = lane >> 3;
       wg_fence();
 #pragma unroll
@@ -778,44 +761,12 @@ absorbed_wgmma(const unsigned short* __restrict__ qa, const unsigned char* __res
   }
   cp_wait0();
 
-  if (sh < H && j8 == 0) {
-    if (split == 1) {
-      linv[sh] = l_run > 0.0f ? 1.0f / (l_run * pscale) : 0.0f;
-    } else {
-      linv[sh] = 1.0f / pscale;
-      float* ml = part + (((long long)b * split + s) * H + sh) * (D + 2);
-      ml[D] = m_run;
-      ml[D + 1] = l_run;
-    }
-  }
+  write_stats(sh, j8, H, split, m_run, l_run, pscale, linv, part, b, s);
   __syncthreads();
 #pragma unroll
   for (int i = 0; i < PAIRS; ++i) {
     if (4 * i + w4 >= GWG) continue;
-    const int d0 = (wg * GWG + 4 * i + w4) * 32;
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-      const int h0 = n * 8 + 2 * t;
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int h = h0 + hh;
-        if (h >= H) continue;
-        const float f = linv[h];
-        const float* ev = acc[2 * i][n];
-        const float* ov = acc[2 * i + 1][n];
-        if (split == 1) {
-          unsigned* o = out + (((long long)b * H + h) * D) / 2;
-          o[(d0 + 2 * g) / 2] = pack_bf16(ev[hh] * f, ov[hh] * f);
-          o[(d0 + 16 + 2 * g) / 2] = pack_bf16(ev[2 + hh] * f, ov[2 + hh] * f);
-        } else {
-          float* o = part + (((long long)b * split + s) * H + h) * (D + 2);
-          o[d0 + 2 * g] = ev[hh] * f;
-          o[d0 + 2 * g + 1] = ov[hh] * f;
-          o[d0 + 16 + 2 * g] = ev[2 + hh] * f;
-          o[d0 + 17 + 2 * g] = ov[2 + hh] * f;
-        }
-      }
-    }
+    store_group(acc[2 * i], acc[2 * i + 1], (wg * GWG + 4 * i + w4) * 32, g, t, linv, H, split, b, s, out, part);
   }
 }
 """
