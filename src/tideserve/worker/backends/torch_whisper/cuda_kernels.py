@@ -725,7 +725,6 @@ absorbed_wgmma(const unsigned short* __restrict__ qa, const unsigned char* __res
     {
       rescale(acc, alpha, t);
       const int q = lane >> 3;
-      wg_fence();
 #pragma unroll
       for (int ks = 0; ks < 2; ++ks) {
         const unsigned long long dp = wg_desc(p8_a + ks * 2 * 128, 128, 4 * 128);
@@ -746,6 +745,10 @@ absorbed_wgmma(const unsigned short* __restrict__ qa, const unsigned char* __res
           const unsigned o0 = __byte_perm(r[0], r[1], 0x7531), o1 = __byte_perm(r[2], r[3], 0x7531);
           const unsigned o2 = __byte_perm(r[4], r[5], 0x7531), o3 = __byte_perm(r[6], r[7], 0x7531);
 #ifndef WG_SKIP_OUTPUT  // a diagnostic build: the products left out
+          // the fence between this thread's last writes of the registers a product reads (the
+          // accumulators, rescaled above, and this pair's fragments) and the product (PTX ISA,
+          // wgmma.fence); without it ptxas inserted one itself (its note C7519)
+          wg_fence();
           wg_rs(&acc[2 * i][0][0], e0, e1, e2, e3, dp);
           wg_rs(&acc[2 * i + 1][0][0], o0, o1, o2, o3, dp);
 #else
@@ -788,7 +791,7 @@ def smem_bytes_wg(d: int, hp: int) -> int:
     """Shared memory of one program of the sm_90a kernel: E's two blocks, qa, the score halves, P,
     and the per-head and per-position scalars (at large-v3's width and 24 padded heads about 205
     KB)."""
-    return 2 * BLOCK_T * d + hp * d + 2 * hp * 68 * 4 + hp * 64 + (4 * hp + 2 * BLOCK_T + 8) * 4
+    return 2 * BLOCK_T * d + hp * d + 2 * hp * 68 * 4 + hp * 64 + (3 * hp + 2 * BLOCK_T + 8) * 4
 
 def smem_bytes(d: int, hp: int) -> int:
     """Shared memory of one program at width ``d`` and ``hp`` padded heads: two mbarriers (the
