@@ -4,6 +4,7 @@
 #   run(command="bash bench/gpu_wgmma_session.sh", carry=[".whl", ".devdata"], kind="nvidia-h100-x1")
 # 1. its output against absorbed_attend_reference (bench/absorbed_mma.py; exit 1 above 0.05 of the
 #    largest value), and if that fails, the build with the descriptors' two offsets swapped (WG_SWAP);
+#    and the candidate WG_PROMOTE (each block's products added in float32);
 # 2. 32 layers at 128 and 64 rows against the mma.sync kernel and the served FP8 keys and values,
 #    and its builds without products (bench/gpu_absorbed_attend.py);
 # 3. one launch under Nsight Compute, summarised (bench/ncu_sass_summary.py).
@@ -17,9 +18,11 @@ if timeout 90 python3 bench/absorbed_mma.py WGMMA > "$OUT/check_wgmma.txt" 2>&1;
     echo "WGMMA+WG_SWAP: matches its reference"; W=WGMMA+WG_SWAP
   else tail -6 "$OUT/check_wgmma_swap.txt"; fi
 fi
+# the candidate that adds each block's products in float32 (README, Serving path (19))
+timeout 90 python3 bench/absorbed_mma.py "${W/+/,},WG_PROMOTE" > "$OUT/check_wgmma_promote.txt" 2>&1; tail -1 "$OUT/check_wgmma_promote.txt"
 grep -v "^$" "$OUT/check_wgmma.txt" | tail -3
 timeout 200 python3 bench/gpu_absorbed_attend.py --json "$OUT/absorbed_wgmma.json" --rows 128,64 --no-compile \
-  --configs "m/1,m/1/$W,m/2/$W,m/1/$W+WG_SKIP_SCORES,m/1/$W+WG_SKIP_OUTPUT,m/1/$W+WG_SKIP_SCORES+WG_SKIP_OUTPUT" 2>&1 \
+  --configs "m/1,m/1/$W,m/2/$W,m/1/$W+WG_PROMOTE,m/1/$W+WG_SKIP_SCORES,m/1/$W+WG_SKIP_OUTPUT,m/1/$W+WG_SKIP_SCORES+WG_SKIP_OUTPUT" 2>&1 \
   | grep -v -i warn | cut -c1-250
 timeout 120 ncu --clock-control none --kernel-name absorbed_wgmma --launch-skip 1 --launch-count 1 --set full \
   --import-source no -o /tmp/rep_wg -f python3 bench/absorbed_profile.py --builds "$W" > /tmp/ncu_wg.log 2>&1

@@ -128,9 +128,10 @@ def test_both_kernels_compile_for_their_gpus_at_whisper_widths(monkeypatch: pyte
     from tideserve.worker.backends.torch_whisper.cuda_kernels import kernel_source
 
     nvrtc_compile = _nvrtc_compile_or_skip(monkeypatch)
-    for defines, arch, name in (("", "89", "absorbed_mma"), ("", "90", "absorbed_mma"), ("WGMMA", None, "absorbed_wgmma")):
+    for defines, arch, name in (("", "89", "absorbed_mma"), ("", "90", "absorbed_mma"), ("WGMMA", None, "absorbed_wgmma"),
+                                ("WGMMA,WG_PROMOTE", None, "absorbed_wgmma")):
         src, kernel, want_arch = kernel_source(d, hp, defines)
         assert kernel == name
-        assert want_arch == ("90a" if defines == "WGMMA" else None)
+        assert want_arch == ("90a" if "WGMMA" in defines else None)
         cubin, lowered = nvrtc_compile(src, kernel, compute_capability=arch or want_arch, nvcc_options=["--std=c++17"])
         assert lowered == kernel and len(cubin) > 10_000

@@ -575,6 +575,13 @@ __device__ __forceinline__ void wg_ss(float* d, unsigned long long da, unsigned 
                "wgmma.mma_async.sync.aligned.m64n" WG_N "k32.f32.e4m3.e4m3 {" WG_DREGS "}, %" WG_DA ", %" WG_DB ", p, 1, 1;\n}\n"
                : WG_DOUT : "l"(da), "l"(db), "r"(accumulate) : "memory");
 }
+__device__ __forceinline__ void wg_rs_d(float* d, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned long long db,
+                                        int accumulate) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" WG_RNA ", 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n" WG_N "k32.f32.e4m3.e4m3 {" WG_DREGS "}, "
+               "{%" WG_R0 ", %" WG_R1 ", %" WG_R2 ", %" WG_R3 "}, %" WG_RB ", p, 1, 1;\n}\n"
+               : WG_DOUT : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db), "r"(accumulate) : "memory");
+}
 __device__ __forceinline__ void wg_rs(float* d, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned long long db) {
   asm volatile("wgmma.mma_async.sync.aligned.m64n" WG_N "k32.f32.e4m3.e4m3 {" WG_DREGS "}, "
                "{%" WG_R0 ", %" WG_R1 ", %" WG_R2 ", %" WG_R3 "}, %" WG_RB ", 1, 1, 1;\n"
@@ -725,40 +732,77 @@ absorbed_wgmma(const unsigned short* __restrict__ qa, const unsigned char* __res
     {
       rescale(acc, alpha, t);
       const int q = lane >> 3;
+      // pair i's fragments at k-step ks: even tile e, odd tile o (A operands of m64nHPk32). A warp
+      // past the width's groups reads group 0 and gives zeros (a select, not a branch: the
+      // products want the warp group's warps together)
+      auto fragments = [&](int ks, int i, unsigned (&e)[4], unsigned (&o)[4]) {
+        const int r0 = ks * 32 + (lane & 7) + 8 * (q & 1);
+        const bool has = GWG % 4 == 0 || 4 * i + w4 < GWG;
+        const int c0 = (has ? (wg * GWG + 4 * i + w4) * 32 : 0) + 16 * (q >> 1);
+        unsigned r[8];
+        ldsm4t(smem_addr(buf + blk(r0, c0)), r[0], r[1], r[2], r[3]);
+        ldsm4t(smem_addr(buf + blk(r0 + 16, c0)), r[4], r[5], r[6], r[7]);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) r[k] = has ? r[k] : 0u;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          e[k] = __byte_perm(r[2 * k], r[2 * k + 1], 0x6420);
+          o[k] = __byte_perm(r[2 * k], r[2 * k + 1], 0x7531);
+        }
+      };
+#if defined(WG_SKIP_OUTPUT)  // a diagnostic build: the products left out
+#pragma unroll
+      for (int ks = 0; ks < 2; ++ks)
+#pragma unroll
+        for (int i = 0; i < PAIRS; ++i) {
+          unsigned e[4], o[4];
+          fragments(ks, i, e, o);
+          acc[2 * i][0][0] += __uint_as_float(e[0] ^ e[1] ^ e[2] ^ e[3]);
+          acc[2 * i + 1][0][0] += __uint_as_float(o[0] ^ o[1] ^ o[2] ^ o[3]);
+        }
+#elif defined(WG_PROMOTE)  // a candidate build: each block's products into a temporary, added in
+                           // float32 (Hopper's FP8 products accumulate with about 14 bits)
+#pragma unroll
+      for (int i = 0; i < PAIRS; ++i) {
+        float te[NT][4], to[NT][4];
+#pragma unroll
+        for (int ks = 0; ks < 2; ++ks) {
+          unsigned e[4], o[4];
+          fragments(ks, i, e, o);
+          const unsigned long long dp = wg_desc(p8_a + ks * 2 * 128, 128, 4 * 128);
+          wg_fence();
+          wg_rs_d(&te[0][0], e[0], e[1], e[2], e[3], dp, ks);
+          wg_rs_d(&to[0][0], o[0], o[1], o[2], o[3], dp, ks);
+        }
+        wg_commit();
+        wg_wait0();
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            acc[2 * i][n][k] += te[n][k];
+            acc[2 * i + 1][n][k] += to[n][k];
+          }
+      }
+#else
 #pragma unroll
       for (int ks = 0; ks < 2; ++ks) {
         const unsigned long long dp = wg_desc(p8_a + ks * 2 * 128, 128, 4 * 128);
-        const int r0 = ks * 32 + (lane & 7) + 8 * (q & 1);
 #pragma unroll
         for (int i = 0; i < PAIRS; ++i) {
-          // a warp past the width's groups reads group 0 and gives zeros (a select, not a branch:
-          // the products want the warp group's warps together)
-          const bool has = GWG % 4 == 0 || 4 * i + w4 < GWG;
-          const int c0 = (has ? (wg * GWG + 4 * i + w4) * 32 : 0) + 16 * (q >> 1);
-          unsigned r[8];
-          ldsm4t(smem_addr(buf + blk(r0, c0)), r[0], r[1], r[2], r[3]);
-          ldsm4t(smem_addr(buf + blk(r0 + 16, c0)), r[4], r[5], r[6], r[7]);
-#pragma unroll
-          for (int k = 0; k < 8; ++k) r[k] = has ? r[k] : 0u;
-          const unsigned e0 = __byte_perm(r[0], r[1], 0x6420), e1 = __byte_perm(r[2], r[3], 0x6420);
-          const unsigned e2 = __byte_perm(r[4], r[5], 0x6420), e3 = __byte_perm(r[6], r[7], 0x6420);
-          const unsigned o0 = __byte_perm(r[0], r[1], 0x7531), o1 = __byte_perm(r[2], r[3], 0x7531);
-          const unsigned o2 = __byte_perm(r[4], r[5], 0x7531), o3 = __byte_perm(r[6], r[7], 0x7531);
-#ifndef WG_SKIP_OUTPUT  // a diagnostic build: the products left out
+          unsigned e[4], o[4];
+          fragments(ks, i, e, o);
           // the fence between this thread's last writes of the registers a product reads (the
           // accumulators, rescaled above, and this pair's fragments) and the product (PTX ISA,
           // wgmma.fence); without it ptxas inserted one itself (its note C7519)
           wg_fence();
-          wg_rs(&acc[2 * i][0][0], e0, e1, e2, e3, dp);
-          wg_rs(&acc[2 * i + 1][0][0], o0, o1, o2, o3, dp);
-#else
-          acc[2 * i][0][0] += __uint_as_float(e0 ^ e1 ^ e2 ^ e3 ^ (unsigned)dp);
-          acc[2 * i + 1][0][0] += __uint_as_float(o0 ^ o1 ^ o2 ^ o3);
-#endif
+          wg_rs(&acc[2 * i][0][0], e[0], e[1], e[2], e[3], dp);
+          wg_rs(&acc[2 * i + 1][0][0], o[0], o[1], o[2], o[3], dp);
         }
       }
       wg_commit();
       wg_wait0();
+#endif
     }
     __syncthreads();
   }
@@ -784,7 +828,7 @@ def _wg_asm_defines(hp: int) -> str:
     return (f'#define WG_N "{hp}"\n#define WG_DREGS "{regs}"\n#define WG_DOUT {outs}\n'
             f'#define WG_DA "{nd}"\n#define WG_DB "{nd + 1}"\n#define WG_NA "{nd + 2}"\n'
             f'#define WG_R0 "{nd}"\n#define WG_R1 "{nd + 1}"\n#define WG_R2 "{nd + 2}"\n#define WG_R3 "{nd + 3}"\n'
-            f'#define WG_RB "{nd + 4}"\n')
+            f'#define WG_RB "{nd + 4}"\n#define WG_RNA "{nd + 5}"\n')
 
 
 def smem_bytes_wg(d: int, hp: int) -> int:
@@ -822,8 +866,9 @@ def _compiled(d: int, hp: int, defines: str = "") -> Any:
     """The kernel for width ``d`` and ``hp`` padded heads and its shared memory in bytes
     (``defines``: comma-separated macros of a diagnostic build, ``SKIP_SCORES`` or
     ``SKIP_OUTPUT``, or of a candidate, ``FRAGMENTS_AHEAD`` or ``BULK_COPY`` (sm_90); ``WGMMA``:
-    the sm_90a kernel, ``absorbed_wgmma``, with its diagnostic builds ``WG_SKIP_SCORES``,
-    ``WG_SKIP_OUTPUT`` and ``WG_SWAP``),
+    the sm_90a kernel, ``absorbed_wgmma``, with its candidate ``WG_PROMOTE`` (each block's output
+    products added in float32) and its diagnostic builds ``WG_SKIP_SCORES``, ``WG_SKIP_OUTPUT``
+    and ``WG_SWAP``),
     compiled once per GPU by NVRTC through PyTorch (``torch.cuda._compile_kernel``, a private API
     of PyTorch 2.8 and later: no other package needed). RuntimeError on a GPU older than sm_89
     (other than sm_90 for ``WGMMA``),
