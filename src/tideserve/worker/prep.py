@@ -25,6 +25,7 @@ import select
 import signal
 import threading
 import time
+import weakref
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import AuthenticationError
@@ -373,7 +374,8 @@ class PrepPool:
         self.stall_s = stall_s
         self._ctx = multiprocessing.get_context("forkserver")
         self._ctx.set_forkserver_preload(["tideserve.worker.prep"])
-        self._stalled: set[int] = set()  # id() of pools the watch ended
+        # the pools the watch ended (weakly held: an id() could be reused by a later pool)
+        self._stalled: weakref.WeakSet[ProcessPoolExecutor] = weakref.WeakSet()
         self._pool = self._new_pool()
         self.replaced = 0
         self._closed = threading.Event()
@@ -415,9 +417,9 @@ class PrepPool:
         while not self._closed.wait(HEARTBEAT_S):
             pool = self._pool
             why = self.stalled()
-            if why is None or id(pool) in self._stalled or pool is not self._pool:
+            if why is None or pool in self._stalled or pool is not self._pool:
                 continue
-            self._stalled.add(id(pool))
+            self._stalled.add(pool)
             log.error("%s, past local config prep_stall_s=%g: the prep processes are ended and replaced",
                       why, self.stall_s)
             for pid in list((getattr(pool, "_processes", None) or {}).keys()):
@@ -472,7 +474,7 @@ class PrepPool:
             # not cancel_futures: a broken pool fails its queued calls with BrokenProcessPool,
             # which their callers retry; a cancellation would read as the client going away
             pool.shutdown(wait=False)
-        if id(pool) in self._stalled:
+        if pool in self._stalled:
             raise PrepProcessDied(f"the audio decoding process stopped making progress on this request (local config "
                                   f"prep_stall_s={self.stall_s:g}) and was ended; retry", retry_after_s=1)
         raise PrepProcessDied("the audio decoding process died while preparing this request; retry, and if it "
