@@ -837,6 +837,7 @@ def smem_bytes_wg(d: int, hp: int) -> int:
     KB)."""
     return 2 * BLOCK_T * d + hp * d + 2 * hp * 68 * 4 + hp * 64 + (3 * hp + 2 * BLOCK_T + 8) * 4
 
+
 def smem_bytes(d: int, hp: int) -> int:
     """Shared memory of one program at width ``d`` and ``hp`` padded heads: two mbarriers (the
     ``BULK_COPY`` build's), E's two blocks, qa's FP8 copy, the score halves, P, and the per-head
