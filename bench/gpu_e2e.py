@@ -568,7 +568,8 @@ def main() -> int:
                  "language_id": a.language_id or None,
                  "prep_processes": a.prep_processes or "default",
                  "batch": a.batch, "hf_batch": a.hf_batch or a.batch, "concurrency": a.concurrency,
-                 "requests": a.requests, "kv_cache_dtype": a.kv_cache_dtype}
+                 "requests": a.requests, "kv_cache_dtype": a.kv_cache_dtype,
+                 "absorbed_build": os.environ.get("TIDESERVE_ABSORBED_BUILD") or "mma"}
     try:
         import torch
         res["device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"

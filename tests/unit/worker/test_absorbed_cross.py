@@ -129,3 +129,24 @@ def test_both_kernels_compile_for_their_gpus_at_whisper_widths(monkeypatch: pyte
         assert want_arch == ("90a" if "WGMMA" in defines else None)
         cubin, lowered = nvrtc_compile(src, kernel, compute_capability=arch or want_arch, nvcc_options=["--std=c++17"])
         assert lowered == kernel and len(cubin) > 10_000
+
+
+def test_the_served_build_is_chosen_by_its_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``TIDESERVE_ABSORBED_BUILD`` picks the kernel the served path runs, read once per device;
+    a value that is not a served build is refused with the values it takes."""
+    from tideserve.worker.backends.torch_whisper import cuda_kernels as ck
+
+    for value, want in ((None, ""), ("mma", ""), (" WGMMA ", "WGMMA"), ("WGMMA,WG_PROMOTE", "WGMMA,WG_PROMOTE")):
+        monkeypatch.setattr(ck, "_default_builds", {})
+        if value is None:
+            monkeypatch.delenv(ck.BUILD_ENV, raising=False)
+        else:
+            monkeypatch.setenv(ck.BUILD_ENV, value)
+        assert ck.default_build(0) == want
+    monkeypatch.setenv(ck.BUILD_ENV, "mma")
+    assert ck.default_build(0) == "WGMMA,WG_PROMOTE"  # read once: a later change does not move a running device
+    monkeypatch.setattr(ck, "_default_builds", {})
+    for bad in ("WG_SKIP_SCORES", "wgmma", "SKIP_OUTPUT"):  # diagnostics' output is meaningless; names are exact
+        monkeypatch.setenv(ck.BUILD_ENV, bad)
+        with pytest.raises(ValueError, match=r"TIDESERVE_ABSORBED_BUILD=.*one of mma, WGMMA or WGMMA,WG_PROMOTE"):
+            ck.default_build(1)

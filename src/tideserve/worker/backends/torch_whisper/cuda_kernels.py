@@ -55,11 +55,15 @@ memory; each of its two warp groups takes half the width.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
 
 E4M3_MAX = 448.0
+BUILD_ENV = "TIDESERVE_ABSORBED_BUILD"
+# the builds the served path may run: the mma.sync kernel (""), the warp-group kernel (sm_90)
+SERVED_BUILDS = ("", "WGMMA", "WGMMA,WG_PROMOTE")
 BLOCK_T = 64
 # E's and qa's rows in shared memory are D + 16 bytes apart (D a multiple of 64): the eight rows of
 # one ldmatrix then fall in eight distinct quads of banks
@@ -924,8 +928,26 @@ def _check(qa: torch.Tensor, e8: torch.Tensor, e_scale: torch.Tensor) -> None:
                          "of e8's first two sizes, on one device")
 
 
+_default_builds: dict[int, str] = {}
+
+
+def default_build(dev: int) -> str:
+    """The build ``absorbed_attend`` runs on CUDA device ``dev`` when not told: the one named by
+    the environment variable ``TIDESERVE_ABSORBED_BUILD`` (one of ``SERVED_BUILDS``: ``mma`` or
+    empty, ``WGMMA`` or ``WGMMA,WG_PROMOTE``), else the mma.sync kernel (``""``). Read once per
+    device. ValueError naming the accepted values for any other; RuntimeError (``_compiled``) at
+    the first launch if the build cannot run on that GPU."""
+    if dev not in _default_builds:
+        v = os.environ.get(BUILD_ENV, "").strip()
+        v = "" if v == "mma" else v
+        if v not in SERVED_BUILDS:
+            raise ValueError(f"{BUILD_ENV}={v!r}: use one of mma, WGMMA or WGMMA,WG_PROMOTE (or leave it unset)")
+        _default_builds[dev] = v
+    return _default_builds[dev]
+
+
 def absorbed_attend(qa: torch.Tensor, e8: torch.Tensor, e_scale: torch.Tensor, head_dim: int,
-                    split: int = 1, diagnostic: str = "") -> torch.Tensor:
+                    split: int = 1, diagnostic: str | None = None) -> torch.Tensor:
     """``qa [B, H, D]`` (bf16, each head's query times its key projection, ``q_h W_k,h``; its last
     dimension contiguous) over ``e8 [>=B, T, D]`` (float8_e4m3fn, contiguous; E's first B rows may
     be a view of a larger cache) with ``e_scale [>=B, T]`` (float32, contiguous, E ~= e8 *
@@ -934,9 +956,9 @@ def absorbed_attend(qa: torch.Tensor, e8: torch.Tensor, e_scale: torch.Tensor, h
     multiple of 64 up to 1280) and at most 24 heads; ``split`` parts of T per row, combined after.
     ValueError for other shapes, strides, dtypes or devices; static shapes and no host
     synchronisation (CUDA-graph safe once compiled: call it once before capture). On CPU tensors
-    it runs ``absorbed_attend_reference``. ``diagnostic``: another build (``_compiled``): a
-    candidate (``WGMMA``: the warp-group kernel, sm_90 only) or one with parts left out, whose
-    output is meaningless, for timing the rest."""
+    it runs ``absorbed_attend_reference``. ``diagnostic``: the build (``_compiled``; None:
+    ``default_build``): a candidate (``WGMMA``: the warp-group kernel, sm_90 only) or one with
+    parts left out, whose output is meaningless, for timing the rest."""
     _check(qa, e8, e_scale)
     if qa.device.type == "cpu":
         return absorbed_attend_reference(qa, e8, e_scale, head_dim)
@@ -958,8 +980,9 @@ def absorbed_attend(qa: torch.Tensor, e8: torch.Tensor, e_scale: torch.Tensor, h
         part = torch.empty((b, split, h, d + 2), dtype=torch.float32, device=qa.device)
         out = part
     with torch.cuda.device(qa.device):
+        build = default_build(torch.cuda.current_device()) if diagnostic is None else diagnostic
         _launch(d, hp, (b, split), [qa, e8, es, out, part, h, t, split, qa.stride(0), qa.stride(1),
-                                     head_dim ** -0.5 * 1.4426950408889634], diagnostic)
+                                     head_dim ** -0.5 * 1.4426950408889634], build)
     if split == 1:
         return out
     acc, m, denom = part[..., :d], part[..., d], part[..., d + 1]  # [B, S, H, D], [B, S, H], [B, S, H]
