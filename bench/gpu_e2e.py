@@ -176,7 +176,8 @@ def served(a, files: list[np.ndarray], tmp: Path) -> dict:
 kind: InferenceEndpoint
 metadata: {{name: e2e}}
 spec:
-  model: {{name: whisper, backend: torch, source: "file://{model}", kv_cache_dtype: {a.kv_cache_dtype}, decoding: {decoding}{lid}}}
+  model: {{name: whisper, backend: torch, source: "file://{model}", kv_cache_dtype: {a.kv_cache_dtype},
+          cross_attention: {a.cross_attention}, decoding: {decoding}{lid}}}
   batching: {{max_batch_size: {a.batch}, max_queue_delay_ms: 5}}
   pools:
     - {{name: gpu, accelerator: {accelerator}, target: {a.target}, replicas: {{min: 1, max: 1}}, max_concurrency: 4096}}
@@ -540,6 +541,9 @@ def main() -> int:
                     help="Hugging Face generate's and pipeline's batch size (default: --batch)")
     ap.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"),
                     help="the served endpoint's model.kv_cache_dtype, and the in-process engine's cache")
+    ap.add_argument("--cross-attention", default="kv", choices=("kv", "absorbed"),
+                    help="the served endpoint's model.cross_attention, and the in-process engine's (absorbed needs "
+                         "--kv-cache-dtype fp8)")
     ap.add_argument("--profile-requests", type=int, default=0,
                     help="after the rest, this many requests through the in-process engine under PyTorch's profiler: "
                          "kernel time by kind and kernel in OUT/engine_kernels.txt (slower than the unprofiled engine)")
@@ -568,7 +572,7 @@ def main() -> int:
                  "language_id": a.language_id or None,
                  "prep_processes": a.prep_processes or "default",
                  "batch": a.batch, "hf_batch": a.hf_batch or a.batch, "concurrency": a.concurrency,
-                 "requests": a.requests, "kv_cache_dtype": a.kv_cache_dtype,
+                 "requests": a.requests, "kv_cache_dtype": a.kv_cache_dtype, "cross_attention": a.cross_attention,
                  "absorbed_build": os.environ.get("TIDESERVE_ABSORBED_BUILD") or "mma"}
     try:
         import torch
@@ -590,7 +594,8 @@ def main() -> int:
         res["gpu_busy"] = best["gpu_busy"]
         save()
     if "engine" not in skip:
-        e = engine_inprocess(a, files, a.requests, cross_fp8=a.kv_cache_dtype == "fp8")
+        e = engine_inprocess(a, files, a.requests, cross_fp8=a.kv_cache_dtype == "fp8",
+                             cross_absorbed=a.cross_attention == "absorbed")
         res["engine"] = {k: v for k, v in e.items() if k != "texts"}
         engine_texts = e["texts"]
         res["rtfx_engine"] = e["rtfx"]

@@ -229,9 +229,23 @@ class ModelSpec(_Strict):
         "head, half the bytes (at large-v3 size most of a decoder step is reading them), torch backend on GPUs "
         "with FP8 conversion (sm89 and newer: L4, L40S, H100, H200) only; it also runs the decoder's "
         "self-attention on tideserve's own kernel. It can change a word: README, FP8.")
+    cross_attention: Literal["kv", "absorbed"] = Field(
+        "kv", description="What the decoder's cross-attention reads at every step: kv, each layer's keys and "
+        "values of the encoder's output (in kv_cache_dtype); absorbed (with kv_cache_dtype fp8, an experiment), one "
+        "FP8 copy of the encoder's output for every layer, each layer's key and value projections absorbed into "
+        "the query and the output (as DeepSeek-V2's latent attention), half the bytes of FP8 keys and values; "
+        "tideserve's CUDA kernel, which at large-v3 width needs the shared memory of an H100 or H200. README, "
+        "The served path (18) and (19).")
     language_id: LanguageId | None = Field(
         None, description="Identify the spoken language for an English-only model (a multilingual model "
         "identifies it itself); on either backend, the identifier running where the model runs.")
+
+    @model_validator(mode="after")
+    def _absorbed_needs_fp8(self) -> ModelSpec:
+        if self.cross_attention == "absorbed" and self.kv_cache_dtype != "fp8":
+            raise ValueError("model.cross_attention absorbed keeps the encoder's output in FP8: set "
+                             "model.kv_cache_dtype: fp8 too, or cross_attention: kv")
+        return self
 
     @model_validator(mode="after")
     def _distinct_aliases(self) -> ModelSpec:

@@ -849,6 +849,8 @@ class EngineConfig:
     background_nice: int = 0
     #: ``model.kv_cache_dtype``: ``fp8`` keeps the torch backend's cross-attention keys and values in FP8.
     kv_cache_dtype: str = "auto"
+    #: ``model.cross_attention``: ``absorbed`` reads one FP8 copy of the encoder's output (torch backend).
+    cross_attention: str = "kv"
     model_name: str = ""  # the endpoint's model name (in error messages)
 
 
@@ -873,7 +875,8 @@ def engine_main(inbox: Any, outbox: Any, config: EngineConfig) -> None:
         backend = backend_class(config.backend)(
             config.model_dir, config.target, config.decoding, cpu_threads=config.cpu_threads,
             max_batch_size=config.max_batch_size, instances=config.instances, language_id=config.language_id,
-            background_nice=config.background_nice, **({"cross_fp8": True} if config.kv_cache_dtype == "fp8" else {}))
+            background_nice=config.background_nice, **({"cross_fp8": True} if config.kv_cache_dtype == "fp8" else {}),
+            **({"cross_absorbed": True} if config.cross_attention == "absorbed" else {}))
     except BaseException as exc:
         emit(("failed", type(exc).__name__, str(exc) or traceback.format_exc(limit=3)))
         if handoff is not None:

@@ -1,6 +1,7 @@
 """``model.kv_cache_dtype``: fp8 is accepted only for the torch backend on pools whose GPUs convert
 FP8 in hardware (sm89 and newer), with an error naming the pool and the fix otherwise; the
-worker's engine then builds the torch backend with FP8 cross-attention keys and values."""
+worker's engine then builds the torch backend with FP8 cross-attention keys and values.
+``model.cross_attention: absorbed`` needs fp8 and builds it over one FP8 copy of the encoder's output."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from pydantic import ValidationError
 from tideserve.spec.models import EndpointSpec
 
 
-def _spec(backend: str, pools: list[tuple[str, str]], kv: str) -> EndpointSpec:
+def _spec(backend: str, pools: list[tuple[str, str]], kv: str, cross: str = "kv") -> EndpointSpec:
     return EndpointSpec.model_validate({
         "model": {"name": "m", "backend": backend, "source": "file:///models/m", "kv_cache_dtype": kv,
-                  "decoding": {"beam_size": 1}},
+                  "cross_attention": cross, "decoding": {"beam_size": 1}},
         "pools": [{"name": f"p{i}", "accelerator": acc, "target": target} for i, (acc, target) in enumerate(pools)]})
 
 
@@ -40,8 +41,19 @@ def test_an_unknown_kv_cache_dtype_is_refused():
         _spec("torch", [("h200", "cuda-sm90-bf16")], "int8")
 
 
-@pytest.mark.parametrize(("kv", "want"), [("fp8", {"cross_fp8": True}), ("auto", {})])
-def test_the_engine_builds_the_backend_with_the_cache_dtype(monkeypatch, kv, want):
+def test_the_absorbed_cross_attention_needs_fp8_and_says_so():
+    assert _spec("torch", [("h100", "cuda-sm90-bf16")], "fp8", "absorbed").model.cross_attention == "absorbed"
+    assert _spec("torch", [("h100", "cuda-sm90-bf16")], "fp8").model.cross_attention == "kv"
+    with pytest.raises(ValidationError, match=r"cross_attention absorbed keeps the encoder's output in FP8: set "
+                                              r"model.kv_cache_dtype: fp8 too"):
+        _spec("torch", [("h100", "cuda-sm90-bf16")], "auto", "absorbed")
+    with pytest.raises(ValidationError, match="cross_attention"):
+        _spec("torch", [("h100", "cuda-sm90-bf16")], "fp8", "latent")
+
+
+@pytest.mark.parametrize(("kv", "cross", "want"), [("fp8", "kv", {"cross_fp8": True}), ("auto", "kv", {}),
+                                                   ("fp8", "absorbed", {"cross_fp8": True, "cross_absorbed": True})])
+def test_the_engine_builds_the_backend_with_the_cache_dtype(monkeypatch, kv, cross, want):
     from tideserve.spec.models import Decoding, Target
     from tideserve.worker import backends
     from tideserve.worker.engine import EngineConfig, engine_main
@@ -64,6 +76,6 @@ def test_the_engine_builds_the_backend_with_the_cache_dtype(monkeypatch, kv, wan
     out = Outbox()
     engine_main(None, out, EngineConfig(backend="torch", model_dir="/nowhere", target=Target.parse("cuda-sm90-bf16"),
                                         decoding=Decoding(beam_size=1), max_batch_size=8, max_queue_delay_s=0.0,
-                                        kv_cache_dtype=kv))
-    assert [k for k in ("cross_fp8",) if k in seen[0]] == list(want) and all(seen[0][k] == v for k, v in want.items())
+                                        kv_cache_dtype=kv, cross_attention=cross))
+    assert {k: seen[0][k] for k in ("cross_fp8", "cross_absorbed") if k in seen[0]} == want
     assert out.sent == [("failed", "RuntimeError", "no model here")]

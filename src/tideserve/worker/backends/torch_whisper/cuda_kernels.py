@@ -891,7 +891,7 @@ def _compiled(d: int, hp: int, defines: str = "") -> Any:
         limit = getattr(torch.cuda.get_device_properties(dev), "shared_memory_per_block_optin", 0)
         if need > limit:
             raise RuntimeError(f"the absorbed cross-attention kernel needs {need} bytes of shared memory "
-                               f"a block at width {d}; this GPU (sm_{major}{minor}) gives {limit}: leave cross_absorbed off")
+                               f"a block at width {d}; this GPU (sm_{major}{minor}) gives {limit}: set model.cross_attention: kv")
         compile_kernel = getattr(torch.cuda, "_compile_kernel", None)
         if compile_kernel is None:
             raise RuntimeError(f"the absorbed cross-attention kernel needs PyTorch 2.8 or later (torch.cuda._compile_kernel); "
