@@ -51,7 +51,36 @@ def _check_one(b: int, h: int, t: int, d: int, build: str, splits: tuple[int, ..
             print(f"width {d}, {t} positions, {name}, split {split}: against float32 max err / max {err:.5f}, cosine {cos:.6f}; "
                   f"against absorbed_attend_reference {err_m:.5f}", flush=True)
             worst = max(worst, err_m if err_m == err_m else float("inf"))  # NaN counts as the worst
+            if not err_m <= 0.05:
+                print("  " + where_wrong(u, mirror), flush=True)
     return worst
+
+
+def where_wrong(u: torch.Tensor, ref: torch.Tensor, limit: float = 0.05) -> str:
+    """Where ``u [B, H, D]`` differs from ``ref`` by more than ``limit`` of ref's largest value: the
+    rows, heads and groups of 32 columns (an output tile's width; the warp-group kernel gives each of
+    its two warp groups half the groups) with such a difference, and the share of wrong values;
+    for localising a wrong build in one device call. E.g. ``rows [0, 1], heads [8..15] of 20, col
+    groups [0..19] of 40, 20.0% of values``."""
+    bad = (u - ref).abs() > limit * ref.abs().max()              # [B, H, D]
+    bad = bad | ~torch.isfinite(u)
+
+    def spans(idx: list[int]) -> str:
+        out, start = [], None
+        for i, k in enumerate(idx):
+            if start is None:
+                start = k
+            if i + 1 == len(idx) or idx[i + 1] != k + 1:
+                out.append(f"{start}" if start == k else f"{start}..{k}")
+                start = None
+        return "[" + ", ".join(out) + "]"
+
+    b, h, d = bad.shape
+    rows = bad.flatten(1).any(dim=1).nonzero().flatten().tolist()
+    heads = bad.any(dim=2).any(dim=0).nonzero().flatten().tolist()
+    groups = bad.reshape(b, h, d // 32, 32).any(dim=3).any(dim=1).any(dim=0).nonzero().flatten().tolist()
+    return (f"rows {spans(rows)} of {b}, heads {spans(heads)} of {h}, col groups {spans(groups)} of {d // 32}, "
+            f"{100.0 * bad.float().mean().item():.1f}% of values")
 
 
 if __name__ == "__main__":

@@ -150,3 +150,19 @@ def test_the_served_build_is_chosen_by_its_environment_variable(monkeypatch: pyt
         monkeypatch.setenv(ck.BUILD_ENV, bad)
         with pytest.raises(ValueError, match=r"TIDESERVE_ABSORBED_BUILD=.*one of mma, WGMMA or WGMMA,WG_PROMOTE"):
             ck.default_build(1)
+
+
+def test_the_gpu_check_names_where_a_build_is_wrong() -> None:
+    """``bench/absorbed_mma.py`` localises a wrong build (rows, heads, groups of 32 columns) so that
+    one device call says which part of the kernel to read; a NaN counts as wrong."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
+    from absorbed_mma import where_wrong
+
+    ref = torch.randn(2, 20, 1280, generator=torch.Generator().manual_seed(0))
+    u = ref.clone()
+    u[1, 8:16, 640:] += 10.0  # the second warp group's half, heads 8-15, row 1
+    u[0, 3, 5] = float("nan")
+    assert where_wrong(u, ref) == "rows [0..1] of 2, heads [3, 8..15] of 20, col groups [0, 20..39] of 40, 10.0% of values"
+    assert where_wrong(ref.clone(), ref).startswith("rows [] of 2, heads [] of 20, col groups [] of 40, 0.0%")
