@@ -178,7 +178,7 @@ metadata: {{name: e2e}}
 spec:
   model: {{name: whisper, backend: torch, source: "file://{model}", kv_cache_dtype: {a.kv_cache_dtype},
           cross_attention: {a.cross_attention}, decoding: {decoding}{lid}}}
-  batching: {{max_batch_size: {a.batch}, max_queue_delay_ms: 5}}
+  batching: {{max_batch_size: {a.batch}, max_queue_delay_ms: 5, encode_ahead: {a.encode_ahead}}}
   pools:
     - {{name: gpu, accelerator: {accelerator}, target: {a.target}, replicas: {{min: 1, max: 1}}, max_concurrency: 4096}}
   autoscaling: {{target: 100000}}
@@ -273,14 +273,16 @@ def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: 
                      attention: str | None = None, compile_encoder: bool | None = None,
                      compile_decoder: bool | None = None, profile_to: Path | None = None,
                      weights_fp8: bool = False, encoder_gelu_epilogue: bool | None = None,
-                     cross_absorbed: bool = False) -> dict:
+                     cross_absorbed: bool = False, encode_ahead: int = 0) -> dict:
     """All ``n_requests`` (file k % len(files)) submitted at once to an EngineLoop over the backend.
     ``profile_to``: the timed part runs under PyTorch's profiler (CUDA kernels only) and its
     kernel time by kind and by kernel goes to that file (``kernel_table``); the profiler slows the
     run, so its figures are not the engine's speed.
     ``capture_all``: capture every (batch bucket, span) CUDA graph first, so that a long row's
     one-time graph captures (a replica pays them once in its life) are not timed as its
-    steady-state head-of-line cost."""
+    steady-state head-of-line cost.
+    ``encode_ahead``: that many queued windows encoded while the rows decode, on a stream of their
+    own (``EngineLoop(encode_ahead=...)``, ``TorchWhisperBackend(overlap_encoder=True)``); 0: off."""
     import torch
 
     from tideserve.spec.models import Decoding, Target
@@ -301,7 +303,7 @@ def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: 
     backend = TorchWhisperBackend(Path(a.model_dir), Target.parse(a.target), decoding, max_batch_size=batch,
                                   encoder_graphs=encoder_graphs, cross_fp8=cross_fp8, compile_encoder=compile_encoder,
                                   compile_decoder=compile_decoder, encoder_gelu_epilogue=encoder_gelu_epilogue,
-                                  cross_absorbed=cross_absorbed,
+                                  cross_absorbed=cross_absorbed, overlap_encoder=encode_ahead > 0,
                                   **({} if attention is None else {"attention": attention}),
                                   **({} if run_ahead is None else {"run_ahead": run_ahead}))
     if weights_fp8:  # after load: a model compiled at load (large-v3) compiles again on first use
@@ -326,7 +328,8 @@ def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: 
             if len(texts[msg[1]]) == len(prepared[msg[1] % len(files)].cuts) or msg[1] < 0:
                 done[msg[1]] = time.perf_counter()
 
-    loop = EngineLoop(backend, decoding, batch, 0.005, emit, **({"chunk_steps": chunk_steps} if chunk_steps else {}))
+    loop = EngineLoop(backend, decoding, batch, 0.005, emit, encode_ahead=encode_ahead,
+                      **({"chunk_steps": chunk_steps} if chunk_steps else {}))
     steps = loop.chunk_steps or ("paced" if backend.decoder.paced else loop.steps_per_round())
     # Warm-up (CUDA graph captures).
     for k in range(len(files) * min(a.warmup, 4)):
@@ -375,7 +378,7 @@ def engine_inprocess(a, files: list[np.ndarray], n_requests: int, loop_request: 
         torch.cuda.empty_cache()
     return {"requests": n_requests, "batch": batch, "chunk_steps": steps,
             "encoder_graphs": graphed, "run_ahead": ahead, "pace_by_bucket": pace, "cross_fp8": cross_fp8,
-            "cross_absorbed": cross_absorbed,
+            "cross_absorbed": cross_absorbed, "encode_ahead": encode_ahead,
             "attention": attention, "compiled_encoder": compiled, "compiled_step": step_compiled,
             "weights_fp8": weights_fp8, "encoder_gelu_epilogue": encoder_gelu, "wall_s": wall,
             # where the wall went, from the engine's own counters: windows per encoder pass, rows
@@ -541,6 +544,8 @@ def main() -> int:
                     help="Hugging Face generate's and pipeline's batch size (default: --batch)")
     ap.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"),
                     help="the served endpoint's model.kv_cache_dtype, and the in-process engine's cache")
+    ap.add_argument("--encode-ahead", type=int, default=0,
+                    help="the served endpoint's batching.encode_ahead, and the in-process engine's (0: off)")
     ap.add_argument("--cross-attention", default="kv", choices=("kv", "absorbed"),
                     help="the served endpoint's model.cross_attention, and the in-process engine's (absorbed needs "
                          "--kv-cache-dtype fp8)")
@@ -553,14 +558,17 @@ def main() -> int:
                          "(after the engine, as before 2026-12-06), to compare the two on one machine")
     ap.add_argument("--engine-sweep", default="",
                     help="comma list of BATCHxCHUNK_STEPS[:nograph][:aheadN][:fp8][:fp8w][:triton|:sdpa][:nocompile]"
-                         "[:stepcompile|:nostepcompile][:nogelu] for extra in-process engine runs (CHUNK_STEPS 0: the "
+                         "[:stepcompile|:nostepcompile][:nogelu][:absorbed][:overlapN] for extra in-process engine runs "
+                         "(CHUNK_STEPS 0: the "
                          "backend's paced chunk; nograph: no encoder CUDA graphs; nogelu: the encoder's GELU a kernel of its "
                          "own, not in fc1's epilogue; "
                          "aheadN: N run-ahead decoder steps, else paced by the step time (decode_pace); "
                          "fp8: cross-attention keys and values in FP8; fp8w: the layers' matrix products in FP8 "
                          "(bench/fp8_linear.py, applied after load); triton / sdpa: the step's attention kernels, "
                          "else the backend's default; nocompile: the encoder eager where the backend would compile it; "
-                         "stepcompile / nostepcompile: the decoder step compiled or not, else the backend's default)")
+                         "stepcompile / nostepcompile: the decoder step compiled or not, else the backend's default; "
+                         "absorbed: the absorbed cross-attention (with fp8); overlapN: N queued windows encoded while "
+                         "the rows decode, on a CUDA stream of their own (overlap alone: BATCH))")
     a = ap.parse_args()
     a.concurrency = [int(c) for c in a.concurrency.split(",")]
     skip = set(filter(None, a.skip.split(",")))
@@ -573,6 +581,7 @@ def main() -> int:
                  "prep_processes": a.prep_processes or "default",
                  "batch": a.batch, "hf_batch": a.hf_batch or a.batch, "concurrency": a.concurrency,
                  "requests": a.requests, "kv_cache_dtype": a.kv_cache_dtype, "cross_attention": a.cross_attention,
+                 "encode_ahead": a.encode_ahead,
                  "absorbed_build": os.environ.get("TIDESERVE_ABSORBED_BUILD") or "mma"}
     try:
         import torch
@@ -595,7 +604,7 @@ def main() -> int:
         save()
     if "engine" not in skip:
         e = engine_inprocess(a, files, a.requests, cross_fp8=a.kv_cache_dtype == "fp8",
-                             cross_absorbed=a.cross_attention == "absorbed")
+                             cross_absorbed=a.cross_attention == "absorbed", encode_ahead=a.encode_ahead)
         res["engine"] = {k: v for k, v in e.items() if k != "texts"}
         engine_texts = e["texts"]
         res["rtfx_engine"] = e["rtfx"]
@@ -628,6 +637,8 @@ def main() -> int:
             size, *flags = cfg.split(":")
             b, c = (int(x) for x in size.split("x"))
             ahead = [int(f[len("ahead"):]) for f in flags if f.startswith("ahead")]
+            # overlapN: N queued windows encoded while the rows decode (overlap alone: the batch)
+            overlap = [int(f[len("overlap"):] or b) for f in flags if f.startswith("overlap")]
             e = engine_inprocess(a, files, a.requests, batch=b, chunk_steps=c,
                                  encoder_graphs=False if "nograph" in flags else None,
                                  run_ahead=ahead[-1] if ahead else None, cross_fp8="fp8" in flags,
@@ -636,7 +647,7 @@ def main() -> int:
                                  compile_decoder=False if "nostepcompile" in flags else
                                  True if "stepcompile" in flags else None, weights_fp8="fp8w" in flags,
                                  encoder_gelu_epilogue=False if "nogelu" in flags else None,
-                                 cross_absorbed="absorbed" in flags)
+                                 cross_absorbed="absorbed" in flags, encode_ahead=overlap[-1] if overlap else 0)
             res["engine_sweep"].append({k: v for k, v in e.items() if k != "texts"})
             if "engine" not in skip:  # the same requests' text against the default engine's (word error rate)
                 res["engine_sweep"][-1]["wer_vs_engine"] = statistics.mean(

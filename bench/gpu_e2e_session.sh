@@ -7,7 +7,8 @@
 # clips. Results land in $OUT. Env: CONC, REQS, BATCH (gpu_e2e.py's --concurrency, --requests,
 # --batch); SKIP: its --skip; SWEEP: extra in-process engine runs, gpu_e2e.py's --engine-sweep;
 # KV (large-v3): the served model's kv_cache_dtype (auto or fp8); CROSS (large-v3): its cross_attention
-# (kv or absorbed, with KV=fp8; TIDESERVE_ABSORBED_BUILD picks the kernel); HF_BATCH: Hugging Face's batch (default BATCH);
+# (kv or absorbed, with KV=fp8; TIDESERVE_ABSORBED_BUILD picks the kernel); AHEAD (large-v3): its
+# batching.encode_ahead (windows encoded while the rows decode; 0: off); HF_BATCH: Hugging Face's batch (default BATCH);
 # PROFILE: that many requests through the engine under PyTorch's profiler (gpu_e2e.py's --profile-requests).
 source bench/gpu_setup.sh
 nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv,noheader
@@ -30,7 +31,8 @@ large-v3)
     --out /tmp/large-v3-random >/dev/null
   timeout 540 python3 bench/gpu_e2e.py --model-dir /tmp/large-v3-random --clips .devdata/clips --out "$OUT" \
     --fixed-tokens 100 --concurrency "${CONC:-64,256}" --requests "${REQS:-2000}" --skip "${SKIP:-pipeline,hol}" \
-    --batch "${BATCH:-64}" ${HF_BATCH:+--hf-batch "$HF_BATCH"} --kv-cache-dtype "${KV:-auto}" --cross-attention "${CROSS:-kv}" ${SWEEP:+--engine-sweep "$SWEEP"} ${PROFILE:+--profile-requests "$PROFILE"} 2>&1 \
+    --batch "${BATCH:-64}" ${HF_BATCH:+--hf-batch "$HF_BATCH"} --kv-cache-dtype "${KV:-auto}" --cross-attention "${CROSS:-kv}" \
+    --encode-ahead "${AHEAD:-0}" ${SWEEP:+--engine-sweep "$SWEEP"} ${PROFILE:+--profile-requests "$PROFILE"} 2>&1 \
     | grep -v "^\[transformers\]\|Warning\|warn("
   mv "$OUT/gpu_e2e.json" "$OUT/gpu_e2e_large_v3.json"
   tail -20 /tmp/gpu_e2e/up.log > "$OUT/up_tail.log" 2>/dev/null

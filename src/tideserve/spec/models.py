@@ -293,6 +293,14 @@ class Batching(_Strict):
         "first while a long file is transcribed. The faster-whisper backend then loads a second copy of the "
         "weights for that lane. 0: no lane, one copy, every batch at the same priority.",
     )
+    encode_ahead: int = Field(
+        0, ge=0, le=512, strict=True, description="Continuous batching (torch backend): how many queued windows "
+        "are encoded while the rows decode (on a GPU on a CUDA stream of their own, below the decoder's in "
+        "priority), so that admitting them is only filling the decoder's cache; an admission takes those first. "
+        "0 (default): each admission encodes its windows, and every row's steps wait for it. Holds the encoder "
+        "output of that many windows (1500 x d_model x 2 bytes each: 3.8 MB at large-v3). An experiment: "
+        "README, The served path (21).",
+    )
 
 
 class Replicas(_Strict):
@@ -474,6 +482,11 @@ class EndpointSpec(_Strict):
 
     @model_validator(mode="after")
     def _targets_fit_backend(self) -> EndpointSpec:
+        if self.batching.encode_ahead and self.model.backend != "torch":
+            raise ValueError(
+                f"batching.encode_ahead {self.batching.encode_ahead} needs continuous batching (model.backend: "
+                f"torch); {self.model.backend} batches statically: set it to 0"
+            )
         for p in self.pools:
             t = Target.parse(p.target)
             if self.model.backend == "faster-whisper" and t.device == "cuda":

@@ -196,12 +196,15 @@ class _Part:
     #: segment is longer than one window: decoded next, from the seek point, as the windows of
     #: openai/whisper's ``transcribe`` follow one another. Empty otherwise.
     after: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int16))
+    #: Its window's encoder output made before admission (the backend's ``encode_ahead``), or None.
+    ahead: Any = field(default=None, repr=False, compare=False)
 
     def successor(self, samples: np.ndarray, offset_s: float, temperature: float, now: float, **changes: Any) -> _Part:
         """The next part of this segment: ``samples`` from ``offset_s``, queued at ``now``, with
         no attempts yet; other fields as here unless ``changes`` names them."""
         changes.setdefault("after_seek", False)
         changes.setdefault("resume", None)
+        changes.setdefault("ahead", None)
         return replace(self, samples=samples, offset_s=offset_s, temperature=temperature, enqueued_s=now,
                        attempts=[], compute_s=0.0, parts_so_far=self.parts_so_far + 1, identify=False, **changes)
 
@@ -219,7 +222,8 @@ class _Part:
     def task(self) -> WindowTask:
         o = self.options
         return WindowTask(self.samples, self.offset_s, o.prompt, o.language, o.timestamps, self.temperature, o.task,
-                          o.words, identify_language=self.identify, resume=self.resume, previous=self.context)
+                          o.words, identify_language=self.identify, resume=self.resume, previous=self.context,
+                          ahead=self.ahead)
 
     def fresh_rest(self, from_s: float, temperature: float, now: float, context: tuple[PreviousText, ...]) -> _Part:
         """This window's audio from ``from_s`` (seconds from ``samples``' start) as a part of its
@@ -310,15 +314,21 @@ class EngineLoop:
     Continuous backends: ``chunk_steps`` decoder steps run per round (``steps_per_round``;
     None: the backend's own, else ``DEFAULT_CHUNK_STEPS``); a chunk given here leaves the
     backend's own run-ahead as it is (the torch backend's is paced by its step time).
+    ``encode_ahead``: with a continuous backend that has ``encode_ahead``, up to that many queued
+    windows are encoded while the rows decode (each round after its chunk is queued, the ones the
+    next admissions would take, in the same round-robin), and an admission takes those first;
+    0 (the default): each admission encodes its windows (see ``_run_continuous``).
     """
 
     def __init__(self, backend: Any, decoding: Decoding, max_batch_size: int, max_queue_delay_s: float,
                  emit: Emit, clock: Callable[[], float] = time.monotonic, chunk_steps: int | None = None,
                  instances: int = 1, start: Starter | None = None, wake: Callable[[], None] = lambda: None,
                  language_id: LanguageIdConfig | None = None, model_name: str = "",
-                 background_nice: int = 0, stretch_s: float | None = None) -> None:
+                 background_nice: int = 0, stretch_s: float | None = None, encode_ahead: int = 0) -> None:
         if instances < 1:
             raise ValueError(f"instances {instances} must be >= 1")
+        if encode_ahead < 0:
+            raise ValueError(f"encode_ahead {encode_ahead} must be >= 0 (windows; 0: off)")
         self.backend = backend
         self.decoding = decoding
         self.max_batch_size = max_batch_size
@@ -333,6 +343,7 @@ class EngineLoop:
         self.model_name = model_name
         self._languages = frozenset(getattr(backend, "languages", ()))
         self.continuous = all(hasattr(backend, a) for a in ("admit", "run", "finished", "release"))
+        self.encode_ahead = encode_ahead if self.continuous and hasattr(backend, "encode_ahead") else 0
         self.queue: collections.deque[_Part] = collections.deque()
         self._unordered: set[int] = set()  # requests with a follow-up queued since the last cut
         self.requests: dict[int, _Request] = {}
@@ -610,13 +621,15 @@ class EngineLoop:
         admission and the chunk without waiting for the device and the round waits once (in
         ``finished``). A window admitted here is stepped in this round's chunk: admitting after
         the chunk instead (to overlap the admission's host work with it) left each freed slot
-        empty for a chunk, ~1/6 of a typical window's life."""
+        empty for a chunk, ~1/6 of a typical window's life. With ``encode_ahead`` the windows
+        the next admissions would take are encoded once the chunk is queued (``_encode_ahead``;
+        on the torch backend's own stream, beside the chunk), and an admission of those is only
+        the decoder's cache fill."""
         b = self.backend
         worked = False
         free = b.free_slots
         if self.queue and free > 0:
-            cut = round_robin(self._queued_items(), min(free, self.max_batch_size))
-            parts = self._take(cut)
+            parts = self._take(self._admission_cut(min(free, self.max_batch_size)))
             try:
                 handles, timings = b.admit([p.task() for p in parts])
             except Exception as exc:
@@ -628,12 +641,14 @@ class EngineLoop:
                         self._fail(p.rid, one)
                         continue
                     self.active[h] = p
+                    p.ahead = None  # admitted: its encoder output is in the decoder's cache now
                     self._charge([p], t.total_s)
                     self.stats.executions += 1
                 log.debug("batched admit failed (%s); admitted one by one", exc)
             else:
                 for h, p in zip(handles, parts, strict=True):
                     self.active[h] = p
+                    p.ahead = None  # admitted: its encoder output is in the decoder's cache now
                 self._charge(parts, timings.total_s)
                 self.stats.executions += 1
                 self.stats.features_s += timings.input_s
@@ -644,11 +659,12 @@ class EngineLoop:
             rows = len(self.active)
             t0 = self.clock()
             b.run(self.steps_per_round())
+            ahead_s = self._encode_ahead() if self.encode_ahead else 0.0  # queued beside the chunk
             done, detok_s = b.finished()
             elapsed = self.clock() - t0
             self.stats.chunks += 1
             self.stats.rows_stepped += rows
-            self.stats.decode_s += max(0.0, elapsed - detok_s)
+            self.stats.decode_s += max(0.0, elapsed - detok_s - ahead_s)
             self.stats.detokenize_s += detok_s
             self._charge(list(self.active.values()), elapsed)
             for h, r in done:
@@ -657,6 +673,40 @@ class EngineLoop:
                     self._on_result(finished, r)
             worked = True
         return worked
+
+    def _admission_cut(self, n: int) -> tuple[int, ...]:
+        """Up to ``n`` queue indices to admit: the windows encoded ahead first (in the order they
+        were encoded), then the round-robin (``batching.round_robin``) over the others."""
+        items = self._queued_items()  # may reorder the queue: indices are read after it
+        ahead = [i for i, p in enumerate(self.queue) if p.ahead is not None][:n]
+        if not ahead:
+            return round_robin(items, n)
+        rest = [i for i, p in enumerate(self.queue) if p.ahead is None]
+        more = round_robin([items[i] for i in rest], n - len(ahead)) if len(ahead) < n and rest else ()
+        return tuple(ahead) + tuple(rest[j] for j in more)
+
+    def _encode_ahead(self) -> float:
+        """Encode the queued windows the next admissions would take (their round-robin) until
+        ``encode_ahead`` wait encoded; returns the host seconds it took. A failure is left to the
+        admission, which encodes those windows itself and reports what fails."""
+        room = self.encode_ahead - sum(p.ahead is not None for p in self.queue)
+        if room <= 0 or all(p.ahead is not None for p in self.queue):
+            return 0.0
+        t0 = self.clock()
+        items = self._queued_items()
+        rest = [i for i, p in enumerate(self.queue) if p.ahead is None]
+        parts = [self.queue[rest[j]] for j in round_robin([items[i] for i in rest], room)]
+        try:
+            handles, timings = self.backend.encode_ahead([p.task() for p in parts])
+        except Exception as exc:
+            log.debug("encode_ahead of %d windows failed (%s); their admission encodes them", len(parts), exc)
+            return self.clock() - t0
+        for p, h in zip(parts, handles, strict=True):
+            p.ahead = h
+        self.stats.features_s += timings.input_s
+        self.stats.encoder_s += timings.infer_s
+        self._charge(parts, timings.total_s)
+        return self.clock() - t0
 
     def steps_per_round(self) -> int:
         """Decoder steps in this round's chunk: ``chunk_steps`` when given, else the backend's
@@ -851,6 +901,8 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"
     #: ``model.cross_attention``: ``absorbed`` reads one FP8 copy of the encoder's output (torch backend).
     cross_attention: str = "kv"
+    #: ``batching.encode_ahead``: queued windows encoded while the rows decode (torch backend; 0: off).
+    encode_ahead: int = 0
     model_name: str = ""  # the endpoint's model name (in error messages)
 
 
@@ -876,7 +928,8 @@ def engine_main(inbox: Any, outbox: Any, config: EngineConfig) -> None:
             config.model_dir, config.target, config.decoding, cpu_threads=config.cpu_threads,
             max_batch_size=config.max_batch_size, instances=config.instances, language_id=config.language_id,
             background_nice=config.background_nice, **({"cross_fp8": True} if config.kv_cache_dtype == "fp8" else {}),
-            **({"cross_absorbed": True} if config.cross_attention == "absorbed" else {}))
+            **({"cross_absorbed": True} if config.cross_attention == "absorbed" else {}),
+            **({"overlap_encoder": True} if config.encode_ahead else {}))
     except BaseException as exc:
         emit(("failed", type(exc).__name__, str(exc) or traceback.format_exc(limit=3)))
         if handoff is not None:
@@ -887,7 +940,7 @@ def engine_main(inbox: Any, outbox: Any, config: EngineConfig) -> None:
     loop = EngineLoop(backend, config.decoding, config.max_batch_size, config.max_queue_delay_s, emit,
                       chunk_steps=config.chunk_steps, instances=config.instances, language_id=config.language_id,
                       model_name=config.model_name, background_nice=config.background_nice,
-                      wake=lambda: messages.put(("wake",)))
+                      encode_ahead=config.encode_ahead, wake=lambda: messages.put(("wake",)))
 
     def receive() -> None:
         # recv() blocks in a syscall without the interpreter lock; unpickling the int16 PCM is a copy.

@@ -87,7 +87,8 @@ async def serve(args: argparse.Namespace, phases: dict[str, float]) -> int:
         max_batch_size=spec.batching.max_batch_size, max_queue_delay_s=spec.batching.max_queue_delay_ms / 1000.0,
         cpu_threads=threads, instances=spec.batching.instances or default_instances(), language_id=language_id,
         model_name=spec.model.name, background_nice=spec.batching.background_nice,
-        kv_cache_dtype=spec.model.kv_cache_dtype, cross_attention=spec.model.cross_attention),
+        kv_cache_dtype=spec.model.kv_cache_dtype, cross_attention=spec.model.cross_attention,
+        encode_ahead=spec.batching.encode_ahead),
         on_stats=metrics.on_engine_stats)
     loop = asyncio.get_running_loop()
 

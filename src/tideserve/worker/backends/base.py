@@ -56,6 +56,9 @@ class WindowTask:
     #: prompt reset, in audio order, put after ``prompt`` in the decoder's previous-text prompt
     #: (``whisper_text.previous_tokens``; ``longform.conditioning_context``).
     previous: tuple[PreviousText, ...] = ()
+    #: This window's encoder output computed before its admission by a continuous backend's
+    #: ``encode_ahead`` (backend-private), or None: the admission encodes it.
+    ahead: Any = field(default=None, repr=False, compare=False)
 
     @property
     def duration_s(self) -> float:

@@ -15,6 +15,7 @@ backend refuses ``beam_size`` > 1 with a clear error.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
@@ -128,7 +129,13 @@ class TorchWhisperBackend:
     the tanh-approximate GELU); default on where the encoder is compiled, off otherwise.
     ``cross_absorbed`` (with ``cross_fp8``): the cross-attention reads one FP8 copy of the
     encoder's output with each layer's projections absorbed (``cuda_kernels``), not FP8 keys and
-    values; an experiment, off by default.
+    values; an experiment, off by default. ``overlap_encoder``: on a GPU every encoder pass (with
+    its features) runs on a CUDA stream of its own at the lowest priority and the decoder's work
+    on a stream of a higher one, so that windows encoded before their admission (``encode_ahead``,
+    which ``EngineLoop(encode_ahead=N)`` drives) are encoded while the rows decode, the decoder's
+    kernels taking the multiprocessors first as they free up, where otherwise each admission's
+    encoder pass stops every row's steps; an experiment, off by default (README, The served path
+    (21)). On the CPU it changes nothing.
     """
 
     def __init__(self, model_dir: Path, target: Target, decoding: Decoding, cpu_threads: int = 0,
@@ -137,9 +144,14 @@ class TorchWhisperBackend:
                  language_id: LanguageIdConfig | None = None, background_nice: int = 0,
                  cross_fp8: bool = False, attention: str | None = None,
                  compile_encoder: bool | None = None, compile_decoder: bool | None = None,
-                 encoder_gelu_epilogue: bool | None = None, cross_absorbed: bool = False) -> None:
+                 encoder_gelu_epilogue: bool | None = None, cross_absorbed: bool = False,
+                 overlap_encoder: bool = False) -> None:
         del instances, background_nice  # continuous batching: one decode loop holds every slot
         self.device = _device_for(target)
+        # (the encoder's stream, the decoder's) with overlap_encoder on a GPU; lower numbers are
+        # higher priorities, 0 the lowest and the default stream's (CUDA runtime API, stream priorities)
+        self._streams = (torch.cuda.Stream(self.device, priority=0), torch.cuda.Stream(self.device, priority=-1)) \
+            if overlap_encoder and self.device.type == "cuda" else None
         if decoding.beam_size != 1:
             raise ValueError(f"the torch backend decodes greedily; set model.decoding.beam_size: 1 "
                              f"(got {decoding.beam_size})")
@@ -239,54 +251,119 @@ class TorchWhisperBackend:
         return out
 
     @torch.inference_mode()
-    def admit(self, tasks: list[WindowTask]) -> tuple[list[int], ExecutionTimings]:
-        """Features and one encoder pass for ``tasks``, then their rows join the running decode.
-        Returns one handle (slot) per task and the time of the features (input) and the encoder
-        (infer). Raises ValueError for more tasks than free slots or a bad prompt."""
-        t0 = time.perf_counter()
-        languages, with_ts, prompts = self._prompts(tasks)
+    def _on(self, which: int) -> Any:
+        """The context in which the encoder's (0) or the decoder's (1) device work is queued: its
+        stream with ``overlap_encoder`` on a GPU, else the current one."""
+        return torch.cuda.stream(self._streams[which]) if self._streams else contextlib.nullcontext()
+
+    def _encode_tasks(self, tasks: list[WindowTask], keep: bool) -> tuple[torch.Tensor, Any, float]:
+        """Features and one encoder pass for ``tasks`` (on the encoder's stream with
+        ``overlap_encoder``): ``[n, 1500, d_model]``, the CUDA event after it (None on the CPU),
+        and the host seconds of the features. ``keep``: the output is held past the next pass
+        (``encode_ahead``), so a graphed encoder's output buffer is copied out, as it is whenever
+        the decoder reads it on another stream. The device time is read later (``_encoder_gpu_s``)."""
         cuda = self.device.type == "cuda"
-        if cuda:  # GPU time of the features and encoder, read once the device has done them
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-        feats = self.features([t.samples for t in tasks]).to(self.decoder.dtype)
-        t1 = time.perf_counter()
-        encoded = self.encode(feats)
-        slots = self.decoder.admit(encoded, prompts, with_ts, max_new_tokens=self.decoding.max_new_tokens,
-                                   temperatures=[t.temperature for t in tasks],
-                                   min_new_tokens=self.decoding.min_new_tokens)
-        heard = self._identify(tasks)
-        t2 = time.perf_counter()
-        for slot, task, lang, h in zip(slots, tasks, languages, heard, strict=True):
-            self._rows[slot] = (task, lang, h)
-        if not cuda:
-            return slots, ExecutionTimings(input_s=t1 - t0, infer_s=t2 - t1)
-        # No synchronisation here: the encoder runs on the device while this thread goes on
-        # (queues the next decode chunk). The encoder time reported is that of the earlier
-        # admissions whose events have completed (the stage's total is exact; it lags by one
-        # admission); the features' host work is timed on the host.
-        end.record()
+        with self._on(0):
+            t0 = time.perf_counter()
+            if cuda:  # GPU time of the features and encoder, read once the device has done them
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+            feats = self.features([t.samples for t in tasks]).to(self.decoder.dtype)
+            t1 = time.perf_counter()
+            encoded = self.encode(feats)
+            if (keep or self._streams) and isinstance(self.encode, GraphedEncoder):
+                encoded = encoded.clone()  # the next pass would overwrite it before the decoder reads it
+            if not cuda:
+                return encoded, None, t1 - t0
+            end.record()
         self._encoder_events.append((start, end))
+        return encoded, end, t1 - t0
+
+    def _encoder_gpu_s(self) -> float:
+        """Device seconds of the encoder passes whose events have completed since the last call:
+        no synchronisation, so each pass is counted once the device has done it (the stage's
+        total is exact; it lags by about one admission)."""
         gpu_s = 0.0
         while self._encoder_events and self._encoder_events[0][1].query():
             a, b = self._encoder_events.popleft()
             gpu_s += a.elapsed_time(b) / 1000.0
-        return slots, ExecutionTimings(input_s=t1 - t0, infer_s=gpu_s)
+        return gpu_s
+
+    @torch.inference_mode()
+    def encode_ahead(self, tasks: list[WindowTask]) -> tuple[list[Any], ExecutionTimings]:
+        """Features and one encoder pass for ``tasks`` before their admission, queued without
+        waiting for the device (with ``overlap_encoder`` beside the decode chunk queued before);
+        returns one handle per task, for ``WindowTask.ahead`` (then ``admit`` takes it instead of
+        encoding), and the features' host seconds (input) and the encoder's seconds (infer: on a
+        GPU the device time read so far, as ``admit``'s). Raises ValueError for no windows or more
+        than ``max_batch_size``."""
+        if not 0 < len(tasks) <= self.decoder.max_batch:
+            raise ValueError(f"encode_ahead takes 1..{self.decoder.max_batch} windows, got {len(tasks)}")
+        t0 = time.perf_counter()
+        encoded, ready, input_s = self._encode_tasks(tasks, keep=True)
+        handles: list[Any] = [_Ahead(encoded[i], ready) for i in range(len(tasks))]
+        infer_s = self._encoder_gpu_s() if ready is not None else time.perf_counter() - t0 - input_s
+        return handles, ExecutionTimings(input_s=input_s, infer_s=infer_s)
+
+    @torch.inference_mode()
+    def admit(self, tasks: list[WindowTask]) -> tuple[list[int], ExecutionTimings]:
+        """Features and one encoder pass for ``tasks`` (those without an ``ahead`` handle of
+        ``encode_ahead``), then their rows join the running decode. Returns one handle (slot) per
+        task and the time of the features (input) and the encoder (infer). Raises ValueError for
+        more tasks than free slots or a bad prompt."""
+        t0 = time.perf_counter()
+        languages, with_ts, prompts = self._prompts(tasks)
+        fresh = [t for t in tasks if t.ahead is None]
+        input_s = time.perf_counter() - t0
+        encoded: torch.Tensor | None = None
+        ready = None
+        if fresh:
+            encoded, ready, features_s = self._encode_tasks(fresh, keep=False)
+            input_s += features_s
+        with self._on(1):
+            cur = torch.cuda.current_stream() if self.device.type == "cuda" else None
+            if cur is not None and encoded is not None and ready is not None and self._streams:
+                cur.wait_event(ready)
+                encoded.record_stream(cur)  # made on the encoder's stream: not reused before this one reads it
+            if encoded is None or len(fresh) < len(tasks):  # rows encoded ahead, and this pass's, in task order
+                fresh_rows = iter(encoded if encoded is not None else ())
+                rows = [t.ahead.encoded if t.ahead is not None else next(fresh_rows) for t in tasks]
+                if cur is not None:
+                    for t in tasks:
+                        if t.ahead is not None:
+                            cur.wait_event(t.ahead.ready)
+                            t.ahead.encoded.record_stream(cur)
+                encoded = torch.stack(rows)
+            slots = self.decoder.admit(encoded, prompts, with_ts, max_new_tokens=self.decoding.max_new_tokens,
+                                       temperatures=[t.temperature for t in tasks],
+                                       min_new_tokens=self.decoding.min_new_tokens)
+            heard = self._identify(tasks)
+        t2 = time.perf_counter()
+        for slot, task, lang, h in zip(slots, tasks, languages, heard, strict=True):
+            self._rows[slot] = (dataclasses.replace(task, ahead=None) if task.ahead is not None else task, lang, h)
+        if cur is None:
+            return slots, ExecutionTimings(input_s=input_s, infer_s=t2 - t0 - input_s)
+        # No synchronisation here: the encoder runs on the device while this thread goes on
+        # (queues the next decode chunk); the features' host work is timed on the host.
+        return slots, ExecutionTimings(input_s=input_s, infer_s=self._encoder_gpu_s())
 
     def run(self, steps: int) -> None:
         """``steps`` decoder steps for every row decoding now."""
-        self.decoder.run(steps)
+        with self._on(1):
+            self.decoder.run(steps)
 
     def finished(self) -> tuple[list[tuple[int, WindowResult]], float]:
         """Rows that ended, as window results, and the seconds spent detokenizing them."""
-        rows = self.decoder.finished()
+        with self._on(1):
+            rows = self.decoder.finished()
         t0 = time.perf_counter()
         out = [(slot, self._result(*self._rows.pop(slot), row)) for slot, row in rows]
         return out, time.perf_counter() - t0
 
     def release(self, slots: list[int]) -> None:
         """Stop the rows of ``slots`` (their request went away)."""
-        self.decoder.release(slots)
+        with self._on(1):
+            self.decoder.release(slots)
         for s in slots:
             self._rows.pop(s, None)
 
@@ -323,6 +400,15 @@ class TorchWhisperBackend:
         out = [self._result(task, lang, h, row) for task, lang, h, row in zip(tasks, languages, heard, rows, strict=True)]
         t3 = time.perf_counter()
         return out, ExecutionTimings(input_s=t1 - t0, infer_s=t2 - t1, output_s=t3 - t2)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Ahead:
+    """One window's encoder output from ``encode_ahead``: a row ``[1500, d_model]`` of its
+    pass's output and the CUDA event after which it is written (None on the CPU)."""
+
+    encoded: torch.Tensor
+    ready: Any
 
 
 def _device_for(target: Target) -> torch.device:
