@@ -297,10 +297,19 @@ class Batching(_Strict):
         0, ge=0, le=512, strict=True, description="Continuous batching (torch backend): how many queued windows "
         "are encoded while the rows decode (on a GPU on a CUDA stream of their own, below the decoder's in "
         "priority), so that admitting them is only filling the decoder's cache; an admission takes those first. "
-        "0 (default): each admission encodes its windows, and every row's steps wait for it. Holds the encoder "
-        "output of that many windows (1500 x d_model x 2 bytes each: 3.8 MB at large-v3). An experiment: "
-        "README, The served path (21).",
+        "Admissions then take only windows encoded ahead, so it is 0 or at least max_batch_size. 0 (default): "
+        "each admission encodes its windows, and every row's steps wait for it. Holds the encoder output of "
+        "that many windows and more (1500 x d_model x 2 bytes each: 3.8 MB at large-v3; a pass is freed when its "
+        "last window is admitted). An experiment: README, The served path (21).",
     )
+
+    @model_validator(mode="after")
+    def _ahead_covers_an_admission(self) -> Batching:
+        if 0 < self.encode_ahead < self.max_batch_size:
+            raise ValueError(f"batching.encode_ahead {self.encode_ahead} is below max_batch_size {self.max_batch_size}: "
+                             "admissions take only windows encoded ahead, so it would cap them; set it to at least "
+                             "max_batch_size, or 0 (off)")
+        return self
 
 
 class Replicas(_Strict):

@@ -60,6 +60,7 @@ from __future__ import annotations
 import collections
 import functools
 import logging
+import math
 import queue
 import threading
 import time
@@ -104,6 +105,9 @@ MIN_SPLIT_S = 10.0
 #: A backend with a ``chunk_steps`` attribute (not None) sets the chunk instead: the torch
 #: backend's follows its measured step time (``torch_whisper.decode.decode_pace``).
 DEFAULT_CHUNK_STEPS = 16
+#: Seconds the engine loop encodes at admission again after encoding ahead failed (out of device
+#: memory, say) before it tries again; a guess: long enough not to pay a failing pass every round.
+AHEAD_RETRY_S = 5.0
 
 #: Seconds between the engine process's heartbeats to its front (``("alive", busy_s)``: how long
 #: the loop has been on its current work, 0 while it waits for some).
@@ -314,10 +318,14 @@ class EngineLoop:
     Continuous backends: ``chunk_steps`` decoder steps run per round (``steps_per_round``;
     None: the backend's own, else ``DEFAULT_CHUNK_STEPS``); a chunk given here leaves the
     backend's own run-ahead as it is (the torch backend's is paced by its step time).
-    ``encode_ahead``: with a continuous backend that has ``encode_ahead``, up to that many queued
-    windows are encoded while the rows decode (each round after its chunk is queued, the ones the
-    next admissions would take, in the same round-robin), and an admission takes those first;
-    0 (the default): each admission encodes its windows (see ``_run_continuous``).
+    ``encode_ahead``: with a continuous backend that has ``encode_ahead`` and ``ahead_ready``,
+    the first that many windows of the queue's round-robin are encoded before their admission
+    (each round once its chunk is queued, at most ``max_batch_size`` a pass), and windows are
+    admitted only once encoded, in the round-robin's order: while rows decode, only those whose
+    pass has finished (``ahead_ready``), so that no row's steps wait for an encoder pass; with
+    none decoding, at once. 0 (the default): each admission encodes its windows (see
+    ``_run_continuous``). When encoding ahead fails, admissions encode their windows for
+    ``AHEAD_RETRY_S``.
     """
 
     def __init__(self, backend: Any, decoding: Decoding, max_batch_size: int, max_queue_delay_s: float,
@@ -343,7 +351,9 @@ class EngineLoop:
         self.model_name = model_name
         self._languages = frozenset(getattr(backend, "languages", ()))
         self.continuous = all(hasattr(backend, a) for a in ("admit", "run", "finished", "release"))
-        self.encode_ahead = encode_ahead if self.continuous and hasattr(backend, "encode_ahead") else 0
+        self.encode_ahead = encode_ahead if self.continuous and hasattr(backend, "encode_ahead") \
+            and hasattr(backend, "ahead_ready") else 0
+        self._ahead_retry_at = -math.inf  # encoding ahead failed: admissions encode until then
         self.queue: collections.deque[_Part] = collections.deque()
         self._unordered: set[int] = set()  # requests with a follow-up queued since the last cut
         self.requests: dict[int, _Request] = {}
@@ -623,13 +633,14 @@ class EngineLoop:
         the chunk instead (to overlap the admission's host work with it) left each freed slot
         empty for a chunk, ~1/6 of a typical window's life. With ``encode_ahead`` the windows
         the next admissions would take are encoded once the chunk is queued (``_encode_ahead``;
-        on the torch backend's own stream, beside the chunk), and an admission of those is only
-        the decoder's cache fill."""
+        on the torch backend's own stream, beside the chunk), and an admission takes only those
+        (``_admission_cut``): it is then only the decoder's cache fill."""
         b = self.backend
         worked = False
         free = b.free_slots
-        if self.queue and free > 0:
-            parts = self._take(self._admission_cut(min(free, self.max_batch_size)))
+        cut = self._admission_cut(min(free, self.max_batch_size)) if self.queue and free > 0 else ()
+        if cut:
+            parts = self._take(cut)
             try:
                 handles, timings = b.admit([p.task() for p in parts])
             except Exception as exc:
@@ -659,12 +670,12 @@ class EngineLoop:
             rows = len(self.active)
             t0 = self.clock()
             b.run(self.steps_per_round())
-            ahead_s = self._encode_ahead() if self.encode_ahead else 0.0  # queued beside the chunk
+            ahead_s = self._encode_ahead() if self._ahead_on() else 0.0  # queued beside the chunk
             done, detok_s = b.finished()
-            elapsed = self.clock() - t0
+            elapsed = self.clock() - t0 - ahead_s
             self.stats.chunks += 1
             self.stats.rows_stepped += rows
-            self.stats.decode_s += max(0.0, elapsed - detok_s - ahead_s)
+            self.stats.decode_s += max(0.0, elapsed - detok_s)
             self.stats.detokenize_s += detok_s
             self._charge(list(self.active.values()), elapsed)
             for h, r in done:
@@ -672,34 +683,43 @@ class EngineLoop:
                 if finished is not None:
                     self._on_result(finished, r)
             worked = True
+        elif self.queue and self._ahead_on():  # nothing decoding: encode now, admit next round
+            self._encode_ahead()
+            worked = True
         return worked
 
+    def _ahead_on(self) -> bool:
+        """Whether windows are encoded ahead now (``encode_ahead``, not within a failure's
+        ``AHEAD_RETRY_S``)."""
+        return bool(self.encode_ahead) and self.clock() >= self._ahead_retry_at
+
     def _admission_cut(self, n: int) -> tuple[int, ...]:
-        """Up to ``n`` queue indices to admit: the windows encoded ahead first (in the order they
-        were encoded), then the round-robin (``batching.round_robin``) over the others."""
+        """Up to ``n`` queue indices to admit, in the round-robin's order
+        (``batching.round_robin``); encoding ahead, only windows encoded ahead, and while rows
+        decode only those whose pass has finished."""
         items = self._queued_items()  # may reorder the queue: indices are read after it
-        ahead = [i for i, p in enumerate(self.queue) if p.ahead is not None][:n]
-        if not ahead:
+        if not self._ahead_on():
             return round_robin(items, n)
-        rest = [i for i, p in enumerate(self.queue) if p.ahead is None]
-        more = round_robin([items[i] for i in rest], n - len(ahead)) if len(ahead) < n and rest else ()
-        return tuple(ahead) + tuple(rest[j] for j in more)
+        idle = not self.active
+        ready = self.backend.ahead_ready
+        order = round_robin(items, len(items))
+        return tuple([i for i in order if self.queue[i].ahead is not None and (idle or ready(self.queue[i].ahead))][:n])
 
     def _encode_ahead(self) -> float:
-        """Encode the queued windows the next admissions would take (their round-robin) until
-        ``encode_ahead`` wait encoded; returns the host seconds it took. A failure is left to the
-        admission, which encodes those windows itself and reports what fails."""
-        room = self.encode_ahead - sum(p.ahead is not None for p in self.queue)
-        if room <= 0 or all(p.ahead is not None for p in self.queue):
+        """Encode the first ``encode_ahead`` windows of the queue's round-robin not yet encoded
+        (at most ``max_batch_size``: one pass); returns the host seconds it took. When the
+        backend fails, admissions encode their windows for ``AHEAD_RETRY_S`` (a warning says so)."""
+        order = round_robin(self._queued_items(), self.encode_ahead)
+        parts = [self.queue[i] for i in order if self.queue[i].ahead is None][: self.max_batch_size]
+        if not parts:
             return 0.0
         t0 = self.clock()
-        items = self._queued_items()
-        rest = [i for i, p in enumerate(self.queue) if p.ahead is None]
-        parts = [self.queue[rest[j]] for j in round_robin([items[i] for i in rest], room)]
         try:
             handles, timings = self.backend.encode_ahead([p.task() for p in parts])
         except Exception as exc:
-            log.debug("encode_ahead of %d windows failed (%s); their admission encodes them", len(parts), exc)
+            self._ahead_retry_at = self.clock() + AHEAD_RETRY_S
+            log.warning("encoding %d windows ahead failed (%s: %s); admissions encode their windows for %g s",
+                        len(parts), type(exc).__name__, exc, AHEAD_RETRY_S)
             return self.clock() - t0
         for p, h in zip(parts, handles, strict=True):
             p.ahead = h

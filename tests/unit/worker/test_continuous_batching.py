@@ -161,6 +161,39 @@ def test_consecutive_feature_calls_through_the_reused_host_buffer_equal_fresh_on
         assert torch.equal(g, LogMel(80, torch.device("cpu"))(c))
 
 
+def test_a_host_buffer_whose_copy_is_not_done_is_not_written_another_is_taken() -> None:
+    """The features' page-locked buffers: a call takes one whose last copy to the device is done,
+    else a new one, up to ``RING``; with all in use it waits for the least recently used."""
+
+    class Copy:  # a CUDA event stand-in: done or not, and whether someone waited for it
+        def __init__(self, done: bool) -> None:
+            self.done, self.waited = done, False
+
+        def query(self) -> bool:
+            return self.done
+
+        def synchronize(self) -> None:
+            self.waited = self.done = True
+
+    mel = LogMel(80, torch.device("cpu"))
+    first, entry = mel._host_buffer(100, torch.int16)
+    entry[1] = Copy(done=False)
+    second, entry2 = mel._host_buffer(100, torch.int16)
+    assert second.data_ptr() != first.data_ptr() and len(mel._ring) == 2  # the first is still being copied
+    entry2[1] = Copy(done=True)
+    again, _ = mel._host_buffer(50, torch.int16)
+    assert again.data_ptr() == second.data_ptr() and not entry[1].waited  # a done one is reused
+    for e in mel._ring:
+        e[1] = Copy(done=False)
+    while len(mel._ring) < LogMel.RING:
+        _, e = mel._host_buffer(10, torch.int16)
+        e[1] = Copy(done=False)
+    oldest = mel._ring[0]
+    reused, _ = mel._host_buffer(10, torch.int16)
+    assert len(mel._ring) == LogMel.RING and oldest[1].waited and reused.data_ptr() == oldest[0].data_ptr()
+    assert sum(e[1].waited for e in mel._ring) == 1
+
+
 def test_decode_pace_counts_the_steps_in_device_time() -> None:
     """Steps ahead cover about 8 ms of device time (1..8), a chunk is twice that."""
     assert decode_pace(0.00103) == (16, 8)  # tiny.en's step on an H100: its measured best

@@ -209,6 +209,9 @@ class TorchWhisperBackend:
         # busy slot -> its task, language, and the language-ID probabilities heard (with its row)
         self._rows: dict[int, tuple[WindowTask, str, tuple[Heard, int] | None]] = {}
         self._encoder_events: collections.deque[tuple[Any, Any]] = collections.deque()  # (start, end) not yet read
+        if self._streams:  # the weights, the cache and the compiled warm-ups were queued on the current stream
+            for stream in self._streams:
+                stream.wait_stream(torch.cuda.current_stream(self.device))
         # CUDA graphs are captured on first use of each (batch bucket, span), not here: capturing
         # all of them at load (GreedyDecoder.capture_all) doubled a tiny replica's load on the
         # H200 (6.7 s -> 14.0 s, 18 graphs) and did not change a 64-request burst's p50
@@ -250,7 +253,6 @@ class TorchWhisperBackend:
                 out[i] = (heard, j)
         return out
 
-    @torch.inference_mode()
     def _on(self, which: int) -> Any:
         """The context in which the encoder's (0) or the decoder's (1) device work is queued: its
         stream with ``overlap_encoder`` on a GPU, else the current one."""
@@ -288,6 +290,12 @@ class TorchWhisperBackend:
             a, b = self._encoder_events.popleft()
             gpu_s += a.elapsed_time(b) / 1000.0
         return gpu_s
+
+    @staticmethod
+    def ahead_ready(handle: Any) -> bool:
+        """Whether the pass that encoded ``handle`` (one of ``encode_ahead``'s) has finished on
+        the device, so that admitting its window makes no row's steps wait (always on the CPU)."""
+        return handle.ready is None or handle.ready.query()
 
     @torch.inference_mode()
     def encode_ahead(self, tasks: list[WindowTask]) -> tuple[list[Any], ExecutionTimings]:

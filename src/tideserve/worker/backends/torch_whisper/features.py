@@ -54,21 +54,33 @@ class LogMel:
         self.device = device
         self.filters = torch.from_numpy(mel_filters(n_mels)).to(device)
         self.window = torch.hann_window(N_FFT, periodic=True, device=device)
-        self._pinned: torch.Tensor | None = None
-        # Set after each asynchronous copy out of the pinned buffer; the next call waits on it
-        # before writing the buffer again (by then it has long completed: the engine loop
-        # synchronises once per decode chunk). No host-device synchronisation otherwise.
-        self._copied: torch.cuda.Event | None = None
+        # Page-locked host buffers, each with the event after its last asynchronous copy to the
+        # device (None before any): a call takes one whose copy is done, or a new one (up to
+        # RING), and waits only when all are in use. Why several: with the torch backend's
+        # overlap_encoder the copies are queued on the encoder's stream, possibly behind a
+        # pass still running, and waiting for that would stop the engine thread (a review,
+        # 2026-12-07); with one stream the first buffer is nearly always free (the engine loop
+        # waits for the device once per decode chunk). No host-device synchronisation otherwise.
+        self._ring: list[list] = []
 
-    def _host_buffer(self, n: int, dtype: torch.dtype) -> torch.Tensor:
-        """A reusable 1-D host buffer of at least ``n`` samples, page-locked when the device is a
-        GPU (so the copy to the device is one DMA transfer)."""
-        buf = self._pinned
+    RING = 4
+
+    def _host_buffer(self, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, list]:
+        """A 1-D host buffer of at least ``n`` samples whose last copy to the device is done,
+        page-locked when the device is a GPU (so the copy is one DMA transfer), and its ring
+        entry (``[buffer, event]``), moved to the ring's end (the most recently used)."""
+        k = next((i for i, e in enumerate(self._ring) if e[1] is None or e[1].query()), None)
+        if k is None and len(self._ring) >= self.RING:
+            k = 0  # the least recently used: wait for its copy
+            self._ring[0][1].synchronize()
+        free = [None, None] if k is None else self._ring.pop(k)
+        self._ring.append(free)
+        buf = free[0]
         if buf is None or buf.dtype != dtype or buf.shape[0] < n:
             size = max(n, 2 * (0 if buf is None else buf.shape[0]))
             buf = torch.empty(size, dtype=dtype, pin_memory=self.device.type == "cuda")
-            self._pinned = buf
-        return buf[:n]
+            free[0] = buf
+        return buf[:n], free
 
     def __call__(self, windows: list[np.ndarray]) -> torch.Tensor:
         """``windows`` of samples (each <= 30 s; int16 PCM or float32 in [-1, 1]) ->
@@ -87,17 +99,15 @@ class LogMel:
         padded = [max(length + HOP, N_FFT // 2 + 1) for length in lengths]
         total = max(max(padded), N_FRAMES * HOP + HOP)
         int16 = all(w.dtype == np.int16 for w in windows)
-        if self._copied is not None:
-            self._copied.synchronize()  # the previous copy out of the pinned buffer is done
-        flat = self._host_buffer(max(1, sum(lengths)), torch.int16 if int16 else torch.float32)
+        flat, entry = self._host_buffer(max(1, sum(lengths)), torch.int16 if int16 else torch.float32)
         if sum(lengths):
             np.concatenate([w if int16 else w.astype(np.float32, copy=False) for w in windows],
                            out=flat.numpy()[: sum(lengths)])
         cuda = self.device.type == "cuda"
         dev = flat.to(self.device, non_blocking=cuda).float()
         if cuda:
-            self._copied = torch.cuda.Event()
-            self._copied.record()
+            entry[1] = torch.cuda.Event()
+            entry[1].record()
         if int16:
             dev = dev / 32768.0
         x = torch.zeros(n, total, device=self.device)
