@@ -182,7 +182,7 @@ spec:
   pools:
     - {{name: gpu, accelerator: {accelerator}, target: {a.target}, replicas: {{min: 1, max: 1}}, max_concurrency: 4096}}
   autoscaling: {{target: 100000}}
-  gateway: {{port: {a.port}, hold_timeout_s: 900, request_timeout_s: 900, max_pending: 100000}}
+  gateway: {{port: {a.port}, hold_timeout_s: 900, request_timeout_s: 900, max_pending: 100000, max_connections_per_client: 0}}
 """)
     local = tmp / "local.yaml"
     roots = ", ".join(sorted({str(model.parent), *([str(lid_dir.parent)] if lid_dir else [])}))

@@ -133,16 +133,20 @@ def test_both_kernels_compile_for_their_gpus_at_whisper_widths(monkeypatch: pyte
 
 def test_the_served_build_is_chosen_by_its_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     """``TIDESERVE_ABSORBED_BUILD`` picks the kernel the served path runs, read once per device;
-    a value that is not a served build is refused with the values it takes."""
+    unset, the warp-group kernel on sm_90 and the mma.sync kernel elsewhere; a value that is not
+    a served build is refused with the values it takes."""
     from tideserve.worker.backends.torch_whisper import cuda_kernels as ck
 
-    for value, want in ((None, ""), ("mma", ""), (" WGMMA ", "WGMMA"), ("WGMMA,WG_PROMOTE", "WGMMA,WG_PROMOTE")):
+    capability = {0: (9, 0), 1: (8, 9), 2: (12, 0)}  # H100, L40S, RTX 5090: only sm_90 has the warp-group products
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev: capability[dev])
+    for value, dev, want in ((None, 0, "WGMMA"), (None, 1, ""), ("", 2, ""), ("mma", 0, ""), (" WGMMA ", 0, "WGMMA"),
+                             ("WGMMA,WG_PROMOTE", 0, "WGMMA,WG_PROMOTE")):
         monkeypatch.setattr(ck, "_default_builds", {})
         if value is None:
             monkeypatch.delenv(ck.BUILD_ENV, raising=False)
         else:
             monkeypatch.setenv(ck.BUILD_ENV, value)
-        assert ck.default_build(0) == want
+        assert ck.default_build(dev) == want, (value, dev)
     monkeypatch.setenv(ck.BUILD_ENV, "mma")
     assert ck.default_build(0) == "WGMMA,WG_PROMOTE"  # read once: a later change does not move a running device
     monkeypatch.setattr(ck, "_default_builds", {})
