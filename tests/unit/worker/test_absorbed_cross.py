@@ -116,12 +116,29 @@ def test_both_kernels_compile_for_their_gpus_at_whisper_widths(monkeypatch: pyte
 
     nvrtc_compile = _nvrtc_compile(monkeypatch)
     for defines, arch, name in (("", "89", "absorbed_mma"), ("", "90", "absorbed_mma"), ("WGMMA", None, "absorbed_wgmma"),
-                                ("WGMMA,WG_PROMOTE", None, "absorbed_wgmma")):
+                                ("WGMMA,WG_PROMOTE", None, "absorbed_wgmma"), ("WGMMA,WG_SW128", None, "absorbed_wgmma"),
+                                ("WGMMA,WG_TMA", None, "absorbed_wgmma"), ("WGMMA,WG_TMA,WG_LOADS_ONLY", None, "absorbed_wgmma")):
         src, kernel, want_arch = kernel_source(d, hp, defines)
         assert kernel == name
         assert want_arch == ("90a" if "WGMMA" in defines else None)
         cubin, lowered = nvrtc_compile(src, kernel, compute_capability=arch or want_arch, nvcc_options=["--std=c++17"])
         assert lowered == kernel and len(cubin) > 10_000
+
+
+def test_every_served_build_fits_a_hopper_block_at_whisper_widths() -> None:
+    """Each served build's shared memory at large-v3's width and 24 padded heads fits the 227 KB
+    (232,448 bytes) an H100 or H200 block may have; the swizzled builds add 1 KB to align E's
+    stages and the tensor-copy build two mbarriers, and ``WG_TMA`` brings the swizzle with it."""
+    from tideserve.worker.backends.torch_whisper import cuda_kernels as ck
+
+    assert ck.smem_bytes_wg(1280, 24) == 209_984
+    assert ck.smem_bytes_wg(1280, 24, "WGMMA,WG_SW128") == 209_984 + 1024
+    assert ck.smem_bytes_wg(1280, 24, "WGMMA,WG_TMA") == 209_984 + 1024 + 16
+    assert ck.smem_bytes_wg(576, 16, "WGMMA,WG_SW128") - ck.smem_bytes_wg(576, 16) == 2 * 64 * 64 + 1024  # 4.5 columns -> 5
+    for build in ck.SERVED_BUILDS:
+        if build:
+            assert ck.smem_bytes_wg(1280, 24, build) <= 232_448, build
+    assert "#define WG_SW128" in ck.kernel_source(1280, 24, "WGMMA,WG_TMA")[0]
 
 
 def test_the_served_build_is_chosen_by_its_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -145,7 +162,8 @@ def test_the_served_build_is_chosen_by_its_environment_variable(monkeypatch: pyt
     monkeypatch.setattr(ck, "_default_builds", {})
     for bad in ("WG_SKIP_SCORES", "wgmma", "SKIP_OUTPUT"):  # diagnostics' output is meaningless; names are exact
         monkeypatch.setenv(ck.BUILD_ENV, bad)
-        with pytest.raises(ValueError, match=r"TIDESERVE_ABSORBED_BUILD=.*one of mma, WGMMA or WGMMA,WG_PROMOTE"):
+        with pytest.raises(ValueError, match=r"TIDESERVE_ABSORBED_BUILD=.*one of mma, WGMMA, WGMMA,WG_PROMOTE, WGMMA,WG_SW128, "
+                                             r"WGMMA,WG_TMA \(or leave it unset\)"):
             ck.default_build(1)
 
 

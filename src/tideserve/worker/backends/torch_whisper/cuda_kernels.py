@@ -45,7 +45,13 @@ kernel, ``absorbed_wgmma`` (the build ``WGMMA``, compiled for sm_90a; the defaul
 ``default_build``), runs both products as Hopper's warp-group products over e4m3: the scores with E's block and qa in
 shared memory laid out as the products read them (8 rows x 16 bytes contiguous, "core matrices",
 no swizzle), the output with E's transposed fragments in registers (as above) and P in shared
-memory; each of its two warp groups takes half the width.
+memory; each of its two warp groups takes half the width. It reads E at about half the H100's
+bandwidth (README, Serving path (22)); two candidate builds change only how E's blocks come in:
+``WG_SW128`` reads whole 128-byte lines (512 contiguous bytes a warp) into the 128-byte swizzle
+that the products' descriptors and ``ldmatrix`` then read, and ``WG_TMA`` has one thread issue
+Hopper's tensor copies (``cp.async.bulk.tensor`` over ``tensor_map(e8)``, completing on an
+mbarrier a stage), which write that swizzle themselves; ``WG_LOADS_ONLY`` (diagnostic) keeps
+only the loads.
 
 - ``quantize_positions_into(x, e8, scale, rows)``: ``x [B, T, D]`` into FP8 cache rows with one
   scale a position, ``amax(|x[b, t]|) / 448``, never 0.
@@ -63,7 +69,7 @@ import torch
 E4M3_MAX = 448.0
 BUILD_ENV = "TIDESERVE_ABSORBED_BUILD"
 # the builds the served path may run: the mma.sync kernel (""), the warp-group kernel (sm_90)
-SERVED_BUILDS = ("", "WGMMA", "WGMMA,WG_PROMOTE")
+SERVED_BUILDS = ("", "WGMMA", "WGMMA,WG_PROMOTE", "WGMMA,WG_SW128", "WGMMA,WG_TMA")
 BLOCK_T = 64
 # E's and qa's rows in shared memory are D + 16 bytes apart (D a multiple of 64): the eight rows of
 # one ldmatrix then fall in eight distinct quads of banks
@@ -92,7 +98,7 @@ __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_grou
 __device__ __forceinline__ void cp_wait1() { asm volatile("cp.async.wait_group 1;\n" ::); }
 __device__ __forceinline__ void cp_wait0() { asm volatile("cp.async.wait_group 0;\n" ::); }
 
-#ifdef BULK_COPY  // a candidate build: E's blocks by bulk copies (sm_90) completing on an mbarrier
+#if defined(BULK_COPY) || defined(WG_TMA)  // E's blocks by bulk or tensor copies (sm_90) completing on an mbarrier
 __device__ __forceinline__ void mbar_init(unsigned bar) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" :: "r"(bar));
 }
@@ -556,18 +562,52 @@ absorbed_mma(const unsigned short* __restrict__ qa, const unsigned char* __restr
 # the kernel above: F2FP.F16.E4M3.UNPACK_B and HMMA.16816, a quarter of its instructions each)
 _WG_SOURCE = r"""
 #define NC (D / 16)                     // 16-byte chunks a row
+#ifdef WG_SW128
+#define NA ((D + 127) / 128)            // 128-byte columns ("atoms") of E's swizzled block
+#define EST (NA * BT * 128)             // bytes of one stage of E
+#else
+#define EST (BT * D)
+#endif
 #define GWG (NG / 2)                    // groups of 32 columns a warp group
 #define PAIRS ((GWG + 3) / 4)           // pairs of m64 tiles a warp group, one group a warp each
 // shared-memory layout of an FP8 operand [rows][D] for wgmma without swizzle: 8 rows x 16 bytes
 // ("core matrices") contiguous, K-direction neighbours 128 bytes apart (LBO), the next 8 rows
 // NC x 128 apart (SBO)
 __device__ __forceinline__ int blk(int r, int c) { return (((r >> 3) * NC + (c >> 4)) << 7) + ((r & 7) << 4) + (c & 15); }
+// E's block [BT][D] in shared memory: as blk (no swizzle), or (WG_SW128) in 128-byte columns of BT
+// rows of 128 bytes, each column BT x 128 bytes, the 16-byte chunk c of row r at chunk c ^ (r % 8)
+// (the 128-byte swizzle of the wgmma descriptors and of TMA's CU_TENSOR_MAP_SWIZZLE_128B; a stage
+// 1024-byte aligned)
+__device__ __forceinline__ int eoff(int r, int c) {
+#ifdef WG_SW128
+  return ((c >> 7) * BT << 7) + (r << 7) + ((((c >> 4) & 7) ^ (r & 7)) << 4) + (c & 15);
+#else
+  return blk(r, c);
+#endif
+}
+#ifdef WG_TMA
+// the driver's CUtensorMap of E (128 bytes, 64-byte aligned), passed by value as a __grid_constant__ parameter
+struct __align__(64) TensorMap { unsigned long long v[16]; };
+__device__ __forceinline__ void tma_load3(unsigned dst, const TensorMap* map, int c0, int c1, int c2, unsigned bar) {
+  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
+               :: "r"(dst), "l"((unsigned long long)map), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
+}
+#endif
 __device__ __forceinline__ unsigned long long wg_desc(unsigned addr, unsigned lbo, unsigned sbo) {
 #ifdef WG_SWAP  // a diagnostic build: the two offsets the other way round
   const unsigned t_ = lbo; lbo = sbo; sbo = t_;
 #endif
   return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)((lbo & 0x3FFFF) >> 4) << 16)
        | ((unsigned long long)((sbo & 0x3FFFF) >> 4) << 32);
+}
+// the scores' A operand (E's block, 64 positions x 32 bytes of width from byte kb) as a descriptor
+__device__ __forceinline__ unsigned long long e_desc(unsigned buf_a, int kb) {
+#ifdef WG_SW128  // 128-byte swizzle (mode 1, bits 62-63): rows 8 apart 1024 bytes (SBO), LBO unused
+  const unsigned a = buf_a + (kb >> 7) * (BT * 128) + (kb & 127);
+  return (unsigned long long)((a & 0x3FFFF) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+#else
+  return wg_desc(buf_a + (kb >> 4) * 128, 128, NC * 128);
+#endif
 }
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -595,10 +635,24 @@ __device__ __forceinline__ void wg_rs(float* d, unsigned a0, unsigned a1, unsign
 extern "C" __global__ void __launch_bounds__(256, 1)
 absorbed_wgmma(const unsigned short* __restrict__ qa, const unsigned char* __restrict__ e8,
                const float* __restrict__ escale, unsigned* __restrict__ out, float* __restrict__ part,
-               int H, int T, int split, int q_sb, int q_sh, double sm_log2) {
-  extern __shared__ __align__(128) unsigned char smem[];
-  unsigned char* es_buf = smem;                              // [2][BT x D], blocked (blk)
-  unsigned char* qs = es_buf + 2 * BT * D;                   // [HP x D], blocked
+               int H, int T, int split, int q_sb, int q_sh, double sm_log2
+#ifdef WG_TMA
+               , const __grid_constant__ TensorMap e_map
+#endif
+               ) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+#ifdef WG_SW128  // the swizzle repeats every 1024 bytes: E's stages start on such a boundary
+  unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
+#else
+  unsigned char* smem = smem_raw;
+#endif
+  unsigned char* es_buf = smem;                              // [2][EST], E's blocks (eoff)
+#ifdef WG_TMA
+  const unsigned mbar0 = smem_addr(es_buf + 2 * EST);        // two mbarriers, one a stage
+  unsigned char* qs = es_buf + 2 * EST + 16;                 // [HP x D], blocked
+#else
+  unsigned char* qs = es_buf + 2 * EST;                      // [HP x D], blocked
+#endif
   float* red = (float*)(qs + HP * D);                        // [2][HP][RS]
   unsigned char* p8 = (unsigned char*)(red + 2 * HP * RS);   // [HP x 64], blocked as [HP][64] with NC = 4
   float* alpha = (float*)(p8 + HP * 64);                     // [HP]
@@ -618,19 +672,48 @@ absorbed_wgmma(const unsigned short* __restrict__ qa, const unsigned char* __res
   // E's block j and its positions' scales into stage: warp-tile i (8 rows x 4 chunks) = rows
   // 8 (i % 8) + lane % 8, chunks 4 (i / 8) + lane / 8: 64 bytes a row from global, four whole core
   // matrices in shared memory; positions past T zero
+  // (WG_SW128: chunk L of the block's BT x NC, L = 32 (warp + 8 m) + lane, 512 contiguous bytes a
+  // warp from global, a whole swizzled 128-byte row of shared memory each 8 lanes; WG_TMA: NA tensor
+  // copies of 64 positions x 128 bytes issued by thread 0, positions past T zero-filled by the copy)
   auto load_block = [&](int j, int stage) {
-    unsigned char* buf = es_buf + stage * BT * D;
+    unsigned char* buf = es_buf + stage * EST;
+#if defined(WG_TMA)
+    (void)e_row;
+    if (tid == 0) {
+      const unsigned bar = mbar0 + 8 * stage;
+      mbar_expect(bar, EST);
+#pragma unroll 1
+      for (int a = 0; a < NA; ++a) tma_load3(smem_addr(buf + a * BT * 128), &e_map, 128 * a, j * BT, b, bar);
+    }
+#elif defined(WG_SW128)
+#pragma unroll 4
+    for (int m = 0; m < NC / 4; ++m) {
+      const int L = tid + 256 * m, r = L / NC, c = 16 * (L - r * NC);
+      const int pos = j * BT + r;
+      const bool ok = pos < T;
+      cp_async16(smem_addr(buf + eoff(r, c)), e_row + (long long)(ok ? pos : 0) * D + c, ok ? 16 : 0);
+    }
+#else
     for (int i = warp; i < 2 * NC; i += 8) {
       const int r = 8 * (i & 7) + (lane & 7), c = 16 * (4 * (i >> 3) + (lane >> 3));
       const int pos = j * BT + r;
       const bool ok = pos < T;
       cp_async16(smem_addr(buf + blk(r, c)), e_row + (long long)(ok ? pos : 0) * D + c, ok ? 16 : 0);
     }
+#endif
     if (tid < BT) {
       const int pos = j * BT + tid;
       cp_async4(smem_addr(esb + stage * BT + tid), es_row + (pos < T ? pos : 0), pos < T ? 4 : 0);
     }
   };
+#ifdef WG_TMA
+  if (tid == 0) {
+    mbar_init(mbar0);
+    mbar_init(mbar0 + 8);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+#endif
   // the first block is on its way while qa is quantized
   if (j0 < j1) load_block(j0, 0);
   cp_commit();
@@ -660,11 +743,15 @@ absorbed_wgmma(const unsigned short* __restrict__ qa, const unsigned char* __res
     if (j + 1 < j1) load_block(j + 1, stage ^ 1);
     cp_commit();
     cp_wait1();
+#ifdef WG_TMA  // the n-th use of a stage completes its mbarrier's phase n
+    mbar_wait(mbar0 + 8 * stage, ((j - j0) >> 1) & 1);
+#endif
     proxy_fence();
     __syncthreads();
-    const unsigned char* buf = es_buf + stage * BT * D;
+    const unsigned char* buf = es_buf + stage * EST;
     const unsigned buf_a = smem_addr(buf);
     const float* esv = esb + stage * BT;
+#ifndef WG_LOADS_ONLY  // a diagnostic build: E's blocks brought in, nothing computed (its output zeros)
 
     // 1. scores [64 positions, HP] over warp group wg's half of the width, KS1 products of k32
     {
@@ -678,7 +765,7 @@ absorbed_wgmma(const unsigned short* __restrict__ qa, const unsigned char* __res
       for (int ks = 0; ks < KS1; ++ks) {
         const int kb = wg * (D / 2) + ks * 32;
 #ifndef WG_SKIP_SCORES  // a diagnostic build: the products left out
-        wg_ss(&c[0][0], wg_desc(buf_a + (kb >> 4) * 128, 128, NC * 128), wg_desc(qs_a + (kb >> 4) * 128, 128, NC * 128), ks > 0);
+        wg_ss(&c[0][0], e_desc(buf_a, kb), wg_desc(qs_a + (kb >> 4) * 128, 128, NC * 128), ks > 0);
 #else
         c[0][0] += (float)kb;
 #endif
@@ -744,8 +831,8 @@ absorbed_wgmma(const unsigned short* __restrict__ qa, const unsigned char* __res
         const bool has = GWG % 4 == 0 || 4 * i + w4 < GWG;
         const int c0 = (has ? (wg * GWG + 4 * i + w4) * 32 : 0) + 16 * (q >> 1);
         unsigned r[8];
-        ldsm4t(smem_addr(buf + blk(r0, c0)), r[0], r[1], r[2], r[3]);
-        ldsm4t(smem_addr(buf + blk(r0 + 16, c0)), r[4], r[5], r[6], r[7]);
+        ldsm4t(smem_addr(buf + eoff(r0, c0)), r[0], r[1], r[2], r[3]);
+        ldsm4t(smem_addr(buf + eoff(r0 + 16, c0)), r[4], r[5], r[6], r[7]);
 #pragma unroll
         for (int k = 0; k < 8; ++k) r[k] = has ? r[k] : 0u;
 #pragma unroll
@@ -808,6 +895,7 @@ absorbed_wgmma(const unsigned short* __restrict__ qa, const unsigned char* __res
       wg_wait0();
 #endif
     }
+#endif  // WG_LOADS_ONLY
     __syncthreads();
   }
   cp_wait0();
@@ -835,11 +923,19 @@ def _wg_asm_defines(hp: int) -> str:
             f'#define WG_RB "{nd + 4}"\n#define WG_RNA "{nd + 5}"\n')
 
 
-def smem_bytes_wg(d: int, hp: int) -> int:
+def smem_bytes_wg(d: int, hp: int, defines: str = "") -> int:
     """Shared memory of one program of the sm_90a kernel: E's two blocks, qa, the score halves, P,
     and the per-head and per-position scalars (at large-v3's width and 24 padded heads about 205
-    KB)."""
-    return 2 * BLOCK_T * d + hp * d + 2 * hp * 68 * 4 + hp * 64 + (3 * hp + 2 * BLOCK_T + 8) * 4
+    KB); with ``WG_SW128`` E's blocks in whole 128-byte columns and 1 KB to align them, with
+    ``WG_TMA`` two mbarriers."""
+    macros = _macros(defines)
+    stage = BLOCK_T * d
+    extra = 0
+    if "WG_SW128" in macros:
+        stage, extra = BLOCK_T * 128 * -(-d // 128), 1024
+    if "WG_TMA" in macros:
+        extra += 16
+    return 2 * stage + extra + hp * d + 2 * hp * 68 * 4 + hp * 64 + (3 * hp + 2 * BLOCK_T + 8) * 4
 
 
 def smem_bytes(d: int, hp: int) -> int:
@@ -857,11 +953,20 @@ def _is_wg(defines: str) -> bool:
     return "WGMMA" in defines.split(",")
 
 
+def _macros(defines: str) -> list[str]:
+    """A build's macros (``defines``, comma-separated), with ``WG_SW128`` added where ``WG_TMA``
+    asks for it (the tensor copies write E's blocks in that layout)."""
+    macros = [m for m in defines.split(",") if m]
+    if "WG_TMA" in macros and "WG_SW128" not in macros:
+        macros.append("WG_SW128")
+    return macros
+
+
 def kernel_source(d: int, hp: int, defines: str = "") -> tuple[str, str, str | None]:
     """A build's CUDA C source for width ``d`` and ``hp`` padded heads, its kernel's name, and the
     architecture NVRTC must compile it for (``"90a"`` for the warp-group kernel, whose products
     exist only there; None: the GPU at hand). ``defines``: ``_compiled``'s."""
-    src = "".join(f"#define {m}\n" for m in defines.split(",") if m) + f"#define D {d}\n#define HP {hp}\n#define NT {hp // 8}\n"
+    src = "".join(f"#define {m}\n" for m in _macros(defines)) + f"#define D {d}\n#define HP {hp}\n#define NT {hp // 8}\n"
     if _is_wg(defines):
         return src + _wg_asm_defines(hp) + _HELPERS + _WG_SOURCE, "absorbed_wgmma", "90a"
     return src + _HELPERS + _SOURCE, "absorbed_mma", None
@@ -871,9 +976,9 @@ def _compiled(d: int, hp: int, defines: str = "") -> Any:
     """The kernel for width ``d`` and ``hp`` padded heads and its shared memory in bytes
     (``defines``: comma-separated macros of a diagnostic build, ``SKIP_SCORES`` or
     ``SKIP_OUTPUT``, or of a candidate, ``FRAGMENTS_AHEAD`` or ``BULK_COPY`` (sm_90); ``WGMMA``:
-    the sm_90a kernel, ``absorbed_wgmma``, with its candidate ``WG_PROMOTE`` (each block's output
-    products added in float32) and its diagnostic builds ``WG_SKIP_SCORES``, ``WG_SKIP_OUTPUT``
-    and ``WG_SWAP``),
+    the sm_90a kernel, ``absorbed_wgmma``, with its candidates ``WG_PROMOTE`` (each block's output
+    products added in float32), ``WG_SW128`` and ``WG_TMA`` (E's loads, module doc) and its
+    diagnostic builds ``WG_SKIP_SCORES``, ``WG_SKIP_OUTPUT``, ``WG_LOADS_ONLY`` and ``WG_SWAP``),
     compiled once per GPU by NVRTC through PyTorch (``torch.cuda._compile_kernel``, a private API
     of PyTorch 2.8 and later: no other package needed). RuntimeError on a GPU older than sm_89
     (other than sm_90 for ``WGMMA``),
@@ -887,7 +992,7 @@ def _compiled(d: int, hp: int, defines: str = "") -> Any:
         if (major, minor) < (8, 9) or (wg and (major, minor) != (9, 0)):
             raise RuntimeError(f"the absorbed cross-attention kernel needs FP8 tensor cores (sm_89 or later; its "
                                f"WGMMA build sm_90); this GPU is sm_{major}{minor}")
-        need = smem_bytes_wg(d, hp) if wg else smem_bytes(d, hp)
+        need = smem_bytes_wg(d, hp, defines) if wg else smem_bytes(d, hp)
         limit = getattr(torch.cuda.get_device_properties(dev), "shared_memory_per_block_optin", 0)
         if need > limit:
             raise RuntimeError(f"the absorbed cross-attention kernel needs {need} bytes of shared memory "
@@ -907,11 +1012,55 @@ def _compiled(d: int, hp: int, defines: str = "") -> Any:
     return _kernels[dev, d, hp, defines]
 
 
+# CUDA driver enums (cuda.h): CU_TENSOR_MAP_DATA_TYPE_UINT8, CU_TENSOR_MAP_SWIZZLE_128B,
+# CU_TENSOR_MAP_L2_PROMOTION_L2_256B
+_MAP_UINT8, _MAP_SWIZZLE_128B, _MAP_L2_256B = 0, 3, 3
+_maps: dict[tuple[int, ...], tuple[Any, int]] = {}
+
+
+def tensor_map(e8: torch.Tensor) -> int:
+    """The host address of a CUtensorMap (128 bytes, 64-byte aligned) of ``e8 [N, T, D]`` (uint8
+    view, contiguous) for the ``WG_TMA`` build's tensor copies: boxes of 128 bytes x ``BLOCK_T``
+    positions x 1 row, written in the 128-byte swizzle, positions past T zero-filled. Encoded once
+    per tensor address and shape by the driver's ``cuTensorMapEncodeTiled`` (CUDA 12 and later)
+    and kept (at most 64). RuntimeError with the driver's message if it refuses (e.g. a width
+    that is not a multiple of 16)."""
+    n, t, d = e8.shape
+    key = (e8.device.index or 0, e8.data_ptr(), n, t, d)
+    if key not in _maps:
+        import ctypes
+
+        from torch.cuda._utils import _check_cuda, _get_gpu_runtime_library
+        if len(_maps) >= 64:
+            _maps.clear()
+        buf = (ctypes.c_uint8 * 192)()
+        addr = (ctypes.addressof(buf) + 63) // 64 * 64
+        u64, u32 = ctypes.c_uint64, ctypes.c_uint32
+        _check_cuda(_get_gpu_runtime_library().cuTensorMapEncodeTiled(
+            ctypes.c_void_p(addr), _MAP_UINT8, 3, ctypes.c_void_p(e8.data_ptr()), (u64 * 3)(d, t, n), (u64 * 2)(d, t * d),
+            (u32 * 3)(128, BLOCK_T, 1), (u32 * 3)(1, 1, 1), 0, _MAP_SWIZZLE_128B, _MAP_L2_256B, 0))
+        _maps[key] = (buf, addr)
+    return _maps[key][1]
+
+
 def _launch(d: int, hp: int, grid: tuple[int, int], args: list, defines: str = "") -> None:
     """One launch on PyTorch's current device and stream; ``args`` tensors (as pointers), ints (as
-    C int) and floats (as C double)."""
+    C int) and floats (as C double); the ``WG_TMA`` build also gets ``tensor_map(args[1])`` (E)
+    as its last parameter, by value, through the driver's ``cuLaunchKernel``."""
     k, need = _compiled(d, hp, defines)
-    k(grid=(grid[0], grid[1], 1), block=(256, 1, 1), args=args, shared_mem=need)
+    if "WG_TMA" not in _macros(defines):
+        k(grid=(grid[0], grid[1], 1), block=(256, 1, 1), args=args, shared_mem=need)
+        return
+    import ctypes
+
+    from torch.cuda._utils import _check_cuda, _get_gpu_runtime_library
+    values: list[Any] = []
+    for a in args:
+        values.append(ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor)
+                      else ctypes.c_int(a) if isinstance(a, int) else ctypes.c_double(a))
+    params = (ctypes.c_void_p * (len(values) + 1))(*[ctypes.addressof(v) for v in values], tensor_map(args[1]))
+    _check_cuda(_get_gpu_runtime_library().cuLaunchKernel(k.func, grid[0], grid[1], 1, 256, 1, 1, need,
+                                                          torch.cuda.current_stream()._as_parameter_, params, None))
 
 
 def _check(qa: torch.Tensor, e8: torch.Tensor, e_scale: torch.Tensor) -> None:
@@ -946,7 +1095,8 @@ def default_build(dev: int) -> str:
             v = "WGMMA" if torch.cuda.get_device_capability(dev) == (9, 0) else ""
         v = "" if v == "mma" else v
         if v not in SERVED_BUILDS:
-            raise ValueError(f"{BUILD_ENV}={v!r}: use one of mma, WGMMA or WGMMA,WG_PROMOTE (or leave it unset)")
+            names = ", ".join(b or "mma" for b in SERVED_BUILDS)
+            raise ValueError(f"{BUILD_ENV}={v!r}: use one of {names} (or leave it unset)")
         _default_builds[dev] = v
     return _default_builds[dev]
 
