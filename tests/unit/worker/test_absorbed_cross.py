@@ -143,13 +143,13 @@ def test_every_served_build_fits_a_hopper_block_at_whisper_widths() -> None:
 
 def test_the_served_build_is_chosen_by_its_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     """``TIDESERVE_ABSORBED_BUILD`` picks the kernel the served path runs, read once per device;
-    unset, the warp-group kernel on sm_90 and the mma.sync kernel elsewhere; a value that is not
+    unset, the warp-group kernel with tensor copies on sm_90 and the mma.sync kernel elsewhere; a value that is not
     a served build is refused with the values it takes."""
     from tideserve.worker.backends.torch_whisper import cuda_kernels as ck
 
     capability = {0: (9, 0), 1: (8, 9), 2: (12, 0)}  # H100, L40S, RTX 5090: only sm_90 has the warp-group products
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev: capability[dev])
-    for value, dev, want in ((None, 0, "WGMMA"), (None, 1, ""), ("", 2, ""), ("mma", 0, ""), (" WGMMA ", 0, "WGMMA"),
+    for value, dev, want in ((None, 0, "WGMMA,WG_TMA"), (None, 1, ""), ("", 2, ""), ("mma", 0, ""), (" WGMMA ", 0, "WGMMA"),
                              ("WGMMA,WG_PROMOTE", 0, "WGMMA,WG_PROMOTE")):
         monkeypatch.setattr(ck, "_default_builds", {})
         if value is None:

@@ -41,17 +41,19 @@ the GPU at hand; no CPU path.
 
 On sm_90 (H100, H200) ``mma.sync`` over e4m3 is not an FP8 product: its SASS converts both
 operands to f16 and runs two f16 products (Nsight Compute, README Serving path (19)). A second
-kernel, ``absorbed_wgmma`` (the build ``WGMMA``, compiled for sm_90a; the default there,
-``default_build``), runs both products as Hopper's warp-group products over e4m3: the scores with E's block and qa in
-shared memory laid out as the products read them (8 rows x 16 bytes contiguous, "core matrices",
-no swizzle), the output with E's transposed fragments in registers (as above) and P in shared
-memory; each of its two warp groups takes half the width. It reads E at about half the H100's
-bandwidth (README, Serving path (22)); two candidate builds change only how E's blocks come in:
+kernel, ``absorbed_wgmma`` (the build ``WGMMA``, compiled for sm_90a), runs both products as
+Hopper's warp-group products over e4m3: the scores with E's block and qa in shared memory laid
+out as the products read them (8 rows x 16 bytes contiguous, "core matrices", no swizzle), the
+output with E's transposed fragments in registers (as above) and P in shared
+memory; each of its two warp groups takes half the width. So built, it read E at about half the
+H100's bandwidth (1.7 TB/s, README, Serving path (22)): its cp.async loads of 64 bytes a row
+(into that unswizzled layout) were the limit. Two builds change only how E's blocks come in:
 ``WG_SW128`` reads whole 128-byte lines (512 contiguous bytes a warp) into the 128-byte swizzle
 that the products' descriptors and ``ldmatrix`` then read, and ``WG_TMA`` has one thread issue
 Hopper's tensor copies (``cp.async.bulk.tensor`` over ``tensor_map(e8)``, completing on an
-mbarrier a stage), which write that swizzle themselves; ``WG_LOADS_ONLY`` (diagnostic) keeps
-only the loads.
+mbarrier a stage), which write that swizzle themselves. Both read 2.6 TB/s (README, Serving path
+(23)); ``WGMMA,WG_TMA`` is the default on sm_90 (``default_build``). ``WG_LOADS_ONLY``
+(diagnostic) keeps only the loads.
 
 - ``quantize_positions_into(x, e8, scale, rows)``: ``x [B, T, D]`` into FP8 cache rows with one
   scale a position, ``amax(|x[b, t]|) / 448``, never 0.
@@ -1083,16 +1085,18 @@ _default_builds: dict[int, str] = {}
 def default_build(dev: int) -> str:
     """The build ``absorbed_attend`` runs on CUDA device ``dev`` when not told: the one named by
     the environment variable ``TIDESERVE_ABSORBED_BUILD`` (one of ``SERVED_BUILDS``: ``mma``,
-    ``WGMMA`` or ``WGMMA,WG_PROMOTE``), else the warp-group kernel (``WGMMA``) on sm_90 and the
-    mma.sync kernel (``""``) elsewhere. Why: on an H100, 32 layers at 128 rows took 4.79 ms with
-    the warp-group kernel against 5.44 with mma.sync (and 5.28 for the FP8 keys and values),
-    both matching their reference (``bench/results/gpu_absorbed_wgmma_h100.json``). Read once
-    per device. ValueError naming the accepted values for any other; RuntimeError
-    (``_compiled``) at the first launch if the build cannot run on that GPU."""
+    ``WGMMA``, ``WGMMA,WG_PROMOTE``, ``WGMMA,WG_SW128`` or ``WGMMA,WG_TMA``), else the
+    warp-group kernel with tensor copies (``WGMMA,WG_TMA``) on sm_90 and the mma.sync kernel
+    (``""``) elsewhere. Why: on an H100, 32 layers at 256 rows took 5.92 ms with it against
+    9.25 with ``WGMMA``'s cp.async loads and 10.30 for the FP8 keys and values (4.78 / 3.08 at
+    128 rows), matching its reference (``bench/results/gpu_absorbed_load_h100.json``,
+    ``gpu_absorbed_load_check_h100.txt``). Read once per device. ValueError naming the accepted
+    values for any other; RuntimeError (``_compiled``) at the first launch if the build cannot
+    run on that GPU."""
     if dev not in _default_builds:
         v = os.environ.get(BUILD_ENV, "").strip()
         if not v:
-            v = "WGMMA" if torch.cuda.get_device_capability(dev) == (9, 0) else ""
+            v = "WGMMA,WG_TMA" if torch.cuda.get_device_capability(dev) == (9, 0) else ""
         v = "" if v == "mma" else v
         if v not in SERVED_BUILDS:
             names = ", ".join(b or "mma" for b in SERVED_BUILDS)
@@ -1113,7 +1117,7 @@ def absorbed_attend(qa: torch.Tensor, e8: torch.Tensor, e_scale: torch.Tensor, h
     synchronisation (CUDA-graph safe once compiled: call it once before capture). On CPU tensors
     it runs ``absorbed_attend_reference``. ``diagnostic``: the build (``_compiled``; None:
     ``default_build``): ``""`` (the mma.sync kernel), ``WGMMA`` (the warp-group kernel, sm_90
-    only; the default there), a candidate, or one with parts left out, whose output is
+    only; with ``WG_TMA`` the default there), a candidate, or one with parts left out, whose output is
     meaningless, for timing the rest."""
     _check(qa, e8, e_scale)
     if qa.device.type == "cpu":
