@@ -107,7 +107,7 @@ def _nvrtc_compile(monkeypatch: pytest.MonkeyPatch):
     return utils._nvrtc_compile
 
 
-@pytest.mark.parametrize("d,hp", [(1280, 24), (384, 8), (1024, 16)])
+@pytest.mark.parametrize("d,hp", [(1280, 24), (384, 8), (1024, 16), (512, 8), (768, 16)])
 def test_both_kernels_compile_for_their_gpus_at_whisper_widths(monkeypatch: pytest.MonkeyPatch, d: int, hp: int) -> None:
     """Every build the GPU code picks compiles (NVRTC, then ptxas inside it): the mma.sync kernel
     for sm_89 and sm_90, the warp-group kernel for sm_90a. A syntax or PTX error in either would
@@ -135,10 +135,71 @@ def test_every_served_build_fits_a_hopper_block_at_whisper_widths() -> None:
     assert ck.smem_bytes_wg(1280, 24, "WGMMA,WG_SW128") == 209_984 + 1024
     assert ck.smem_bytes_wg(1280, 24, "WGMMA,WG_TMA") == 209_984 + 1024 + 16
     assert ck.smem_bytes_wg(576, 16, "WGMMA,WG_SW128") - ck.smem_bytes_wg(576, 16) == 2 * 64 * 64 + 1024  # 4.5 columns -> 5
-    for build in ck.SERVED_BUILDS:
-        if build:
-            assert ck.smem_bytes_wg(1280, 24, build) <= 232_448, build
+    for d, hp in ((384, 8), (512, 8), (768, 16), (1024, 16), (1280, 24)):
+        for build in ck.SERVED_BUILDS:
+            if build:
+                assert ck.smem_bytes_wg(d, hp, build) <= 232_448, (d, build)
     assert "#define WG_SW128" in ck.kernel_source(1280, 24, "WGMMA,WG_TMA")[0]
+
+
+def test_the_tensor_copy_build_encodes_one_map_a_cache_and_passes_it_last(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default build on sm_90 (``WGMMA,WG_TMA``) on a recording stand-in for the CUDA driver:
+    the tensor map of ``e8 [N, T, D]`` has dims (D, T, N), byte strides (D, T x D), boxes of 128
+    bytes x 64 positions x 1 row, the 128-byte swizzle and zero fill, sits 64-byte aligned, is
+    encoded once per tensor and shape, and goes to ``cuLaunchKernel`` as the last of 12
+    parameters with the build's shared memory; a driver error is raised with its message."""
+    import ctypes
+
+    import torch.cuda._utils as cu
+    from tideserve.worker.backends.torch_whisper import cuda_kernels as ck
+
+    encodes: list[tuple] = []
+    launches: list[tuple] = []
+
+    class Driver:
+        refuse = False
+
+        def cuTensorMapEncodeTiled(self, *a: object) -> int:
+            encodes.append(a)
+            return 1 if self.refuse else 0
+
+        def cuLaunchKernel(self, *a: object) -> int:
+            params = a[9]  # read while the launch's parameters are alive, as the driver copies them
+            launches.append((*a, ctypes.c_int.from_address(params[6]).value, ctypes.c_double.from_address(params[10]).value))
+            return 0
+
+        def cuGetErrorString(self, code: int, out: object) -> int:
+            ctypes.cast(out, ctypes.POINTER(ctypes.c_char_p))[0] = b"invalid argument"
+            return 0
+
+    driver = Driver()
+    monkeypatch.setattr(cu, "_get_gpu_runtime_library", lambda: driver)
+    monkeypatch.setattr(ck, "_maps", {})
+    e8 = torch.zeros(3, 130, 576, dtype=torch.uint8)
+    addr = ck.tensor_map(e8)
+    assert addr % 64 == 0 and ck.tensor_map(e8) == addr and len(encodes) == 1
+    a = encodes[0]
+    assert len(a) == 12 and a[1:3] == (0, 3) and a[3].value == e8.data_ptr()
+    assert (list(a[4]), list(a[5]), list(a[6]), list(a[7])) == ([576, 130, 3], [576, 130 * 576], [128, 64, 1], [1, 1, 1])
+    assert a[8:] == (0, 3, 3, 0)  # no interleave, CU_TENSOR_MAP_SWIZZLE_128B, L2 256B promotion, zero fill
+    ck.tensor_map(e8[:2])  # another shape at the same address: a map of its own
+    assert len(encodes) == 2
+
+    class Kernel:
+        func = ctypes.c_void_p(1234)
+
+    monkeypatch.setattr(ck, "_compiled", lambda d, hp, defines="": (Kernel(), ck.smem_bytes_wg(d, hp, defines)))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: type("S", (), {"_as_parameter_": ctypes.c_void_p(99)})())
+    args = [e8, e8, e8, e8, e8, 20, 130, 1, 7, 8, 0.125]
+    ck._launch(576, 24, (3, 1), args, "WGMMA,WG_TMA")
+    f, gx, gy, gz, bx, by, bz, smem, stream, params, extra, t_param, scale_param = launches[0]
+    assert (f.value, gx, gy, gz, bx, by, bz, smem, stream.value, extra) == (1234, 3, 1, 1, 256, 1, 1,
+                                                                           ck.smem_bytes_wg(576, 24, "WGMMA,WG_TMA"), 99, None)
+    assert len(params) == 12 and params[11] == addr
+    assert (t_param, scale_param) == (130, 0.125)
+    driver.refuse = True
+    with pytest.raises(RuntimeError, match="invalid argument"):
+        ck.tensor_map(torch.zeros(1, 64, 128, dtype=torch.uint8))
 
 
 def test_the_served_build_is_chosen_by_its_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -643,7 +643,8 @@ absorbed_wgmma(const unsigned short* __restrict__ qa, const unsigned char* __res
 #endif
                ) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-#ifdef WG_SW128  // the swizzle repeats every 1024 bytes: E's stages start on such a boundary
+#ifdef WG_SW128  // the swizzle repeats every 1024 bytes: E's stages start on such a boundary (with
+                 // __align__(1024) the pad folds to 0; it stays, with its 1 KB, should an alignment be dropped)
   unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
 #else
   unsigned char* smem = smem_raw;
@@ -1029,7 +1030,8 @@ def tensor_map(e8: torch.Tensor) -> int:
     that is not a multiple of 16)."""
     n, t, d = e8.shape
     key = (e8.device.index or 0, e8.data_ptr(), n, t, d)
-    if key not in _maps:
+    entry = _maps.get(key)
+    if entry is None:
         import ctypes
 
         from torch.cuda._utils import _check_cuda, _get_gpu_runtime_library
@@ -1041,8 +1043,8 @@ def tensor_map(e8: torch.Tensor) -> int:
         _check_cuda(_get_gpu_runtime_library().cuTensorMapEncodeTiled(
             ctypes.c_void_p(addr), _MAP_UINT8, 3, ctypes.c_void_p(e8.data_ptr()), (u64 * 3)(d, t, n), (u64 * 2)(d, t * d),
             (u32 * 3)(128, BLOCK_T, 1), (u32 * 3)(1, 1, 1), 0, _MAP_SWIZZLE_128B, _MAP_L2_256B, 0))
-        _maps[key] = (buf, addr)
-    return _maps[key][1]
+        entry = _maps[key] = (buf, addr)
+    return entry[1]
 
 
 def _launch(d: int, hp: int, grid: tuple[int, int], args: list, defines: str = "") -> None:
@@ -1131,6 +1133,8 @@ def absorbed_attend(qa: torch.Tensor, e8: torch.Tensor, e_scale: torch.Tensor, h
                          "its last dimension contiguous, rows and heads 16-byte aligned, and split >= 1")
     if b == 0:
         return qa.new_empty((0, h, d))
+    if t == 0:  # no positions: as the kernels' empty loop leaves it (and a tensor map cannot have a size 0)
+        return qa.new_zeros((b, h, d))
     hp = (h + 7) // 8 * 8
     es = e_scale[:b]
     if split == 1:
