@@ -652,18 +652,18 @@ class EngineLoop:
                         self._fail(p.rid, one)
                         continue
                     self.active[h] = p
-                    p.ahead = None  # admitted: its encoder output is in the decoder's cache now
                     self._charge([p], t.total_s)
                     self.stats.executions += 1
                 log.debug("batched admit failed (%s); admitted one by one", exc)
             else:
                 for h, p in zip(handles, parts, strict=True):
                     self.active[h] = p
-                    p.ahead = None  # admitted: its encoder output is in the decoder's cache now
                 self._charge(parts, timings.total_s)
                 self.stats.executions += 1
                 self.stats.features_s += timings.input_s
                 self.stats.encoder_s += timings.infer_s
+            for p in parts:  # admitted (its encoder output is in the decoder's cache now) or failed
+                p.ahead = None
             self.stats.windows += len(parts)
             worked = True
         if self.active:
